@@ -1,0 +1,12 @@
+"""One file per method; `build_algorithm` picks by `algorithm.name`."""
+from .fedavg import FedAvg
+from .feddyn import FedDyn
+from .fednova import FedNova
+from .fedprox import FedProx
+from .scaffold import Scaffold
+
+ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNova)}
+
+
+def build_algorithm(cfg, population, num_params, num_buffers, device):
+    return ALGORITHMS[cfg.algorithm.name](cfg, population, num_params, num_buffers, device)

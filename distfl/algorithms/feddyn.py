@@ -1,0 +1,49 @@
+"""FedDyn (Acar et al. 2021), Algorithm 1.
+
+Client k minimises  L_k(w) - <grad_k, w> + alpha/2 ||w - w_global||^2, so its gradient gets
+  - grad_k + alpha (w - w_global);   afterwards grad_k <- grad_k - alpha (w_k - w_global).
+Server:  h <- h - alpha (1/N) sum_{k in cohort} (w_k - w_global)      (N = all clients)
+         w <- mean_k w_k - h / alpha
+The mean follows `algorithm.weighting` (the paper's is uniform; set weighting=uniform to match it);
+the resulting direction (mean delta - h/alpha) goes through the server optimizer (sgd, lr 1 = paper).
+"""
+import torch
+
+from ..federation.aggregate import Segment
+from .base import Algorithm
+
+
+class FedDyn(Algorithm):
+    name = "feddyn"
+    stateful = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.alpha = self.cfg.algorithm.alpha
+        self.h = torch.zeros(self.num_params, device=self.device)
+
+    def init_client_state(self):
+        return {"grad": torch.zeros(self.num_params, device=self.device)}
+
+    def correct_gradient(self, w, g, run):
+        g.sub_(run.state["grad"]).add_(w - run.global_params, alpha=self.alpha)
+
+    def segments(self):
+        return super().segments() + [Segment("delta_over_n", self.num_params)]
+
+    def client_statistics(self, run, worker, stats):
+        super().client_statistics(run, worker, stats)
+        delta = worker.params - run.global_params
+        stats.add("delta_over_n", delta, 1.0 / len(self.population))
+        run.state["grad"] = run.state["grad"] - self.alpha * delta
+
+    def server_direction(self, params, reduced):
+        self.h.sub_(reduced["delta_over_n"].to(self.h.dtype), alpha=self.alpha)
+        return reduced["delta"].to(params.dtype) - self.h / self.alpha
+
+    def server_state(self):
+        return {**super().server_state(), "h": self.h.clone()}
+
+    def load_server_state(self, state):
+        super().load_server_state(state)
+        self.h.copy_(state["h"])

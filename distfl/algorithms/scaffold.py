@@ -1,0 +1,48 @@
+"""SCAFFOLD (Karimireddy et al. 2020), Algorithm 1 with option II for the client control variate.
+
+Local step:   y <- y - lr (g + c - c_i)
+After K steps: c_i+ = c_i - c + (x - y) / (K lr)
+Server:       x <- x + lr_g * mean_k (y_k - x)  (the server optimizer on the weighted mean delta)
+              c <- c + (1/N) sum_k (c_i+ - c_i)  (N = all clients, |S|/N * mean over the cohort)
+Momentum and weight decay, when configured, act on the corrected gradient.
+"""
+import torch
+
+from ..federation.aggregate import Segment
+from .base import Algorithm
+
+
+class Scaffold(Algorithm):
+    name = "scaffold"
+    stateful = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.c = torch.zeros(self.num_params, device=self.device)
+
+    def init_client_state(self):
+        return {"c": torch.zeros(self.num_params, device=self.device)}
+
+    def correct_gradient(self, w, g, run):
+        g.add_(self.c).sub_(run.state["c"])
+
+    def segments(self):
+        return super().segments() + [Segment("control_delta", self.num_params)]
+
+    def client_statistics(self, run, worker, stats):
+        super().client_statistics(run, worker, stats)
+        c_i = run.state["c"]
+        c_new = c_i - self.c + (run.global_params - worker.params) / (run.steps * self.cfg.train.lr)
+        stats.add("control_delta", c_new - c_i, 1.0 / len(self.population))
+        run.state["c"] = c_new
+
+    def server_update(self, params, buffers, reduced):
+        super().server_update(params, buffers, reduced)
+        self.c.add_(reduced["control_delta"].to(self.c.dtype))
+
+    def server_state(self):
+        return {**super().server_state(), "c": self.c.clone()}
+
+    def load_server_state(self, state):
+        super().load_server_state(state)
+        self.c.copy_(state["c"])

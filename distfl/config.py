@@ -1,0 +1,471 @@
+"""Loading, overriding, validating and dumping run configs.
+
+A config is a YAML mapping whose shape is declared in `distfl.schema`; `section.key=value` overrides
+are applied on top. Every problem is reported as a `ConfigError` before any work starts.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import difflib
+import io
+import math
+import sys
+import tokenize
+import typing
+import warnings
+from pathlib import Path
+
+import yaml
+
+from distfl import schema
+from distfl.errors import ConfigError
+from distfl.schema import APPLIES_ONLY_TO, CHOICES, NUM_CLASSES, Config
+
+__all__ = [
+    "ConfigWarning",
+    "apply_overrides",
+    "config_from_dict",
+    "config_keys",
+    "config_reference_markdown",
+    "config_to_dict",
+    "dump_config",
+    "load_config",
+    "validate",
+]
+
+
+class ConfigWarning(UserWarning):
+    """A key was set explicitly but the current choice of another key ignores it."""
+
+
+# Valid ranges: ">= x", "> x" or "[0, 1)".
+RANGES = {
+    "seed": ">= 0",
+    "data.synthetic_train": ">= 1",
+    "data.synthetic_test": ">= 1",
+    "data.synthetic_classes": ">= 2",
+    "data.synthetic_image_size": ">= 1",
+    "data.synthetic_channels": ">= 1",
+    "partition.num_clients": ">= 1",
+    "partition.alpha": "> 0",
+    "partition.classes_per_client": ">= 1",
+    "partition.shards_per_client": ">= 1",
+    "partition.min_size": ">= 0",
+    "partition.max_attempts": ">= 1",
+    "model.gn_groups": ">= 1",
+    "model.mlp_hidden": ">= 1",
+    "algorithm.mu": ">= 0",
+    "algorithm.alpha": "> 0",
+    "server.lr": "> 0",
+    "server.momentum": "[0, 1)",
+    "server.beta1": "[0, 1)",
+    "server.beta2": "[0, 1)",
+    "server.eps": "> 0",
+    "train.rounds": ">= 1",
+    "train.clients_per_round": ">= 1",
+    "train.local_epochs": ">= 1",
+    "train.batch_size": ">= 1",
+    "train.lr": "> 0",
+    "train.weight_decay": ">= 0",
+    "train.momentum": "[0, 1)",
+    "eval.every": ">= 1",
+    "eval.batch_size": ">= 1",
+    "checkpoint.every": ">= 0",
+    "checkpoint.keep": ">= 1",
+    "runtime.threads": ">= 1",
+}
+
+
+# --- schema introspection ---------------------------------------------------------------------------
+
+def _sections() -> dict[str, type]:
+    """Top-level field name -> section dataclass, in schema order."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)
+            if dataclasses.is_dataclass(hints[f.name])}
+
+
+def _leaf_types() -> dict[str, type]:
+    """Dotted key -> field type (int, float, bool or str), in schema order."""
+    hints = typing.get_type_hints(Config)
+    out = {}
+    for f in dataclasses.fields(Config):
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            sub_hints = typing.get_type_hints(typ)
+            for sf in dataclasses.fields(typ):
+                out[f"{f.name}.{sf.name}"] = sub_hints[sf.name]
+        else:
+            out[f.name] = typ
+    return out
+
+
+_SECTIONS = _sections()
+_TYPES = _leaf_types()
+_TOP_LEVEL = [f.name for f in dataclasses.fields(Config)]
+
+
+def config_keys() -> list[str]:
+    """Every dotted key, in schema order: "seed", "data.dataset", ..."""
+    return list(_TYPES)
+
+
+# --- errors -----------------------------------------------------------------------------------------
+
+def _unknown_key_error(key: str, where: str) -> ConfigError:
+    section = key.rpartition(".")[0]
+    if section in _SECTIONS:
+        names = [f.name for f in dataclasses.fields(_SECTIONS[section])]
+        candidates = [f"{section}.{n}" for n in names]
+        listing = f"valid keys in {section!r}: {', '.join(names)}"
+    else:
+        candidates = _TOP_LEVEL if not section else config_keys()
+        listing = f"valid top-level keys: {', '.join(_TOP_LEVEL)}"
+    msg = f"unknown key {key!r} in {where}"
+    close = difflib.get_close_matches(key, candidates, n=1)
+    if close:
+        msg += f"; did you mean {close[0]!r}?"
+    return ConfigError(f"{msg} {listing}" if close else f"{msg}; {listing}")
+
+
+def _choice_error(key: str, value: str) -> ConfigError:
+    valid = CHOICES[key]
+    close = difflib.get_close_matches(str(value), valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ";"
+    return ConfigError(f"{key}: unknown choice {value!r}{hint} valid: {', '.join(valid)}")
+
+
+# --- type conversion --------------------------------------------------------------------------------
+
+def _convert(key: str, value, typ: type):
+    """Return `value` as `typ`, or raise ConfigError naming the key."""
+    got = f"got {value!r} ({type(value).__name__})"
+    if typ is bool:
+        # 0/1 are accepted because an override "download=0" parses as the integer 0.
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{key} must be true or false, {got}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be an integer, {got}")
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be a number, {got}")
+        if isinstance(value, (int, float)):
+            number = float(value)
+        elif isinstance(value, str):
+            # PyYAML (YAML 1.1) reads 1e-3 as the string "1e-3".
+            try:
+                number = float(value)
+            except ValueError:
+                raise ConfigError(f"{key} must be a number, {got}") from None
+        else:
+            raise ConfigError(f"{key} must be a number, {got}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{key} must be a finite number, {got}")
+        return number
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key} must be a string, {got}")
+    raise TypeError(f"unsupported schema type {typ!r} for {key}")  # a schema bug, not a user error
+
+
+# --- overrides --------------------------------------------------------------------------------------
+
+def _split_override(item: str) -> tuple[str, str]:
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"bad override {item!r}: expected the form section.key=value, "
+                          "e.g. train.rounds=50")
+    key, _, text = item.partition("=")
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"bad override {item!r}: missing key; expected the form section.key=value")
+    return key, text.strip()
+
+
+def _parse_override_value(key: str, text: str):
+    """Parse like YAML, so `train.lr=1e-3`, `seed=3` and `data.download=false` work."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    # A string key keeps its text even when it reads as another YAML type: output.dir=2024.
+    if _TYPES.get(key) is str and not isinstance(value, str):
+        value = text
+    return value
+
+
+def apply_overrides(d: dict, overrides) -> dict:
+    """Return a copy of the nested dict `d` with each "section.key=value" override applied."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    out = copy.deepcopy(d) if d else {}
+    for item in overrides:
+        key, text = _split_override(item)
+        where = f"override {item!r}"
+        if key in _SECTIONS:
+            first = dataclasses.fields(_SECTIONS[key])[0].name
+            raise ConfigError(f"{where}: {key!r} is a section, not a key; set one of its keys, "
+                              f"e.g. {key}.{first}=...")
+        if key not in _TYPES:
+            raise _unknown_key_error(key, where)
+        value = _parse_override_value(key, text)
+        section, _, leaf = key.rpartition(".")
+        if not section:
+            out[leaf] = value
+            continue
+        sub = out.get(section)
+        if sub is None:
+            sub = out[section] = {}
+        if not isinstance(sub, dict):
+            raise ConfigError(f"cannot apply {where}: section {section!r} is "
+                              f"{sub!r} ({type(sub).__name__}), not a mapping")
+        sub[leaf] = value
+    return out
+
+
+# --- building ---------------------------------------------------------------------------------------
+
+def _check_shape(d: dict, where: str) -> None:
+    """Reject unknown keys and sections that are not mappings."""
+    for name, sub in d.items():
+        name = str(name)
+        if name not in _TOP_LEVEL:
+            raise _unknown_key_error(name, where)
+        if name not in _SECTIONS or sub is None:
+            continue
+        if not isinstance(sub, dict):
+            raise ConfigError(f"section {name!r} in {where} must be a mapping of keys, "
+                              f"got {sub!r} ({type(sub).__name__})")
+        for key in sub:
+            if f"{name}.{key}" not in _TYPES:
+                raise _unknown_key_error(f"{name}.{key}", where)
+
+
+def _explicit_keys(d: dict) -> frozenset[str]:
+    keys = set()
+    for name, sub in d.items():
+        if name in _SECTIONS:
+            keys.update(f"{name}.{k}" for k in (sub or {}))
+        else:
+            keys.add(name)
+    return frozenset(keys)
+
+
+def _build(d: dict, origin: dict[str, str], source: str) -> Config:
+    def conv(key, value):
+        try:
+            return _convert(key, value, _TYPES[key])
+        except ConfigError as e:
+            raise ConfigError(f"{e} in {origin.get(key, source)}") from None
+
+    kwargs = {}
+    for name, value in d.items():
+        if name in _SECTIONS:
+            fields = {k: conv(f"{name}.{k}", v) for k, v in (value or {}).items()}
+            kwargs[name] = _SECTIONS[name](**fields)
+        else:
+            kwargs[name] = conv(name, value)
+    return Config(**kwargs)
+
+
+def config_from_dict(d: dict, overrides=(), source: str = "<dict>") -> Config:
+    """Build a validated Config from a parsed YAML mapping plus overrides; see `load_config`."""
+    if d is None:  # an empty YAML file
+        d = {}
+    if not isinstance(d, dict):
+        raise ConfigError(f"the top level of {source} must be a mapping of sections, "
+                          f"got {type(d).__name__}")
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    _check_shape(d, source)
+    merged = apply_overrides(d, overrides)
+    origin = {_split_override(item)[0]: f"override {item!r}" for item in overrides}
+    cfg = _build(merged, origin, source)
+    validate(cfg)
+    explicit = _explicit_keys(merged)
+    _warn_inapplicable(cfg, explicit)
+    object.__setattr__(cfg, "_explicit", explicit)
+    return cfg
+
+
+def load_config(path: str | None, overrides: list[str] = ()) -> Config:
+    """Load a YAML config (or all defaults when `path` is None), apply overrides, validate.
+
+    The returned Config carries `_explicit`: the frozenset of dotted keys set by the YAML or overrides.
+    """
+    if path is None:
+        return config_from_dict({}, overrides, source="<defaults>")
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    try:
+        d = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse config file {path} as YAML: {e}") from None
+    return config_from_dict(d, overrides, source=str(path))
+
+
+# --- validation -------------------------------------------------------------------------------------
+
+def _range_text(spec: str) -> str:
+    return f"in {spec}" if spec.startswith("[") else spec
+
+
+def _in_range(value, spec: str) -> bool:
+    if spec == "[0, 1)":
+        return 0 <= value < 1
+    if spec.startswith(">="):
+        return value >= float(spec[2:])
+    if spec.startswith(">"):
+        return value > float(spec[1:])
+    raise ValueError(spec)
+
+
+def _values(cfg: Config) -> dict[str, object]:
+    """Dotted key -> type-checked value."""
+    out = {}
+    for key, typ in _TYPES.items():
+        section, _, leaf = key.rpartition(".")
+        obj = getattr(cfg, section) if section else cfg
+        out[key] = _convert(key, getattr(obj, leaf), typ)
+    return out
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError for a wrong type, unknown choice, out-of-range value or impossible combination."""
+    v = _values(cfg)
+    for key, valid in CHOICES.items():
+        if v[key] not in valid:
+            raise _choice_error(key, v[key])
+    for key, spec in RANGES.items():
+        if not _in_range(v[key], spec):
+            raise ConfigError(f"{key} must be {_range_text(spec)}, got {v[key]!r}")
+
+    if v["train.clients_per_round"] > v["partition.num_clients"]:
+        raise ConfigError(
+            f"train.clients_per_round ({v['train.clients_per_round']}) > partition.num_clients "
+            f"({v['partition.num_clients']}): a round cannot sample more clients than exist")
+
+    dataset = v["data.dataset"]
+    classes = v["data.synthetic_classes"] if dataset == "synthetic" else NUM_CLASSES[dataset]
+    # Only checked for n_classes: other schemes ignore the key, and sweeps vary the scheme.
+    if v["partition.scheme"] == "n_classes" and v["partition.classes_per_client"] > classes:
+        source = "data.synthetic_classes" if dataset == "synthetic" else f"data.dataset={dataset}"
+        raise ConfigError(
+            f"partition.classes_per_client ({v['partition.classes_per_client']}) > number of classes "
+            f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
+
+
+def _warn_inapplicable(cfg: Config, explicit: frozenset[str]) -> None:
+    v = _values(cfg)
+    defaults = _values(Config())
+    for key, (controller, used_by) in APPLIES_ONLY_TO.items():
+        # A key left at its default is not warned about: a dumped config (run dir, resume) sets
+        # every key explicitly, and would otherwise warn for each one its choices ignore.
+        if key in explicit and v[key] != defaults[key] and v[controller] not in used_by:
+            warnings.warn(f"{key} is set but only used by {controller} in [{', '.join(used_by)}]; "
+                          f"it is ignored for {v[controller]}", ConfigWarning,
+                          stacklevel=_caller_stacklevel())
+
+
+def _caller_stacklevel() -> int:
+    """The warnings stacklevel of the first frame outside this module, so the warning points there."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+# --- output -----------------------------------------------------------------------------------------
+
+def config_to_dict(cfg: Config) -> dict:
+    """A plain nested dict of the config, in schema order (YAML/JSON-dumpable)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config) -> str:
+    """YAML text of the resolved config; `load_config` on it gives an equal Config."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+def _field_comments() -> dict[str, str]:
+    """Dotted key -> the trailing comment on its line in schema.py."""
+    source = Path(schema.__file__).read_text()
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    classes = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
+    line_of = {}
+    for name, section in _SECTIONS.items():
+        for node in classes[section.__name__].body:
+            if isinstance(node, ast.AnnAssign):
+                line_of[f"{name}.{node.target.id}"] = node.lineno
+    for node in classes[Config.__name__].body:
+        if isinstance(node, ast.AnnAssign) and node.target.id not in _SECTIONS:
+            line_of[node.target.id] = node.lineno
+    return {key: comments.get(line, "") for key, line in line_of.items()}
+
+
+def _default_text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def config_reference_markdown() -> str:
+    """The text of docs/config.md, generated from the schema so the two cannot drift apart."""
+    comments = _field_comments()
+    defaults = {}
+    for key in _TYPES:
+        section, _, leaf = key.rpartition(".")
+        obj = getattr(Config(), section) if section else Config()
+        defaults[key] = getattr(obj, leaf)
+
+    lines = [
+        "# Config reference",
+        "",
+        "<!-- Generated by distfl.config.config_reference_markdown(); do not edit by hand.",
+        "     Regenerate with: python -m distfl.config > docs/config.md -->",
+        "",
+        "A run is configured by a YAML file of the sections below (any key left out takes its default)",
+        "and `section.key=value` overrides applied after it, e.g. `train.rounds=50 algorithm.name=fedprox`.",
+        "Unknown keys, wrong types, unknown choices, out-of-range values and impossible combinations",
+        "are errors reported before any work starts. Setting a key to a non-default value that the",
+        "current choice of another key ignores (e.g. `algorithm.mu=0.1` with `algorithm.name=fedavg`)",
+        "is a warning, not an error, since sweeps vary the controlling key.",
+        "",
+    ]
+    groups = [("Top level", [k for k in _TYPES if "." not in k])]
+    groups += [(f"`{name}`", [k for k in _TYPES if k.startswith(name + ".")]) for name in _SECTIONS]
+    for title, keys in groups:
+        lines += [f"## {title}", "",
+                  "| key | type | default | valid | description |", "|---|---|---|---|---|"]
+        for key in keys:
+            if key in CHOICES:
+                valid = ", ".join(CHOICES[key])
+            elif key in RANGES:
+                valid = _range_text(RANGES[key])
+            else:
+                valid = ""
+            description = comments[key]
+            if key in APPLIES_ONLY_TO:
+                controller, used_by = APPLIES_ONLY_TO[key]
+                description += f" (only used when `{controller}` is {' or '.join(used_by)})"
+            row = [f"`{key}`", _TYPES[key].__name__, f"`{_default_text(defaults[key])}`", valid, description]
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(config_reference_markdown(), end="")

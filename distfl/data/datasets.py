@@ -1,0 +1,271 @@
+"""Datasets as whole in-memory tensors: Fashion-MNIST, CIFAR-10/100, and a small synthetic set for tests.
+
+Batches are index slices of these tensors (no DataLoader on the hot path); train-time augmentation is a
+batched function applied to such a slice.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import zlib
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from distfl.errors import DataError
+from distfl.schema import DataConfig
+
+# Where the Debian/Ubuntu package `dataset-fashion-mnist` installs the IDX files (tests monkeypatch it).
+DEBIAN_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+FMNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+
+CIFAR_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+
+@dataclass
+class Dataset:
+    train_x: torch.Tensor  # float32 N x C x H x W
+    train_y: torch.Tensor  # int64 N
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    name: str
+    augment: Callable[[torch.Tensor], torch.Tensor] | None  # batched train-time augmentation, or None
+
+    @property
+    def input_shape(self) -> tuple:
+        return tuple(self.train_x.shape[1:])
+
+    def to(self, device) -> "Dataset":
+        return replace(
+            self,
+            train_x=self.train_x.to(device),
+            train_y=self.train_y.to(device),
+            test_x=self.test_x.to(device),
+            test_y=self.test_y.to(device),
+        )
+
+
+def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
+    """Load the dataset named by `cfg.dataset` on CPU. `seed` only matters for the synthetic set."""
+    if cfg.dataset == "fmnist":
+        ds = _load_fmnist(cfg)
+    elif cfg.dataset in ("cifar10", "cifar100"):
+        ds = _load_cifar(cfg)
+    elif cfg.dataset == "synthetic":
+        ds = _make_synthetic(cfg, seed)
+    else:
+        raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic")
+
+    if cfg.augment == "crop_flip" or (cfg.augment == "auto" and cfg.dataset in ("cifar10", "cifar100")):
+        ds.augment = random_crop_flip
+    elif cfg.augment not in ("auto", "none"):
+        raise DataError(f"unknown data.augment {cfg.augment!r}; valid: auto, none, crop_flip")
+    return ds
+
+
+def random_crop_flip(x: torch.Tensor, padding: int = 4) -> torch.Tensor:
+    """Random crop (after reflect padding, as NIID-Bench does for CIFAR-10) and random horizontal flip.
+
+    Batched: one crop offset and one flip per sample, drawn from the global torch RNG on x's device.
+    """
+    n, c, h, w = x.shape
+    if padding > 0:
+        x = F.pad(x, (padding, padding, padding, padding), mode="reflect")
+    dev = x.device
+    oy = torch.randint(0, 2 * padding + 1, (n,), device=dev)
+    ox = torch.randint(0, 2 * padding + 1, (n,), device=dev)
+    rows = (oy[:, None] + torch.arange(h, device=dev))[:, None, :, None]  # n x 1 x h x 1
+    cols = (ox[:, None] + torch.arange(w, device=dev))[:, None, None, :]  # n x 1 x 1 x w
+    crops = x[
+        torch.arange(n, device=dev)[:, None, None, None],
+        torch.arange(c, device=dev)[None, :, None, None],
+        rows,
+        cols,
+    ]
+    flip = torch.rand(n, device=dev) < 0.5
+    return torch.where(flip[:, None, None, None], crops.flip(3), crops)
+
+
+# ---------------------------------------------------------------- Fashion-MNIST
+
+
+def _fmnist_file(directory: str, name: str) -> str | None:
+    """The path of `name` in `directory`, gzipped or not, or None."""
+    for candidate in (name, name[: -len(".gz")]):
+        path = os.path.join(directory, candidate)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _holds_fmnist(directory: str) -> bool:
+    return all(_fmnist_file(directory, name) is not None for name in FMNIST_FILES)
+
+
+def _fmnist_missing_message(root: str, tried: list[str], why: str) -> str:
+    names = ", ".join(FMNIST_FILES)
+    return (
+        f"Fashion-MNIST not found: looked for {names} (gzipped or not) in {', '.join(tried)}. {why} "
+        f"To get the data, either install the Debian/Ubuntu package (`apt-get install dataset-fashion-mnist`, "
+        f"which puts the files in {DEBIAN_FMNIST_DIR}), or put the four files in data.root (now {root!r}), "
+        f"or allow a download with data.download=true on a machine with network access."
+    )
+
+
+def find_fmnist(root: str, download: bool = False) -> str:
+    """The directory holding the four Fashion-MNIST IDX files.
+
+    Looks in `root`, then `root/FashionMNIST/raw` (torchvision's layout), then the Debian package's folder;
+    with `download`, finally tries a torchvision download into `root`. Raises DataError if all fail.
+    """
+    torchvision_dir = os.path.join(root, "FashionMNIST", "raw")
+    tried = [root, torchvision_dir, DEBIAN_FMNIST_DIR]
+    for directory in tried:
+        if _holds_fmnist(directory):
+            return directory
+
+    if not download:
+        raise DataError(_fmnist_missing_message(root, tried, "No download was tried (data.download=false)."))
+    try:
+        from torchvision.datasets import FashionMNIST
+
+        # torchvision prints a line per failed mirror; the error below says what matters.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            FashionMNIST(root, train=True, download=True)
+    except Exception as e:  # offline: URLError, RuntimeError, OSError, ...
+        reason = _last_line(str(e)) or type(e).__name__
+        raise DataError(_fmnist_missing_message(root, tried, f"The download failed ({reason}).")) from None
+    if _holds_fmnist(torchvision_dir):
+        return torchvision_dir
+    raise DataError(_fmnist_missing_message(root, tried, "The download finished but the files are not there."))
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def _read_idx(path: str, magic: int, item_shape: tuple) -> np.ndarray:
+    """Read an IDX file (gzipped or not) of unsigned bytes, checking its magic number and size."""
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"cannot read {path}: {e} (the file is truncated or corrupt; replace it)") from None
+
+    ndim = 1 + len(item_shape)
+    header_size = 4 * (1 + ndim)
+    if len(raw) < header_size:
+        raise DataError(f"{path} is too short to be an IDX file (truncated or corrupt; replace it)")
+    header = np.frombuffer(raw, dtype=">u4", count=1 + ndim)
+    if int(header[0]) != magic:
+        raise DataError(f"{path}: bad IDX magic number {int(header[0]):#010x}, expected {magic:#010x}")
+    count, dims = int(header[1]), tuple(int(d) for d in header[2:])
+    if dims != item_shape:
+        raise DataError(f"{path}: items have shape {dims}, expected {item_shape}")
+    expected = count * int(np.prod(item_shape, dtype=np.int64))
+    if len(raw) - header_size != expected:
+        raise DataError(
+            f"{path}: header says {count} items ({expected} bytes) but the file holds "
+            f"{len(raw) - header_size} bytes of data (truncated or corrupt; replace it)"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header_size).reshape((count,) + item_shape)
+
+
+def _read_fmnist_split(directory: str, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    images_path = _fmnist_file(directory, f"{prefix}-images-idx3-ubyte.gz")
+    labels_path = _fmnist_file(directory, f"{prefix}-labels-idx1-ubyte.gz")
+    images = _read_idx(images_path, 0x00000803, (28, 28))
+    labels = _read_idx(labels_path, 0x00000801, ())
+    if len(images) != len(labels):
+        raise DataError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+    if labels.max(initial=0) > 9:
+        raise DataError(f"{labels_path}: labels must be 0..9, found {int(labels.max())}")
+    # ToTensor only, as NIID-Bench does for FMNIST.
+    x = torch.from_numpy(images.copy()).unsqueeze(1).float().div_(255.0)
+    y = torch.from_numpy(labels.astype(np.int64))
+    return x, y
+
+
+def _load_fmnist(cfg: DataConfig) -> Dataset:
+    directory = find_fmnist(cfg.root, download=cfg.download)
+    train_x, train_y = _read_fmnist_split(directory, "train")
+    test_x, test_y = _read_fmnist_split(directory, "t10k")
+    return Dataset(train_x, train_y, test_x, test_y, num_classes=10, name="fmnist", augment=None)
+
+
+# ---------------------------------------------------------------- CIFAR
+
+
+def _load_cifar(cfg: DataConfig) -> Dataset:
+    try:
+        from torchvision.datasets import CIFAR10, CIFAR100
+
+        cls = CIFAR10 if cfg.dataset == "cifar10" else CIFAR100
+        train = cls(cfg.root, train=True, download=cfg.download)
+        test = cls(cfg.root, train=False, download=cfg.download)
+    except Exception as e:  # offline download (URLError), missing files without download (RuntimeError), ...
+        reason = _last_line(str(e)) or type(e).__name__
+        how = "the download failed" if cfg.download else "no download was tried (data.download=false)"
+        raise DataError(
+            f"{cfg.dataset} not found in data.root ({cfg.root!r}) and {how}: {reason}. Either run once with "
+            f"data.download=true on a machine with network access, or copy the extracted "
+            f"'{CIFAR_FOLDERS[cfg.dataset]}' folder (from the torchvision download) into data.root."
+        ) from None
+
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in CIFAR_STATS[cfg.dataset])
+
+    def convert(split):
+        x = torch.from_numpy(split.data).permute(0, 3, 1, 2).float().div_(255.0)
+        x = ((x - mean) / std).contiguous()
+        return x, torch.tensor(split.targets, dtype=torch.int64)
+
+    train_x, train_y = convert(train)
+    test_x, test_y = convert(test)
+    num_classes = 10 if cfg.dataset == "cifar10" else 100
+    return Dataset(train_x, train_y, test_x, test_y, num_classes, name=cfg.dataset, augment=None)
+
+
+# ---------------------------------------------------------------- synthetic
+
+# Class means are a shared base image plus this fraction of a class-specific image, so classes overlap under
+# the noise: learnable, but not trivially separable.
+_SYNTHETIC_CLASS_WEIGHT = 0.35
+_SYNTHETIC_NOISE_STD = 0.3
+
+
+def _make_synthetic(cfg: DataConfig, seed: int) -> Dataset:
+    """Gaussian classes around random mean images in [0,1]; a pure function of (cfg, seed)."""
+    if cfg.synthetic_classes < 2 or cfg.synthetic_train < 1 or cfg.synthetic_test < 1:
+        raise DataError("synthetic data needs synthetic_classes >= 2 and synthetic_train, synthetic_test >= 1")
+    g = torch.Generator().manual_seed(seed)
+    shape = (cfg.synthetic_channels, cfg.synthetic_image_size, cfg.synthetic_image_size)
+    base = torch.rand(shape, generator=g)
+    own = torch.rand((cfg.synthetic_classes,) + shape, generator=g)
+    means = (1 - _SYNTHETIC_CLASS_WEIGHT) * base + _SYNTHETIC_CLASS_WEIGHT * own
+
+    def sample(n):
+        y = torch.randint(0, cfg.synthetic_classes, (n,), generator=g)
+        x = means[y] + _SYNTHETIC_NOISE_STD * torch.randn((n,) + shape, generator=g)
+        return x, y
+
+    train_x, train_y = sample(cfg.synthetic_train)
+    test_x, test_y = sample(cfg.synthetic_test)
+    return Dataset(train_x, train_y, test_x, test_y, cfg.synthetic_classes, name="synthetic", augment=None)

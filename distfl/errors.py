@@ -1,0 +1,21 @@
+"""Errors that distfl reports to the user as a one-paragraph message, without a traceback."""
+
+
+class DistflError(Exception):
+    """Base class: the CLI prints the message and exits with status 2."""
+
+
+class ConfigError(DistflError):
+    """A config key, value or combination is invalid. The message names the key and what is valid."""
+
+
+class DataError(DistflError):
+    """A dataset cannot be found or read, or a partition cannot be built."""
+
+
+class CheckpointError(DistflError):
+    """A checkpoint is missing, corrupt, or does not match the config."""
+
+
+class DivergenceError(DistflError):
+    """Training produced a non-finite loss or model; the message names the round."""

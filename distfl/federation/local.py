@@ -1,0 +1,125 @@
+"""The rank's one reused model, and the local training loop every client runs.
+
+The model's parameters (and float buffers, e.g. BatchNorm running statistics) are views into one flat
+tensor each, and the parameter gradients are views into one flat gradient tensor. Loading the global
+model into the worker is then one copy, a client's update is one subtraction, and the SGD step is a
+handful of fused vector ops instead of a loop over parameter tensors.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .population import client_seed
+
+
+class FlatModel:
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        params = list(module.parameters())
+        device = params[0].device
+        self.params = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float32)
+        self.grads = torch.zeros_like(self.params)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.data = self.params[offset : offset + n].view_as(p)
+            p.grad = self.grads[offset : offset + n].view_as(p)
+            offset += n
+
+        float_buffers = [(m, k, b) for m in module.modules() for k, b in m._buffers.items()
+                         if b is not None and b.is_floating_point()]
+        self.int_buffers = [b for b in module.buffers() if not b.is_floating_point()]
+        if float_buffers:
+            self.buffers = torch.cat([b.reshape(-1) for _, _, b in float_buffers]).to(torch.float32)
+        else:
+            self.buffers = torch.zeros(0, device=device)
+        offset = 0
+        for m, k, b in float_buffers:
+            n = b.numel()
+            m._buffers[k] = self.buffers[offset : offset + n].view_as(b)
+            offset += n
+        self._int_snapshot = [b.clone() for b in self.int_buffers]
+
+    @property
+    def num_params(self) -> int:
+        return self.params.numel()
+
+    def load(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
+        """Make the worker equal to a given model (integer buffers go back to the global values)."""
+        self.params.copy_(params)
+        self.buffers.copy_(buffers)
+        for b, v in zip(self.int_buffers, self._int_snapshot):
+            b.copy_(v)
+
+    def state_sha256(self) -> str:
+        """SHA-256 of all parameters and buffers as contiguous float32 bytes, in state_dict order."""
+        digest = hashlib.sha256()
+        for tensor in self.module.state_dict().values():
+            digest.update(tensor.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
+        return digest.hexdigest()
+
+
+@dataclass
+class ClientRun:
+    """What one client's local training needs to know, and what it leaves for the algorithm."""
+
+    client_id: int
+    round_idx: int
+    num_samples: int
+    weight: float  # the client's aggregation weight in this round
+    steps: int  # local SGD steps this round
+    global_params: torch.Tensor  # the round's global model (flat, read-only)
+    state: dict = field(default_factory=dict)  # per-client persistent state (stateful algorithms)
+    loss_sum: torch.Tensor | None = None  # sum of per-batch mean loss * batch size, after training
+
+
+def local_steps(num_samples: int, batch_size: int, epochs: int) -> int:
+    return epochs * -(-num_samples // batch_size)
+
+
+def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm) -> None:
+    """Run `train_cfg.local_epochs` of SGD on one client, starting from `run.global_params`.
+
+    All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
+    (seed, round, client), so a client trains identically on whichever rank hosts it.
+    """
+    torch.manual_seed(client_seed(algorithm.seed, run.round_idx, run.client_id))
+    model = flat.module
+    model.train()
+    w, g = flat.params, flat.grads
+    lr, wd, momentum = train_cfg.lr, train_cfg.weight_decay, train_cfg.momentum
+    velocity = None
+    loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
+    n, batch = len(indices), train_cfg.batch_size
+    for _ in range(train_cfg.local_epochs):
+        order = indices[torch.randperm(n, device=indices.device)]
+        for start in range(0, n, batch):
+            idx = order[start : start + batch]
+            x, y = data.train_x[idx], data.train_y[idx]
+            if data.augment is not None:
+                x = data.augment(x)
+            logits = model(x)
+            loss = algorithm.local_loss(logits, y, run)
+            g.zero_()
+            loss.backward()
+            loss_sum += loss.detach().double() * len(idx)
+            # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0), on the flat vectors,
+            # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn) added first.
+            algorithm.correct_gradient(w, g, run)
+            if wd:
+                g.add_(w, alpha=wd)
+            if momentum:
+                velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
+                step = velocity
+            else:
+                step = g
+            w.add_(step, alpha=-lr)
+    run.loss_sum = loss_sum
+
+
+def local_loss_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y)

@@ -1,0 +1,58 @@
+"""Clients, cohorts and placement: pure functions of the seed, so every rank agrees without talking."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+# Distinct streams for distinct purposes, so adding a random draw in one never shifts another.
+_COHORT_STREAM = 1
+_CLIENT_STREAM = 2
+
+
+class Population:
+    def __init__(self, parts: list[np.ndarray]):
+        self.indices = [np.asarray(p, dtype=np.int64) for p in parts]
+        self.sizes = np.array([len(p) for p in self.indices], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def cohort(self, seed: int, round_idx: int, size: int) -> list[int]:
+        """The clients of round `round_idx` (1-based): `size` distinct ids, sorted, from (seed, round) only."""
+        if size >= len(self):
+            return list(range(len(self)))
+        rng = np.random.default_rng([seed, _COHORT_STREAM, round_idx])
+        return sorted(int(c) for c in rng.choice(len(self), size=size, replace=False))
+
+    def fingerprint(self) -> int:
+        """A 62-bit digest of the partition, to check that all ranks built the same one."""
+        digest = hashlib.sha256()
+        for idx in self.indices:
+            digest.update(len(idx).to_bytes(8, "little"))
+            digest.update(idx.tobytes())
+        return int.from_bytes(digest.digest()[:8], "little") >> 2
+
+
+def client_seed(seed: int, round_idx: int, client_id: int) -> int:
+    """Seed of a client's local randomness (batch order, augmentation, dropout): never depends on rank."""
+    return int(np.random.SeedSequence([seed, _CLIENT_STREAM, round_idx, client_id]).generate_state(1)[0])
+
+
+def place(cohort: list[int], sizes: np.ndarray, world_size: int, sticky: bool) -> list[list[int]]:
+    """Assign the cohort to ranks; returns one list of client ids per rank, each in ascending order.
+
+    sticky: client c always lives on rank c % world_size (its state stays where it is).
+    otherwise: longest-processing-time first by sample count, ties to the lower rank, deterministic.
+    """
+    ranks: list[list[int]] = [[] for _ in range(world_size)]
+    if sticky:
+        for c in cohort:
+            ranks[c % world_size].append(c)
+    else:
+        load = [0] * world_size
+        for c in sorted(cohort, key=lambda c: (-int(sizes[c]), c)):
+            r = min(range(world_size), key=lambda r: (load[r], r))
+            ranks[r].append(c)
+            load[r] += int(sizes[c])
+    return [sorted(r) for r in ranks]

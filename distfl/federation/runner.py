@@ -1,0 +1,326 @@
+"""The round loop: cohort -> placement -> local training -> one all_reduce -> server step -> eval ->
+checkpoint. The same code runs as one plain process or as every rank of a torchrun job.
+
+What is guaranteed (and tested): for a fixed config, the final model (`model_sha256`) is bit-identical
+on 1 or N processes, for any placement of clients on ranks, and when a run is stopped and resumed
+from a checkpoint, provided every process uses the same device type, the same torch build and the
+same `runtime.threads`. Why it holds:
+  - cohorts come from (seed, round), every client's randomness from (seed, round, client);
+  - a client's local training is the same sequence of kernels wherever it runs (same thread count);
+  - the sums over clients are exact integer sums (federation/aggregate.py), so order cannot matter;
+  - evaluation batches are fixed slices of the test set, dealt to ranks whole.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import __version__, checkpoint, dist
+from ..algorithms import build_algorithm
+from ..config import config_to_dict, dump_config
+from ..data.datasets import load_dataset
+from ..data.partition import partition
+from ..errors import CheckpointError, ConfigError, DivergenceError
+from ..logging import RunLogger
+from ..models import build_model
+from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
+from .local import ClientRun, FlatModel, local_steps, train_client
+from .population import Population, place
+from .state import ClientStateStore
+
+# Keys that may change when a run is resumed: they do not alter what the finished model will be.
+RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
+                  "runtime.device", "runtime.threads")
+
+
+def run_has_output(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints"))
+
+
+class Trainer:
+    def __init__(self, cfg, ctx: dist.DistContext, resume: bool = False, overwrite: bool = False):
+        self.cfg, self.ctx = cfg, ctx
+        self.run_dir = Path(cfg.output.dir)
+        self.device = ctx.device
+        dist.reset_counters()
+        if not resume and run_has_output(self.run_dir) and not overwrite:
+            raise ConfigError(
+                f"output.dir {self.run_dir} already holds a run; continue it with "
+                f"`distfl train --resume {self.run_dir}`, pick another output.dir, or pass --overwrite")
+
+        self.data = load_dataset(cfg.data, cfg.seed).to(self.device)
+        parts = partition(self.data.train_y.cpu().numpy(), cfg.partition, self.data.num_classes, cfg.seed)
+        self.population = Population(parts)
+        self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
+
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
+        self.worker = FlatModel(model)
+        self.global_params = self.worker.params.detach().clone()
+        self.global_buffers = self.worker.buffers.detach().clone()
+        self.algorithm = build_algorithm(cfg, self.population, self.worker.num_params,
+                                         self.worker.buffers.numel(), self.device)
+        self.sticky = self._sticky_placement()
+        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
+                      if self.algorithm.stateful else None)
+        dist.check_same_on_all_ranks(
+            hash_text(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
+
+        self.start_round = 1
+        self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
+        if resume:
+            self._restore()
+        # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
+        self._prepare_run_dir(resume)
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def _prepare_run_dir(self, resume: bool) -> None:
+        if not resume and run_has_output(self.run_dir):  # --overwrite was given
+            dist.barrier(self.ctx)  # every rank has checked before rank 0 deletes
+            if self.ctx.is_main:
+                for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
+                    path = self.run_dir / name
+                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        if self.ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            checkpoint.atomic_write_text(dump_config(self.cfg), self.run_dir / "config.yaml")
+        dist.barrier(self.ctx)
+
+    def _sticky_placement(self) -> bool:
+        placement, store = self.cfg.runtime.placement, self.cfg.runtime.client_state
+        if self.algorithm.stateful and store == "memory" and placement == "balanced":
+            raise ConfigError(
+                f"algorithm.name={self.cfg.algorithm.name} keeps per-client state in memory on the hosting "
+                "rank, so runtime.placement must be auto or sticky (or set runtime.client_state=disk)")
+        if placement == "auto":
+            return self.algorithm.stateful and store == "memory"
+        return placement == "sticky"
+
+    def _hosts(self, client_id: int) -> bool:
+        """Under sticky placement, whether this rank hosts `client_id` in every round."""
+        return client_id % self.ctx.world_size == self.ctx.rank
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _restore(self) -> None:
+        path = checkpoint.latest(self.run_dir)
+        state = checkpoint.load(path, self.device)
+        saved, now = state["config"], config_to_dict(self.cfg)
+        changed = [k for k in _flatten(now) if _flatten(saved).get(k) != _flatten(now)[k]
+                   and not k.startswith(RESUMABLE_KEYS) and k != "output.dir"]
+        if changed:
+            raise CheckpointError(
+                f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
+                f"only {', '.join(RESUMABLE_KEYS)} may change on resume")
+        if state["round"] >= self.cfg.train.rounds:
+            raise CheckpointError(f"{self.run_dir} is already at round {state['round']}; "
+                                  f"raise train.rounds (e.g. train.rounds={state['round'] + 10}) to continue")
+        self.global_params.copy_(state["params"])
+        self.global_buffers.copy_(state["buffers"])
+        self.worker._int_snapshot = [t.to(self.device) for t in state["int_buffers"]]
+        self.algorithm.load_server_state(state["server"])
+        self.progress = dict(state["progress"])
+        self.start_round = state["round"] + 1
+        if self.store is not None:
+            self.store.restore(path / "clients", self._hosts, self.ctx.is_main)
+
+    def _save_checkpoint(self, round_idx: int) -> None:
+        if self.ctx.is_main:
+            checkpoint.begin(self.run_dir, round_idx)
+        dist.barrier(self.ctx)
+        if self.store is not None:
+            self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, round_idx) / "clients",
+                                        self.ctx.is_main)
+        dist.barrier(self.ctx)
+        if self.ctx.is_main:
+            state = {
+                "round": round_idx,
+                "params": self.global_params.cpu(),
+                "buffers": self.global_buffers.cpu(),
+                "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
+                "server": _to_cpu(self.algorithm.server_state()),
+                "progress": dict(self.progress),
+                "config": config_to_dict(self.cfg),
+                "world_size": self.ctx.world_size,
+                # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
+                "rng": "keyed",
+            }
+            checkpoint.commit(self.run_dir, round_idx, state, self.cfg.checkpoint.keep)
+
+    # ---- one round -----------------------------------------------------------------------------
+    def run_round(self, round_idx: int) -> dict:
+        cfg, ctx = self.cfg, self.ctx
+        cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round)
+        mine = place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]
+        stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.segments(), self.device, len(cohort))
+        for client_id in mine:
+            n = int(self.population.sizes[client_id])
+            run = ClientRun(
+                client_id=client_id, round_idx=round_idx, num_samples=n,
+                weight=self.algorithm.client_weight(client_id, cohort),
+                steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs),
+                global_params=self.global_params)
+            if self.store is not None:
+                run.state = self.store.get(client_id, self.algorithm.init_client_state)
+            self.worker.load(self.global_params, self.global_buffers)
+            train_client(self.worker, self.data, self.client_indices[client_id], run, cfg.train, self.algorithm)
+            self._contribute(run, stats)
+        reduced = stats.reduce(ctx)
+        bad = int(reduced["nonfinite"][0])
+        if bad:
+            raise DivergenceError(f"round {round_idx}: {bad} client(s) produced a non-finite loss or update "
+                                  "(NaN/inf or too large); lower train.lr or server.lr")
+        self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
+        if not bool(torch.isfinite(self.global_params).all()):
+            raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
+                                  "lower server.lr")
+        samples = int(reduced["samples"][0])
+        return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
+                "bytes_reduced": stats.nbytes}
+
+    def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
+        """Add a client's statistics, or count it as non-finite (every rank still joins the reduce)."""
+        ok = bool(torch.isfinite(run.loss_sum)) and bool(torch.isfinite(self.worker.params).all())
+        if ok:
+            try:
+                self.algorithm.client_statistics(run, self.worker, stats)
+                stats.add("loss_sum", run.loss_sum)
+            except Unrepresentable:
+                ok = False
+        if not ok:
+            stats.add("nonfinite", 1)
+            return
+        stats.add("samples", run.num_samples * self.cfg.train.local_epochs)
+        if self.store is not None:
+            self.store.put(run.client_id, run.state)
+
+    # ---- evaluation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """Accuracy and mean loss of the global model on the whole test set, sharded by batch."""
+        self.worker.load(self.global_params, self.global_buffers)
+        model = self.worker.module
+        model.eval()
+        x, y = self.data.test_x, self.data.test_y
+        starts = list(range(0, len(y), self.cfg.eval.batch_size))
+        stats = StatBuffer([Segment("loss_sum", 1), Segment("correct", 1, kind="int"),
+                            Segment("nonfinite", 1, kind="int")], self.device, len(starts))
+        for start in starts[self.ctx.rank :: self.ctx.world_size]:
+            end = start + self.cfg.eval.batch_size
+            logits = model(x[start:end])
+            stats.add("correct", (logits.argmax(1) == y[start:end]).sum())
+            try:
+                stats.add("loss_sum", F.cross_entropy(logits, y[start:end], reduction="sum"))
+            except Unrepresentable:
+                stats.add("nonfinite", 1)
+        reduced = stats.reduce(self.ctx, name="eval")
+        loss = math.nan if int(reduced["nonfinite"][0]) else reduced.scalar("loss_sum") / len(y)
+        return int(reduced["correct"][0]) / len(y), loss
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds)
+        if self.start_round > 1:
+            logger.info(f"resuming {self.run_dir} at round {self.start_round}")
+        logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
+                    f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
+                    f"{self.ctx.world_size} process(es) on {self.device}; writing {self.run_dir}")
+        session_start = time.time()
+        wall_before = self.progress["wall_s"]
+        status, error = "completed", None
+        try:
+            for t in range(self.start_round, cfg.train.rounds + 1):
+                t0 = time.perf_counter()
+                row = self.run_round(t)
+                round_s = time.perf_counter() - t0
+                metrics = {"round": t, "train_loss": row["train_loss"], "round_s": round_s,
+                           "samples_per_s": row["samples"] / round_s, "bytes_reduced": row["bytes_reduced"]}
+                if t % cfg.eval.every == 0 or t == cfg.train.rounds:
+                    t1 = time.perf_counter()
+                    acc, loss = self.evaluate()
+                    metrics.update(test_acc=acc, test_loss=loss, eval_s=time.perf_counter() - t1)
+                    self.progress["last_eval"] = {"round": t, "test_acc": acc, "test_loss": loss}
+                    if self.progress["best_test_acc"] is None or acc > self.progress["best_test_acc"]:
+                        self.progress["best_test_acc"], self.progress["best_round"] = acc, t
+                self.progress["wall_s"] = wall_before + time.time() - session_start
+                metrics["wall_s"] = self.progress["wall_s"]
+                logger.log_round(metrics)
+                if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds:
+                    self._save_checkpoint(t)
+        except DivergenceError as exc:
+            status, error = "diverged", str(exc)
+            kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
+            kept = f"the last good checkpoint, {kept.read_text().strip()}, is kept" if kept.exists() else \
+                "no checkpoint had been written yet"
+            logger.info(f"stopped: {exc}; {kept}")
+        finally:
+            logger.close()
+        summary = self._summary(status, error)
+        if self.ctx.is_main:
+            checkpoint.atomic_write_text(json.dumps(summary, indent=2) + "\n", self.run_dir / "summary.json")
+        if status != "completed":
+            raise DivergenceError(error)
+        return summary
+
+    def _summary(self, status: str, error: str | None) -> dict:
+        self.worker.load(self.global_params, self.global_buffers)
+        last = self.progress["last_eval"] or {}
+        return {
+            "status": status,
+            "error": error,
+            "final_test_acc": last.get("test_acc"),
+            "final_test_loss": last.get("test_loss"),
+            "best_test_acc": self.progress["best_test_acc"],
+            "best_round": self.progress["best_round"],
+            "rounds": last.get("round") if status != "completed" else self.cfg.train.rounds,
+            "wall_s": round(self.progress["wall_s"], 3),
+            "model_sha256": self.worker.state_sha256(),
+            "world_size": self.ctx.world_size,
+            "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
+            "device": str(self.device),
+            "num_params": self.worker.num_params,
+            "algorithm": self.cfg.algorithm.name,
+            "dataset": self.cfg.data.dataset,
+            "distfl_version": __version__,
+            "torch_version": torch.__version__,
+        }
+
+
+def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
+    """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank."""
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
+    try:
+        return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
+    finally:
+        dist.shutdown(ctx)
+
+
+def hash_text(text: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,100 @@
+"""What a run writes (rank 0 only): metrics.jsonl, TensorBoard scalars, a progress display.
+
+metrics.jsonl has one JSON object per round, with `round` first. On resume, rows after the checkpoint's
+round are dropped (they are recomputed), so the file never holds a round twice; TensorBoard does the
+same through `purge_step`.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .checkpoint import atomic_write_text
+
+# metrics.jsonl key -> TensorBoard tag
+TB_TAGS = {
+    "test_acc": "test/accuracy",
+    "test_loss": "test/loss",
+    "train_loss": "train/loss",
+    "round_s": "time/round_s",
+    "samples_per_s": "time/samples_per_s",
+    "bytes_reduced": "comm/bytes_reduced",
+}
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, output_cfg, is_main: bool, start_round: int, total_rounds: int):
+        self.active = is_main
+        self.total = total_rounds
+        self.start = start_round
+        self.t0 = time.time()
+        self.mode = output_cfg.progress
+        if self.mode == "auto":
+            self.mode = "bar" if sys.stderr.isatty() else "log"
+        self.last_eval = ""
+        self.writer = None
+        if not self.active:
+            return
+        self.metrics_path = Path(run_dir) / "metrics.jsonl"
+        self._truncate_after(start_round - 1)
+        self.metrics_file = open(self.metrics_path, "a")
+        if output_cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_round)
+
+    def _truncate_after(self, last_round: int) -> None:
+        if not self.metrics_path.exists():
+            return
+        rows = [line for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["round"] <= last_round]
+        atomic_write_text("".join(row + "\n" for row in rows), self.metrics_path)
+
+    def log_round(self, row: dict, extra_scalars: dict | None = None) -> None:
+        if not self.active:
+            return
+        self.metrics_file.write(json.dumps(row) + "\n")
+        self.metrics_file.flush()
+        if self.writer is not None:
+            for key, value in {**row, **(extra_scalars or {})}.items():
+                if key != "round" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(TB_TAGS.get(key, key), value, row["round"])
+        if "test_acc" in row:
+            self.last_eval = f"acc {100 * row['test_acc']:.2f}% (round {row['round']})"
+        self._progress(row)
+
+    def _progress(self, row: dict) -> None:
+        t = row["round"]
+        done = t - self.start + 1
+        elapsed = time.time() - self.t0
+        eta = elapsed / done * (self.total - t)
+        text = (f"round {t}/{self.total}  train loss {row['train_loss']:.4f}  {self.last_eval}  "
+                f"{row['round_s']:.2f}s/round  eta {_clock(eta)}")
+        if self.mode == "bar":
+            width = 24
+            filled = int(width * t / self.total)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\033[K")
+            if t == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+        elif self.mode == "log" and ("test_acc" in row or t == self.total):
+            print(text, file=sys.stderr, flush=True)
+
+    def info(self, message: str) -> None:
+        if self.active:
+            if self.mode == "bar":
+                sys.stderr.write("\r\033[K")
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.active:
+            self.metrics_file.close()
+            if self.writer is not None:
+                self.writer.close()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s"

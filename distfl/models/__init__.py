@@ -1,0 +1,63 @@
+"""The model zoo: `build_model(cfg.model, input_shape, num_classes)`.
+
+Every model is a `Classifier` (see `base.py`): `model.features` maps B x C x H x W to B x
+`model.feature_dim` (the penultimate activations), `model.head` is `nn.Linear(feature_dim,
+num_classes)`, and `forward(x) == head(features(x))`. Construction draws only from the global torch
+RNG, so `torch.manual_seed(seed)` before `build_model` makes the initial parameters reproducible.
+No model contains dropout or in-place activations.
+
+| name       | source                                            | params (default input, 10 classes) |
+|------------|---------------------------------------------------|------------------------------------|
+| simplecnn  | NIID-Bench SimpleCNNMNIST (TCT, FMNIST)           | 44,426 (1x28x28)                   |
+| lenet5     | classic LeNet-5, ReLU + max-pool (GMA)            | 61,706 (1x28x28)                   |
+| cifar_cnn  | FedADC 4 conv + 4 FC, widths our choice           | 1,156,202 (3x32x32)                |
+| resnet18   | CIFAR-stem ResNet-18, BN or GN (TCT, FedADC)      | 11,173,962 (3x32x32)               |
+| resnet20   | He et al. CIFAR ResNet-20, option A (FedFOR)      | 269,722 (3x32x32)                  |
+| mlp        | 2 hidden layers of model.mlp_hidden (tests)       | 8,970 (1x8x8, h = 64)              |
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+from distfl.errors import ConfigError
+from distfl.models.base import Classifier
+from distfl.models.cifar_cnn import build_cifar_cnn
+from distfl.models.lenet import build_lenet5
+from distfl.models.mlp import build_mlp
+from distfl.models.resnet import build_resnet18
+from distfl.models.resnet_cifar import build_resnet20
+from distfl.models.simplecnn import build_simplecnn
+from distfl.schema import ModelConfig
+
+__all__ = ["Classifier", "MODELS", "build_model"]
+
+# name -> builder(cfg, input_shape, num_classes)
+MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]] = {
+    "simplecnn": lambda cfg, shape, k: build_simplecnn(shape, k),
+    "lenet5": lambda cfg, shape, k: build_lenet5(shape, k),
+    "cifar_cnn": lambda cfg, shape, k: build_cifar_cnn(shape, k),
+    "resnet18": lambda cfg, shape, k: build_resnet18(shape, k, cfg.norm, cfg.gn_groups),
+    "resnet20": lambda cfg, shape, k: build_resnet20(shape, k),
+    "mlp": lambda cfg, shape, k: build_mlp(shape, k, cfg.mlp_hidden),
+}
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """Build the model `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs.
+
+    Raises ConfigError for an unknown name, a bad shape or class count, or an input too small for
+    the model's conv stack.
+    """
+    if cfg.name not in MODELS:
+        raise ConfigError(f"model.name must be one of {', '.join(MODELS)} (got {cfg.name!r})")
+    try:
+        shape = tuple(int(s) for s in input_shape)
+    except (TypeError, ValueError):
+        raise ConfigError(f"input shape must be (channels, height, width) (got {input_shape!r})") from None
+    if len(shape) != 3 or min(shape) < 1:
+        raise ConfigError(f"input shape must be (channels, height, width) with positive sizes (got {input_shape!r})")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ConfigError(f"the number of classes must be a positive integer (got {num_classes!r})")
+    return MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]

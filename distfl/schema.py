@@ -1,0 +1,148 @@
+"""The config schema: every key a run accepts, its type, default and meaning.
+
+These names are distfl's public interface (YAML files, `key=value` overrides, sweeps). Loading,
+overrides and validation live in `config.py`; this file only declares the shape.
+Each field's comment is its documentation; `docs/config.md` is generated from them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic
+    root: str = "./data"  # where to look for (and download) the dataset files
+    download: bool = True  # allow a torchvision download when no local copy is found
+    augment: str = "auto"  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
+    synthetic_train: int = 2000  # synthetic: training samples
+    synthetic_test: int = 500  # synthetic: test samples
+    synthetic_classes: int = 10  # synthetic: number of classes
+    synthetic_image_size: int = 8  # synthetic: images are channels x size x size
+    synthetic_channels: int = 1  # synthetic: image channels
+
+
+@dataclass
+class PartitionConfig:
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity
+    num_clients: int = 100  # total clients in the population
+    alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
+    classes_per_client: int = 2  # n_classes: distinct labels per client (NIID-Bench #C)
+    shards_per_client: int = 2  # shards: label-sorted shards per client (McMahan et al.)
+    min_size: int = 10  # dirichlet, quantity: resample until every client has this many samples
+    max_attempts: int = 1000  # dirichlet, quantity: resampling attempts before giving up with an error
+
+
+@dataclass
+class ModelConfig:
+    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp
+    norm: str = "bn"  # resnet18: bn | gn
+    gn_groups: int = 2  # resnet18 with norm=gn: groups per GroupNorm layer
+    mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova
+    weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
+    mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
+    alpha: float = 0.01  # feddyn: dynamic regulariser weight
+
+
+@dataclass
+class ServerConfig:
+    optimizer: str = "sgd"  # sgd (FedAvgM with momentum > 0) | adam | yogi | adagrad (FedOpt, Reddi et al. 2021)
+    lr: float = 1.0  # server learning rate applied to the averaged update
+    momentum: float = 0.0  # sgd: server momentum (FedAvgM)
+    beta1: float = 0.9  # adam, yogi, adagrad: first-moment decay (Reddi et al. use momentum in all three)
+    beta2: float = 0.99  # adam, yogi: second-moment decay
+    eps: float = 1e-3  # adam, yogi, adagrad: adaptivity tau; second moments start at eps^2
+
+
+@dataclass
+class TrainConfig:
+    rounds: int = 30  # communication rounds
+    clients_per_round: int = 10  # cohort size, sampled without replacement each round
+    local_epochs: int = 1  # passes over the client's data per round
+    batch_size: int = 32  # local mini-batch size (the last partial batch of an epoch is kept)
+    lr: float = 0.05  # local SGD learning rate
+    weight_decay: float = 0.0  # local SGD weight decay (L2, coupled as in torch.optim.SGD)
+    momentum: float = 0.0  # local SGD momentum, reset for every client and round
+
+
+@dataclass
+class EvalConfig:
+    every: int = 5  # evaluate the global model every this many rounds (and after the last)
+    batch_size: int = 1000  # evaluation batch size
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs/example"  # run directory: config, metrics.jsonl, summary.json, TensorBoard, checkpoints
+    tensorboard: bool = True  # write TensorBoard event files (rank 0)
+    progress: str = "auto"  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 10  # write a checkpoint every this many rounds (0: never; the final round is always written)
+    keep: int = 2  # how many recent checkpoints to keep
+
+
+@dataclass
+class RuntimeConfig:
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda
+    threads: int = 1  # intra-op CPU threads per process; results are bit-identical only for equal values
+    client_state: str = "memory"  # where per-client state lives: memory | disk (under the run dir)
+    placement: str = "auto"  # clients -> ranks: auto (sticky for stateful methods in memory, else balanced) | balanced | sticky
+
+
+@dataclass
+class Config:
+    seed: int = 0  # seeds partition, model init, cohorts and every client's local randomness
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+# Valid values of the string keys that name a choice. config.py validates against these and suggests
+# the closest one for a typo; the modules that implement the choices check they cover them in tests.
+CHOICES = {
+    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic"],
+    "data.augment": ["auto", "none", "crop_flip"],
+    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity"],
+    "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp"],
+    "model.norm": ["bn", "gn"],
+    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova"],
+    "algorithm.weighting": ["samples", "uniform"],
+    "server.optimizer": ["sgd", "adam", "yogi", "adagrad"],
+    "output.progress": ["auto", "bar", "log", "none"],
+    "runtime.device": ["auto", "cpu", "cuda"],
+    "runtime.client_state": ["memory", "disk"],
+    "runtime.placement": ["auto", "balanced", "sticky"],
+}
+
+# Keys that only mean something for some choices of another key: setting one explicitly (to a
+# non-default value) for a choice that ignores it gives a warning (sweeps vary the controlling key).
+APPLIES_ONLY_TO = {
+    "algorithm.mu": ("algorithm.name", ["fedprox"]),
+    "algorithm.alpha": ("algorithm.name", ["feddyn"]),
+    "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
+    "partition.classes_per_client": ("partition.scheme", ["n_classes"]),
+    "partition.shards_per_client": ("partition.scheme", ["shards"]),
+    "server.momentum": ("server.optimizer", ["sgd"]),
+    "server.beta1": ("server.optimizer", ["adam", "yogi", "adagrad"]),
+    "server.beta2": ("server.optimizer", ["adam", "yogi"]),
+    "model.norm": ("model.name", ["resnet18"]),
+    "model.gn_groups": ("model.name", ["resnet18"]),
+    "model.mlp_hidden": ("model.name", ["mlp"]),
+}
+
+NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}

@@ -1,0 +1,19 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="distfl",
+    version="0.1.0",
+    description="Federated-learning research trainer on torch.distributed",
+    packages=find_packages(include=["distfl", "distfl.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch",
+        "torchvision",
+        "numpy",
+        "pyyaml",
+        "tensorboard",
+        "submitit",
+    ],
+    extras_require={"test": ["pytest"]},
+    entry_points={"console_scripts": ["distfl=distfl.cli:main"]},
+)

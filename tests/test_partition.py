@@ -1,0 +1,219 @@
+import numpy as np
+import pytest
+
+from distfl.data.partition import describe, partition
+from distfl.errors import DataError
+from distfl.schema import CHOICES, PartitionConfig
+
+SCHEMES = ["iid", "dirichlet", "n_classes", "shards", "quantity"]
+
+
+def balanced_labels(n_per_class=6000, num_classes=10, seed=1):
+    labels = np.repeat(np.arange(num_classes), n_per_class)
+    np.random.RandomState(seed).shuffle(labels)
+    return labels
+
+
+LABELS = balanced_labels()  # 60000 labels of 10 classes, like FMNIST
+
+
+def classes_of(part, labels):
+    return set(np.unique(labels[part]).tolist())
+
+
+def test_covers_every_scheme_in_the_schema():
+    assert sorted(CHOICES["partition.scheme"]) == sorted(SCHEMES)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_disjoint_cover_int64_and_pure(scheme):
+    cfg = PartitionConfig(scheme=scheme, num_clients=10)
+    parts = partition(LABELS, cfg, 10, seed=0)
+    assert len(parts) == 10
+    assert all(p.dtype == np.int64 and len(p) > 0 for p in parts)
+    joined = np.concatenate(parts)
+    assert len(np.unique(joined)) == len(joined)  # disjoint
+    assert np.array_equal(np.sort(joined), np.arange(len(LABELS)))  # covers everything
+
+    again = partition(LABELS.copy(), cfg, 10, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    other = partition(LABELS, cfg, 10, seed=1)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_client_lists_are_shuffled(scheme):
+    parts = partition(LABELS, PartitionConfig(scheme=scheme, num_clients=10), 10, seed=0)
+    assert not all(np.all(np.diff(p) > 0) for p in parts)
+    if scheme != "iid":  # shards and n_classes are built class by class; the shuffle mixes the classes
+        assert any(len(set(LABELS[p[:50]].tolist())) > 1 for p in parts)
+
+
+def test_iid_sizes_and_labels():
+    parts = partition(LABELS, PartitionConfig(scheme="iid", num_clients=7), 10, seed=0)
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+    assert all(classes_of(p, LABELS) == set(range(10)) for p in parts)
+
+
+def test_dirichlet_min_size_and_cap():
+    # 20 classes of 3000, 5 clients: N/K = 12000. With alpha=0.1 an uncapped split routinely hands a client
+    # several whole classes; the cap stops additions once a client reaches N/K, so no client can exceed N/K
+    # by more than one class.
+    labels = balanced_labels(3000, 20)
+    n, k = len(labels), 5
+    for seed in range(10):
+        cfg = PartitionConfig(scheme="dirichlet", num_clients=k, alpha=0.1, min_size=10)
+        parts = partition(labels, cfg, 20, seed)
+        sizes = [len(p) for p in parts]
+        assert min(sizes) >= 10
+        assert max(sizes) < n / k + 3000
+
+
+def test_dirichlet_min_size_respected_for_many_clients():
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=100, alpha=0.1, min_size=50)
+    parts = partition(LABELS, cfg, 10, seed=3)
+    assert min(len(p) for p in parts) >= 50
+
+
+def test_dirichlet_small_alpha_fewer_classes():
+    def mean_classes(alpha):
+        parts = partition(LABELS, PartitionConfig(scheme="dirichlet", num_clients=10, alpha=alpha), 10, seed=0)
+        return np.mean([len(classes_of(p, LABELS)) for p in parts])
+
+    assert mean_classes(0.1) < mean_classes(1.0) < mean_classes(100.0)
+    assert mean_classes(100.0) == 10
+
+
+def test_dirichlet_tiny_alpha_does_not_produce_garbage():
+    # Legacy Dirichlet draws with alpha=1e-3 are sometimes NaN; the partition must stay a disjoint cover.
+    labels = balanced_labels(500, 100)
+    for seed in range(5):
+        cfg = PartitionConfig(scheme="dirichlet", num_clients=10, alpha=0.001)
+        parts = partition(labels, cfg, 100, seed)
+        joined = np.concatenate(parts)
+        assert np.array_equal(np.sort(joined), np.arange(len(labels)))
+        assert min(len(p) for p in parts) >= 10
+
+
+def test_dirichlet_impossible_split_raises():
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=100, alpha=0.001, min_size=500, max_attempts=3)
+    with pytest.raises(DataError, match="alpha=0.001.*min_size=500.*max_attempts=3"):
+        partition(LABELS, cfg, 10, seed=0)
+
+
+def test_too_few_samples_raises_up_front():
+    for scheme in ["dirichlet", "quantity"]:
+        cfg = PartitionConfig(scheme=scheme, num_clients=100, min_size=10)
+        with pytest.raises(DataError, match="min_size=10"):
+            partition(LABELS[:999], cfg, 10, seed=0)
+
+
+def test_n_classes_one_class_each():
+    cfg = PartitionConfig(scheme="n_classes", num_clients=10, classes_per_client=1)
+    parts = partition(LABELS, cfg, 10, seed=0)
+    for i, p in enumerate(parts):
+        assert classes_of(p, LABELS) == {i}
+        assert len(p) == 6000
+
+
+def test_n_classes_two_classes_each():
+    cfg = PartitionConfig(scheme="n_classes", num_clients=10, classes_per_client=2)
+    for seed in range(5):
+        parts = partition(LABELS, cfg, 10, seed)
+        for i, p in enumerate(parts):
+            held = classes_of(p, LABELS)
+            assert len(held) == 2 and i in held
+        # each class is split evenly among its holders
+        for c in range(10):
+            counts = [np.sum(LABELS[p] == c) for p in parts if np.any(LABELS[p] == c)]
+            assert max(counts) - min(counts) <= 1
+
+
+def test_n_classes_all_classes_is_an_even_split():
+    cfg = PartitionConfig(scheme="n_classes", num_clients=10, classes_per_client=10)
+    parts = partition(LABELS, cfg, 10, seed=0)
+    for p in parts:
+        assert np.array_equal(np.bincount(LABELS[p], minlength=10), np.full(10, 600))
+
+
+def test_n_classes_too_many_classes_raises():
+    cfg = PartitionConfig(scheme="n_classes", num_clients=10, classes_per_client=11)
+    with pytest.raises(DataError, match="classes_per_client=11"):
+        partition(LABELS, cfg, 10, seed=0)
+
+
+def test_n_classes_fewer_clients_than_classes_leaves_classes_unused():
+    cfg = PartitionConfig(scheme="n_classes", num_clients=3, classes_per_client=1)
+    parts = partition(LABELS, cfg, 10, seed=0)
+    assert [classes_of(p, LABELS) for p in parts] == [{0}, {1}, {2}]
+
+
+def test_shards_few_classes_per_client():
+    cfg = PartitionConfig(scheme="shards", num_clients=100, shards_per_client=2)
+    parts = partition(LABELS, cfg, 10, seed=0)
+    joined = np.concatenate(parts)
+    assert np.array_equal(np.sort(joined), np.arange(len(LABELS)))
+    n_classes = [len(classes_of(p, LABELS)) for p in parts]
+    assert max(n_classes) <= 2 * 2
+    # 600-sample shards of 6000-sample classes never straddle a class boundary here
+    assert all(1 <= c <= 2 for c in n_classes)
+    assert all(len(p) == 600 for p in parts)
+
+
+def test_quantity_sizes_vary_labels_iid():
+    cfg = PartitionConfig(scheme="quantity", num_clients=10, alpha=0.5, min_size=10)
+    parts = partition(LABELS, cfg, 10, seed=0)
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.min() >= 10
+    assert sizes.max() > 2 * sizes.min()
+    glob = np.bincount(LABELS, minlength=10) / len(LABELS)
+    for p in parts:
+        if len(p) >= 2000:
+            dist = np.bincount(LABELS[p], minlength=10) / len(p)
+            assert np.abs(dist - glob).max() < 0.03
+
+
+def test_quantity_impossible_raises():
+    cfg = PartitionConfig(scheme="quantity", num_clients=50, alpha=0.01, min_size=1000, max_attempts=5)
+    with pytest.raises(DataError, match="alpha=0.01.*min_size=1000"):
+        partition(LABELS, cfg, 10, seed=0)
+
+
+def test_empty_client_raises():
+    labels = np.arange(10) % 10
+    cfg = PartitionConfig(scheme="shards", num_clients=8, shards_per_client=2)  # 16 shards of 10 samples
+    with pytest.raises(DataError, match="client .* no samples"):
+        partition(labels, cfg, 10, seed=0)
+
+
+def test_bad_labels_raise():
+    with pytest.raises(DataError):
+        partition(np.array([0, 1, 10]), PartitionConfig(scheme="iid", num_clients=1), 10, seed=0)
+
+
+def test_describe_matches_parts():
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=10, alpha=0.5)
+    parts = partition(LABELS, cfg, 10, seed=0)
+    text = describe(parts, LABELS, 10)
+    lines = text.splitlines()
+    assert len(lines) == 1 + 10 + 1
+    for i, p in enumerate(parts):
+        fields = lines[1 + i].replace("|", " ").split()
+        assert int(fields[0]) == i and int(fields[1]) == len(p)
+        assert [int(v) for v in fields[3:]] == np.bincount(LABELS[p], minlength=10).tolist()
+    sizes = sorted(len(p) for p in parts)
+    assert f"{sizes[0]}/" in lines[-1] and f"/{sizes[-1]}" in lines[-1]
+
+
+def test_describe_many_classes_shows_top5():
+    labels = balanced_labels(100, 100)
+    parts = partition(labels, PartitionConfig(scheme="iid", num_clients=100), 100, seed=0)
+    lines = describe(parts, labels, 100).splitlines()
+    assert len(lines) == 1 + 100 + 1
+    row = lines[1]
+    top = row.split("|")[1].split()
+    assert len(top) == 5
+    hist = np.bincount(labels[parts[0]], minlength=100)
+    c, n = top[0].split(":")
+    assert hist[int(c)] == int(n) == hist.max()

@@ -1,0 +1,204 @@
+"""The runtime's promises, checked on real processes: same model on 1 or 2 ranks and any placement,
+resume equals running through, one all_reduce per round, clean failures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import metrics, run_cli, summary, train_ok, write_config
+
+ALGORITHMS = [
+    ("fedavg", []),
+    ("fedavg", ["server.optimizer=adam", "server.lr=0.01"]),
+    ("fedprox", ["algorithm.mu=0.1", "train.momentum=0.9"]),
+    ("scaffold", []),
+    ("feddyn", ["algorithm.alpha=0.1"]),
+    ("fednova", ["train.momentum=0.5", "train.weight_decay=0.001"]),
+]
+
+
+@pytest.mark.parametrize("name,extra", ALGORITHMS, ids=[f"{a}{'+' if e else ''}{e[0] if e else ''}" for a, e in ALGORITHMS])
+def test_one_rank_equals_two_ranks(tmp_path, small_config, name, extra):
+    """Bit-identical final model on 1 process and on 2 gloo processes (balanced placement)."""
+    args = [f"algorithm.name={name}", *extra]
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
+    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, nproc=2)
+    assert one["world_size"] == 1 and two["world_size"] == 2
+    assert one["model_sha256"] == two["model_sha256"]
+    assert one["final_test_acc"] == two["final_test_acc"]
+    # The training loss is an exact sum too, so even the logged curves agree.
+    assert [r["train_loss"] for r in metrics(tmp_path / "one")] == [r["train_loss"] for r in metrics(tmp_path / "two")]
+
+
+def test_placement_and_state_location_do_not_change_the_model(tmp_path, small_config):
+    """SCAFFOLD with state in memory (sticky), on disk with balanced placement, and all on one rank."""
+    runs = {
+        "one_rank": train_ok(small_config, f"output.dir={tmp_path / 'a'}", "algorithm.name=scaffold"),
+        "sticky_memory": train_ok(small_config, f"output.dir={tmp_path / 'b'}", "algorithm.name=scaffold",
+                                  "runtime.placement=sticky", nproc=2),
+        "balanced_disk": train_ok(small_config, f"output.dir={tmp_path / 'c'}", "algorithm.name=scaffold",
+                                  "runtime.placement=balanced", "runtime.client_state=disk", nproc=2),
+    }
+    assert len({s["model_sha256"] for s in runs.values()}) == 1, runs
+
+
+def test_batchnorm_model_one_rank_equals_two_ranks(tmp_path):
+    """BatchNorm running statistics are aggregated exactly too (ResNet-20)."""
+    cfg = write_config(tmp_path / "bn.yaml", model={"name": "resnet20"},
+                       train={"rounds": 2, "clients_per_round": 4}, data={"synthetic_channels": 3})
+    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
+    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
+    assert one["model_sha256"] == two["model_sha256"]
+
+
+def test_exactly_one_all_reduce_per_round(tmp_path, small_config):
+    s = train_ok(small_config, f"output.dir={tmp_path / 'run'}", "algorithm.name=scaffold", nproc=2)
+    calls, sent = s["collectives"]["calls"], s["collectives"]["bytes"]
+    assert calls["round_stats"] == 6  # one per round
+    assert calls["eval"] == 2  # rounds 3 and 6
+    assert "all_gather" not in calls and "broadcast" not in calls
+    # SCAFFOLD sums: 3 standard scalars, the delta and the control-variate delta (MLP: no buffers).
+    assert sent["round_stats"] == 6 * 8 * (3 + 2 * s["num_params"])
+
+
+@pytest.mark.parametrize("name,extra,nproc_resume", [
+    ("fedavg", ["server.momentum=0.9"], 1),
+    ("scaffold", [], 1),
+    ("scaffold", ["runtime.client_state=disk"], 2),
+    ("feddyn", [], 2),
+])
+def test_resume_equals_uninterrupted(tmp_path, small_config, name, extra, nproc_resume):
+    """Stop after round 4, resume to round 6 (on 1 or 2 ranks): same model, no duplicated metrics rows."""
+    args = [f"algorithm.name={name}", *extra]
+    through = train_ok(small_config, f"output.dir={tmp_path / 'through'}", *args)
+    train_ok(small_config, f"output.dir={tmp_path / 'stopped'}", *args, "train.rounds=4")
+    resumed = train_ok(None, "train.rounds=6", resume=str(tmp_path / "stopped"), nproc=nproc_resume)
+    assert resumed["model_sha256"] == through["model_sha256"]
+    assert [r["round"] for r in metrics(tmp_path / "stopped")] == [1, 2, 3, 4, 5, 6]
+    assert resumed["final_test_acc"] == through["final_test_acc"]
+
+
+def test_resume_after_a_crash_between_checkpoints(tmp_path, small_config):
+    """A run that died after round 5 with its last checkpoint at round 4 recomputes round 5 once."""
+    through = train_ok(small_config, f"output.dir={tmp_path / 'through'}", "algorithm.name=scaffold")
+    run = tmp_path / "crashed"
+    train_ok(small_config, f"output.dir={run}", "algorithm.name=scaffold")
+    # Make the run directory look like the process was killed during round 6: the round-6 checkpoint
+    # and summary never got written, metrics.jsonl already has round 5.
+    import shutil
+
+    shutil.rmtree(run / "checkpoints" / "round_000006")
+    (run / "checkpoints" / "latest").write_text("round_000004\n")
+    (run / "summary.json").unlink()
+    lines = (run / "metrics.jsonl").read_text().splitlines()[:5]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    resumed = train_ok(None, resume=str(run))
+    assert resumed["model_sha256"] == through["model_sha256"]
+    assert [r["round"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_rejects_changes_that_alter_the_run(tmp_path, small_config):
+    train_ok(small_config, f"output.dir={tmp_path / 'run'}", "train.rounds=2")
+    proc = run_cli(["train", "--resume", str(tmp_path / "run"), "train.rounds=4", "train.lr=0.5"])
+    assert proc.returncode == 2
+    assert "train.lr" in proc.stderr and "differ" in proc.stderr
+    proc = run_cli(["train", "--resume", str(tmp_path / "run")])
+    assert proc.returncode == 2 and "train.rounds=" in proc.stderr  # already finished: says how to extend
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path, small_config):
+    run = tmp_path / "run"
+    train_ok(small_config, f"output.dir={run}", "train.rounds=4")
+    state = run / "checkpoints" / "round_000004" / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
+    assert proc.returncode == 2
+    assert "corrupt" in proc.stderr and "state.pt" in proc.stderr and "round_000002" in proc.stderr
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_config):
+    """A learning rate that explodes after a few rounds: the run stops naming the round."""
+    run = tmp_path / "run"
+    proc = run_cli(["train", str(small_config), f"output.dir={run}", "checkpoint.every=1",
+                    "server.lr=40", "train.rounds=30"])
+    assert proc.returncode == 2, proc.stderr
+    assert "round" in proc.stderr and "non-finite" in proc.stderr
+    s = summary(run)
+    assert s["status"] == "diverged"
+    bad_round = int(s["error"].split("round ")[1].split(":")[0])
+    assert bad_round > 1
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"round_{bad_round - 1:06d}"
+    # The kept checkpoint is good: it resumes (and diverges again at the same round).
+    proc = run_cli(["train", "--resume", str(run)])
+    assert proc.returncode == 2 and f"round {bad_round}:" in proc.stderr
+
+
+def test_existing_run_directory_is_protected(tmp_path, small_config):
+    run = tmp_path / "run"
+    train_ok(small_config, f"output.dir={run}", "train.rounds=2")
+    proc = run_cli(["train", str(small_config), f"output.dir={run}", "train.rounds=2"])
+    assert proc.returncode == 2 and "--resume" in proc.stderr and "--overwrite" in proc.stderr
+    proc = run_cli(["train", str(small_config), f"output.dir={run}", "train.rounds=3", "--overwrite"])
+    assert proc.returncode == 0
+    assert summary(run)["rounds"] == 3 and len(metrics(run)) == 3
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["train.round=5"], "did you mean 'train.rounds'"),
+    (["algorithm.name=fedavgg"], "did you mean 'fedavg'"),
+    (["train.clients_per_round=20"], "clients_per_round"),
+    (["partition.scheme=n_classes", "partition.classes_per_client=11"], "classes_per_client"),
+    (["partition.num_clients=300"], "min_size"),
+    (["algorithm.name=scaffold", "runtime.placement=balanced"], "runtime.placement"),
+])
+def test_bad_input_fails_before_any_work(tmp_path, small_config, overrides, expected):
+    run = tmp_path / "run"
+    proc = run_cli(["train", str(small_config), f"output.dir={run}", *overrides])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run.exists()  # nothing half-written
+
+
+def test_missing_fmnist_says_how_to_get_it(tmp_path, monkeypatch):
+    from distfl.cli import main
+    from distfl.data import datasets
+
+    monkeypatch.setattr(datasets, "DEBIAN_FMNIST_DIR", str(tmp_path / "no-debian"))
+    cfg = write_config(tmp_path / "f.yaml", data={"dataset": "fmnist", "root": str(tmp_path / "empty"),
+                                                  "download": False}, model={"name": "simplecnn"})
+    code = main(["train", str(cfg), f"output.dir={tmp_path / 'run'}"])
+    assert code == 2
+    assert not (tmp_path / "run").exists()
+
+
+def test_print_config_shows_resolved_values(small_config):
+    proc = run_cli(["train", str(small_config), "train.rounds=17", "--print-config"], subprocess_=True)
+    assert proc.returncode == 0
+    import yaml
+
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["train"]["rounds"] == 17 and printed["server"]["optimizer"] == "sgd"
+
+
+def test_outputs(tmp_path, small_config):
+    run = tmp_path / "run"
+    s = train_ok(small_config, f"output.dir={run}", "output.tensorboard=true")
+    for key in ("final_test_acc", "best_test_acc", "rounds", "wall_s", "model_sha256"):
+        assert s[key] is not None
+    assert s["rounds"] == 6 and len(s["model_sha256"]) == 64
+    rows = metrics(run)
+    assert [r["round"] for r in rows] == list(range(1, 7))
+    assert {"train_loss", "round_s", "samples_per_s", "bytes_reduced"} <= set(rows[0])
+    assert {"test_acc", "test_loss"} <= set(rows[2])
+    assert max(r.get("test_acc", 0) for r in rows) == s["best_test_acc"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"test/accuracy", "test/loss", "train/loss", "time/round_s", "time/samples_per_s",
+            "comm/bytes_reduced"} <= tags
+    assert [e.value for e in events.Scalars("test/accuracy")][-1] == pytest.approx(s["final_test_acc"])
