@@ -40,7 +40,7 @@ class ConfigWarning(UserWarning):
     """A key was set explicitly but the current choice of another key ignores it."""
 
 
-# Valid ranges: ">= x", "> x" or "[0, 1)".
+# Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]" or "(0, 1]".
 RANGES = {
     "seed": ">= 0",
     "data.synthetic_train": ">= 1",
@@ -54,10 +54,19 @@ RANGES = {
     "partition.shards_per_client": ">= 1",
     "partition.min_size": ">= 0",
     "partition.max_attempts": ">= 1",
+    "partition.imbalance_ratio": "(0, 1]",
+    "partition.subsample": "(0, 1]",
     "model.gn_groups": ">= 1",
     "model.mlp_hidden": ">= 1",
     "algorithm.mu": ">= 0",
     "algorithm.alpha": "> 0",
+    "algorithm.beta_local": "[0, 1)",
+    "algorithm.beta_global": "[0, 1)",
+    "algorithm.server_alpha": "> 0",
+    "algorithm.kd_lambda": "[0, 1]",
+    "algorithm.kd_temperature": "> 0",
+    "algorithm.fedfor_alpha": ">= 0",
+    "aggregation.tau": "[0, 1]",
     "server.lr": "> 0",
     "server.momentum": "[0, 1)",
     "server.beta1": "[0, 1)",
@@ -324,6 +333,10 @@ def _range_text(spec: str) -> str:
 def _in_range(value, spec: str) -> bool:
     if spec == "[0, 1)":
         return 0 <= value < 1
+    if spec == "[0, 1]":
+        return 0 <= value <= 1
+    if spec == "(0, 1]":
+        return 0 < value <= 1
     if spec.startswith(">="):
         return value >= float(spec[2:])
     if spec.startswith(">"):

@@ -24,13 +24,15 @@ class DataConfig:
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail
     num_clients: int = 100  # total clients in the population
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
     classes_per_client: int = 2  # n_classes: distinct labels per client (NIID-Bench #C)
     shards_per_client: int = 2  # shards: label-sorted shards per client (McMahan et al.)
     min_size: int = 10  # dirichlet, quantity: resample until every client has this many samples
     max_attempts: int = 1000  # dirichlet, quantity: resampling attempts before giving up with an error
+    imbalance_ratio: float = 0.01  # longtail: smallest / largest class count of a client (Cao et al. 2019)
+    subsample: float = 0.1  # longtail: each client first draws this fraction of the training set
 
 
 @dataclass
@@ -43,10 +45,26 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
     alpha: float = 0.01  # feddyn: dynamic regulariser weight
+    beta_local: float = 0.9  # fedadc: share of the server momentum embedded in every local step
+    beta_global: float = 0.9  # fedadc, slowmo: server momentum coefficient
+    server_alpha: float = 1.0  # fedadc, slowmo: server step scale (the papers' alpha)
+    variant: str = "nesterov"  # fedadc: nesterov (shift, then gradient at the shifted point) | heavy_ball
+    kd_lambda: float = 0.0  # fedadc: FedADC+ self-confidence distillation weight (0 = plain FedADC; paper: 0.35)
+    kd_temperature: float = 1.0  # fedadc with kd_lambda > 0: softmax temperature of teacher and student
+    fedfor_alpha: float = 5.0  # fedfor: penalty weight alpha; the loss term is alpha / train.lr * U(...)
+    fedfor_boundary: str = "ge"  # fedfor: penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
+
+
+@dataclass
+class AggregationConfig:
+    mask: str = "none"  # none | gma (gradient masked averaging, Tenison et al.)
+    tau: float = 0.4  # gma: sign-agreement threshold in [0, 1]; coordinates below it are scaled by their agreement
+    mask_applies_to: str = "step"  # gma: step (mask the server optimizer's final step) | update (mask the averaged update before it)
+    fedbn: bool = False  # FedBN: BatchNorm parameters and statistics stay with each client (needs a BatchNorm model)
 
 
 @dataclass
@@ -63,6 +81,7 @@ class ServerConfig:
 class TrainConfig:
     rounds: int = 30  # communication rounds
     clients_per_round: int = 10  # cohort size, sampled without replacement each round
+    cohort: str = "random"  # random (seeded sample each round) | sequential (round t takes the next clients_per_round ids: fresh clients every round)
     local_epochs: int = 1  # passes over the client's data per round
     batch_size: int = 32  # local mini-batch size (the last partial batch of an epoch is kept)
     lr: float = 0.05  # local SGD learning rate
@@ -104,6 +123,7 @@ class Config:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -117,10 +137,15 @@ class Config:
 CHOICES = {
     "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic"],
     "data.augment": ["auto", "none", "crop_flip"],
-    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity"],
+    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail"],
+    "train.cohort": ["random", "sequential"],
     "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp"],
     "model.norm": ["bn", "gn"],
-    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova"],
+    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
+    "algorithm.variant": ["nesterov", "heavy_ball"],
+    "algorithm.fedfor_boundary": ["ge", "gt"],
+    "aggregation.mask": ["none", "gma"],
+    "aggregation.mask_applies_to": ["step", "update"],
     "algorithm.weighting": ["samples", "uniform"],
     "server.optimizer": ["sgd", "adam", "yogi", "adagrad"],
     "output.progress": ["auto", "bar", "log", "none"],
@@ -134,9 +159,21 @@ CHOICES = {
 APPLIES_ONLY_TO = {
     "algorithm.mu": ("algorithm.name", ["fedprox"]),
     "algorithm.alpha": ("algorithm.name", ["feddyn"]),
+    "algorithm.beta_local": ("algorithm.name", ["fedadc"]),
+    "algorithm.beta_global": ("algorithm.name", ["fedadc", "slowmo"]),
+    "algorithm.server_alpha": ("algorithm.name", ["fedadc", "slowmo"]),
+    "algorithm.variant": ("algorithm.name", ["fedadc"]),
+    "algorithm.kd_lambda": ("algorithm.name", ["fedadc"]),
+    "algorithm.kd_temperature": ("algorithm.name", ["fedadc"]),
+    "algorithm.fedfor_alpha": ("algorithm.name", ["fedfor"]),
+    "algorithm.fedfor_boundary": ("algorithm.name", ["fedfor"]),
+    "aggregation.tau": ("aggregation.mask", ["gma"]),
+    "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
     "partition.classes_per_client": ("partition.scheme", ["n_classes"]),
     "partition.shards_per_client": ("partition.scheme", ["shards"]),
+    "partition.imbalance_ratio": ("partition.scheme", ["longtail"]),
+    "partition.subsample": ("partition.scheme", ["longtail"]),
     "server.momentum": ("server.optimizer", ["sgd"]),
     "server.beta1": ("server.optimizer", ["adam", "yogi", "adagrad"]),
     "server.beta2": ("server.optimizer", ["adam", "yogi"]),

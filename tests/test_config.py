@@ -277,7 +277,12 @@ def test_every_inapplicable_key_warns():
         section, leaf = key.split(".")
         default = getattr(getattr(cfg, section), leaf)
         # A valid value that differs from the default.
-        value = "gn" if key == "model.norm" else default + 1 if isinstance(default, int) else 0.25
+        if key in CHOICES:
+            value = next(c for c in CHOICES[key] if c != default)
+        elif isinstance(default, bool):
+            value = not default
+        else:
+            value = default + 1 if isinstance(default, int) else 0.25
         assert value != default
         with pytest.warns(ConfigWarning, match=f"{key} is set but only used by {controller}"):
             load_config(None, [f"{controller}={ignored_by}", f"{key}={value}"])

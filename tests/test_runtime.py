@@ -58,8 +58,8 @@ def test_exactly_one_all_reduce_per_round(tmp_path, small_config):
     assert calls["round_stats"] == 6  # one per round
     assert calls["eval"] == 2  # rounds 3 and 6
     assert "all_gather" not in calls and "broadcast" not in calls
-    # SCAFFOLD sums: 3 standard scalars, the delta and the control-variate delta (MLP: no buffers).
-    assert sent["round_stats"] == 6 * 8 * (3 + 2 * s["num_params"])
+    # SCAFFOLD sums: 4 standard scalars, the delta and the control-variate delta (MLP: no buffers).
+    assert sent["round_stats"] == 6 * 8 * (4 + 2 * s["num_params"])
 
 
 @pytest.mark.parametrize("name,extra,nproc_resume", [

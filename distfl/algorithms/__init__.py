@@ -8,5 +8,5 @@ from .scaffold import Scaffold
 ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNova)}
 
 
-def build_algorithm(cfg, population, num_params, num_buffers, device):
-    return ALGORITHMS[cfg.algorithm.name](cfg, population, num_params, num_buffers, device)
+def build_algorithm(cfg, population, worker, device, model_factory=None):
+    return ALGORITHMS[cfg.algorithm.name](cfg, population, worker, device, model_factory)

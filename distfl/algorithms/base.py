@@ -1,7 +1,8 @@
 """The algorithm interface: hooks into the runtime's round, never a round loop of its own.
 
 A round, as the runtime runs it (federation/runner.py):
-  for each client this rank hosts:      load global model -> local SGD (local_loss, correct_gradient)
+  for each client this rank hosts:      load global model -> local SGD steps:
+                                          before_forward, local_loss, backward, correct_gradient, step
                                         -> client_statistics(run, worker, stats)
   stats.reduce()                        one all_reduce of every segment, summed over the cohort
   server_update(reduced)                identical on every rank
@@ -13,23 +14,36 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from .fedopt import build_server_optimizer
+from .gma import agreement_mask
 
 
 class Algorithm:
     name = "base"
     stateful = False  # True: keeps per-client state between rounds (client state store)
 
-    def __init__(self, cfg, population, num_params: int, num_buffers: int, device: torch.device):
+    def __init__(self, cfg, population, worker, device: torch.device, model_factory=None):
+        """`worker` is the rank's FlatModel (its layout: `param_slices`, `buffer_slices`);
+        `model_factory()` builds a fresh model of the run's architecture on `device` (e.g. a teacher)."""
         self.cfg = cfg
         self.seed = cfg.seed
         self.population = population
-        self.num_params = num_params
-        self.num_buffers = num_buffers
+        self.num_params = worker.num_params
+        self.num_buffers = worker.buffers.numel()
+        self.layout = worker
         self.device = device
-        self.server_opt = build_server_optimizer(cfg.server, num_params, device)
+        self.model_factory = model_factory
+        self.server_opt = build_server_optimizer(cfg.server, self.num_params, device)
+        self.round_metrics: dict[str, float] = {}  # set by server_update; logged per round (TensorBoard)
+        self.gma = cfg.aggregation.mask == "gma"
+        self.fedbn = cfg.aggregation.fedbn
+        if self.fedbn:
+            self.bn_params, self.bn_buffers = _batchnorm_coordinates(worker, cfg.model.name)
+            self.stateful = True  # each client keeps its own BatchNorm
 
     # ---- weights -------------------------------------------------------------------------------
     def client_weight(self, client_id: int, cohort: list[int]) -> float:
@@ -44,25 +58,56 @@ class Algorithm:
         """State a client starts with the first time it is sampled (stateful methods)."""
         return {}
 
-    def local_loss(self, logits: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
-        return F.cross_entropy(logits, y)
+    def begin_client(self, run, worker) -> None:
+        """After the global model is loaded into the worker, before local training."""
+        if self.fedbn and "bn_params" in run.state:  # FedBN: the client's own BatchNorm replaces the global one
+            worker.params[self.bn_params] = run.state["bn_params"]
+            worker.buffers[self.bn_buffers] = run.state["bn_buffers"]
+
+    def local_loss(self, model, x: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
+        """The loss of one local mini-batch (cross-entropy unless a method changes it)."""
+        return F.cross_entropy(model(x), y)
+
+    def before_forward(self, w: torch.Tensor, run) -> None:
+        """Move the flat parameters `w` in place before a step's forward pass (look-ahead methods)."""
 
     def correct_gradient(self, w: torch.Tensor, g: torch.Tensor, run) -> None:
         """Add method-specific terms to the flat gradient `g` in place, before weight decay and momentum."""
 
     def segments(self) -> list[Segment]:
-        return [Segment("delta", self.num_params), Segment("buffers", self.num_buffers)]
+        segments = [Segment("delta", self.num_params), Segment("buffers", self.num_buffers)]
+        if self.gma:
+            segments.append(Segment("sign_sum", self.num_params, kind="int"))
+        return segments
 
     def client_statistics(self, run, worker, stats) -> None:
         """Add this client's contributions to the round's sums (after its local training)."""
-        stats.add("delta", worker.params - run.global_params, run.weight)
+        self.add_update(stats, worker.params - run.global_params, run.weight)
         stats.add("buffers", worker.buffers, run.weight)
+        if self.fedbn:
+            run.state["bn_params"] = worker.params[self.bn_params].clone()
+            run.state["bn_buffers"] = worker.buffers[self.bn_buffers].clone()
+
+    def add_update(self, stats, delta: torch.Tensor, weight: float) -> None:
+        """The client's model update, weighted, and (GMA) its signs, unweighted."""
+        stats.add("delta", delta, weight)
+        if self.gma:
+            stats.add("sign_sum", torch.sign(delta))
 
     # ---- server side ---------------------------------------------------------------------------
     def server_update(self, params: torch.Tensor, buffers: torch.Tensor, reduced) -> None:
         """Update the global model in place from the reduced sums."""
-        self.server_opt.step(params, self.server_direction(params, reduced))
+        direction = self.server_direction(params, reduced)
+        self.server_opt.step(params, direction, self.update_mask(reduced), self.cfg.aggregation.mask_applies_to)
         buffers.copy_(reduced["buffers"])
+
+    def update_mask(self, reduced) -> torch.Tensor | None:
+        """GMA's soft mask for this round (None without a mask); also records its statistics."""
+        if not self.gma:
+            return None
+        mask, stats = agreement_mask(reduced["sign_sum"], int(reduced["clients"][0]), self.cfg.aggregation.tau)
+        self.round_metrics.update(stats)
+        return mask
 
     def server_direction(self, params: torch.Tensor, reduced) -> torch.Tensor:
         """The pseudo-gradient handed to the server optimizer: for FedAvg the weighted mean delta."""
@@ -74,3 +119,23 @@ class Algorithm:
 
     def load_server_state(self, state: dict) -> None:
         self.server_opt.load_state_dict(state["server_opt"])
+
+
+def _batchnorm_coordinates(worker, model_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boolean masks over the flat parameters and buffers that belong to BatchNorm layers (FedBN)."""
+    params = torch.zeros(worker.num_params, dtype=torch.bool, device=worker.params.device)
+    buffers = torch.zeros(worker.buffers.numel(), dtype=torch.bool, device=worker.params.device)
+    found = False
+    for name, module in worker.module.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            found = True
+            for key in ("weight", "bias"):
+                if f"{name}.{key}" in worker.param_slices:
+                    params[worker.param_slices[f"{name}.{key}"]] = True
+            for key in ("running_mean", "running_var"):
+                if f"{name}.{key}" in worker.buffer_slices:
+                    buffers[worker.buffer_slices[f"{name}.{key}"]] = True
+    if not found:
+        raise ConfigError(f"aggregation.fedbn keeps BatchNorm layers local, but model.name={model_name} has "
+                          "none; use a BatchNorm model (resnet20, or resnet18 with model.norm=bn)")
+    return params, buffers

@@ -24,7 +24,7 @@ class FedNova(Algorithm):
 
     def client_statistics(self, run, worker, stats):
         a = normaliser(run.steps, self.cfg.train.momentum)
-        stats.add("delta", worker.params - run.global_params, run.weight / a)
+        self.add_update(stats, worker.params - run.global_params, run.weight / a)
         stats.add("buffers", worker.buffers, run.weight)
         stats.add("tau_eff", a, run.weight)
 

@@ -36,6 +36,7 @@ STANDARD_SEGMENTS = (
     Segment("loss_sum", 1),  # sum over the round's clients of (mean local train loss * client samples)
     Segment("samples", 1, kind="int"),  # local samples processed (for loss and throughput)
     Segment("nonfinite", 1, kind="int"),  # clients whose loss or update was NaN/inf or too large
+    Segment("clients", 1, kind="int"),  # clients that contributed (the cohort size, unless one failed)
 )
 
 

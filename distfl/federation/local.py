@@ -11,7 +11,6 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from .population import client_seed
 
@@ -19,27 +18,33 @@ from .population import client_seed
 class FlatModel:
     def __init__(self, module: torch.nn.Module):
         self.module = module
-        params = list(module.parameters())
+        named = list(module.named_parameters())
+        params = [p for _, p in named]
         device = params[0].device
+        # name -> slice of the flat vector, for methods that treat some parameters differently (FedBN).
+        self.param_slices: dict[str, slice] = {}
         self.params = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float32)
         self.grads = torch.zeros_like(self.params)
         offset = 0
-        for p in params:
+        for name, p in named:
             n = p.numel()
+            self.param_slices[name] = slice(offset, offset + n)
             p.data = self.params[offset : offset + n].view_as(p)
             p.grad = self.grads[offset : offset + n].view_as(p)
             offset += n
 
-        float_buffers = [(m, k, b) for m in module.modules() for k, b in m._buffers.items()
-                         if b is not None and b.is_floating_point()]
+        float_buffers = [(f"{prefix}.{k}" if prefix else k, m, k, b) for prefix, m in module.named_modules()
+                         for k, b in m._buffers.items() if b is not None and b.is_floating_point()]
         self.int_buffers = [b for b in module.buffers() if not b.is_floating_point()]
         if float_buffers:
-            self.buffers = torch.cat([b.reshape(-1) for _, _, b in float_buffers]).to(torch.float32)
+            self.buffers = torch.cat([b.reshape(-1) for *_, b in float_buffers]).to(torch.float32)
         else:
             self.buffers = torch.zeros(0, device=device)
+        self.buffer_slices: dict[str, slice] = {}
         offset = 0
-        for m, k, b in float_buffers:
+        for name, m, k, b in float_buffers:
             n = b.numel()
+            self.buffer_slices[name] = slice(offset, offset + n)
             m._buffers[k] = self.buffers[offset : offset + n].view_as(b)
             offset += n
         self._int_snapshot = [b.clone() for b in self.int_buffers]
@@ -102,13 +107,13 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
             x, y = data.train_x[idx], data.train_y[idx]
             if data.augment is not None:
                 x = data.augment(x)
-            logits = model(x)
-            loss = algorithm.local_loss(logits, y, run)
+            algorithm.before_forward(w, run)
+            loss = algorithm.local_loss(model, x, y, run)
             g.zero_()
             loss.backward()
             loss_sum += loss.detach().double() * len(idx)
-            # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0), on the flat vectors,
-            # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn) added first.
+            # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
+            # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
             algorithm.correct_gradient(w, g, run)
             if wd:
                 g.add_(w, alpha=wd)
@@ -119,7 +124,3 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
                 step = g
             w.add_(step, alpha=-lr)
     run.loss_sum = loss_sum
-
-
-def local_loss_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y)

@@ -11,17 +11,27 @@ _CLIENT_STREAM = 2
 
 
 class Population:
-    def __init__(self, parts: list[np.ndarray]):
+    def __init__(self, parts: list[np.ndarray], labels: np.ndarray | None = None, num_classes: int = 0):
         self.indices = [np.asarray(p, dtype=np.int64) for p in parts]
         self.sizes = np.array([len(p) for p in self.indices], dtype=np.int64)
+        # class_counts[k, c]: samples of class c held by client k (label-histogram methods, reports).
+        self.class_counts = None
+        if labels is not None:
+            self.class_counts = np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in self.indices])
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def cohort(self, seed: int, round_idx: int, size: int) -> list[int]:
-        """The clients of round `round_idx` (1-based): `size` distinct ids, sorted, from (seed, round) only."""
+    def cohort(self, seed: int, round_idx: int, size: int, rule: str = "random") -> list[int]:
+        """The clients of round `round_idx` (1-based): `size` distinct ids, sorted, from (seed, round) only.
+
+        random: a seeded sample without replacement. sequential: ids (t-1)*size ... t*size-1 (mod N), so
+        each round meets fresh clients while N >= rounds * size (cross-device simulations, FedFOR).
+        """
         if size >= len(self):
             return list(range(len(self)))
+        if rule == "sequential":
+            return sorted(((round_idx - 1) * size + i) % len(self) for i in range(size))
         rng = np.random.default_rng([seed, _COHORT_STREAM, round_idx])
         return sorted(int(c) for c in rng.choice(len(self), size=size, replace=False))
 

@@ -55,17 +55,19 @@ class Trainer:
                 f"`distfl train --resume {self.run_dir}`, pick another output.dir, or pass --overwrite")
 
         self.data = load_dataset(cfg.data, cfg.seed).to(self.device)
-        parts = partition(self.data.train_y.cpu().numpy(), cfg.partition, self.data.num_classes, cfg.seed)
-        self.population = Population(parts)
+        labels = self.data.train_y.cpu().numpy()
+        parts = partition(labels, cfg.partition, self.data.num_classes, cfg.seed)
+        self.population = Population(parts, labels, self.data.num_classes)
         self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
 
+        def model_factory():
+            return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
+
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
-        self.worker = FlatModel(model)
+        self.worker = FlatModel(model_factory())
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
-        self.algorithm = build_algorithm(cfg, self.population, self.worker.num_params,
-                                         self.worker.buffers.numel(), self.device)
+        self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
         self.sticky = self._sticky_placement()
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
                       if self.algorithm.stateful else None)
@@ -155,7 +157,7 @@ class Trainer:
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
-        cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round)
+        cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         mine = place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]
         stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.segments(), self.device, len(cohort))
         for client_id in mine:
@@ -168,6 +170,7 @@ class Trainer:
             if self.store is not None:
                 run.state = self.store.get(client_id, self.algorithm.init_client_state)
             self.worker.load(self.global_params, self.global_buffers)
+            self.algorithm.begin_client(run, self.worker)
             train_client(self.worker, self.data, self.client_indices[client_id], run, cfg.train, self.algorithm)
             self._contribute(run, stats)
         reduced = stats.reduce(ctx)
@@ -181,7 +184,7 @@ class Trainer:
                                   "lower server.lr")
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
-                "bytes_reduced": stats.nbytes}
+                "bytes_reduced": stats.nbytes, **self.algorithm.round_metrics}
 
     def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
         """Add a client's statistics, or count it as non-finite (every rank still joins the reduce)."""
@@ -196,6 +199,7 @@ class Trainer:
             stats.add("nonfinite", 1)
             return
         stats.add("samples", run.num_samples * self.cfg.train.local_epochs)
+        stats.add("clients", 1)
         if self.store is not None:
             self.store.put(run.client_id, run.state)
 
@@ -239,8 +243,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 row = self.run_round(t)
                 round_s = time.perf_counter() - t0
-                metrics = {"round": t, "train_loss": row["train_loss"], "round_s": round_s,
-                           "samples_per_s": row["samples"] / round_s, "bytes_reduced": row["bytes_reduced"]}
+                metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
+                metrics.pop("samples", None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     acc, loss = self.evaluate()

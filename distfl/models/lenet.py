@@ -15,36 +15,10 @@ PyTorch default initialisation.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
-from torch import nn
-
-from distfl.models.base import Classifier, check_spatial, conv_out
+from distfl.models.base import Classifier
+from distfl.models.simplecnn import lenet_style_cnn
 
 
 def build_lenet5(input_shape: tuple[int, int, int], num_classes: int) -> Classifier:
-    c, h, w = input_shape
-    pad = 2 if (h, w) == (28, 28) else 0
-
-    def out_side(s: int) -> int:
-        s = conv_out(s, 5, 1, pad)
-        s = conv_out(s, 2, 2)
-        s = conv_out(s, 5)
-        return conv_out(s, 2, 2)
-
-    oh, ow = check_spatial("lenet5", input_shape, out_side)
-    flat = 16 * oh * ow
-    features = nn.Sequential(OrderedDict([
-        ("conv1", nn.Conv2d(c, 6, 5, padding=pad)),
-        ("relu1", nn.ReLU()),
-        ("pool1", nn.MaxPool2d(2)),
-        ("conv2", nn.Conv2d(6, 16, 5)),
-        ("relu2", nn.ReLU()),
-        ("pool2", nn.MaxPool2d(2)),
-        ("flatten", nn.Flatten()),
-        ("fc1", nn.Linear(flat, 120)),
-        ("relu3", nn.ReLU()),
-        ("fc2", nn.Linear(120, 84)),
-        ("relu4", nn.ReLU()),
-    ]))
-    return Classifier(features, 84, num_classes)
+    pad = 2 if tuple(input_shape[1:]) == (28, 28) else 0
+    return lenet_style_cnn("lenet5", input_shape, num_classes, pad)

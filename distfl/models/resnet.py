@@ -44,10 +44,16 @@ def make_norm(norm: str, gn_groups: int) -> NormFactory:
     raise ConfigError(f"model.norm must be one of bn, gn (got {norm!r})")
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 convs with a residual connection (projection shortcut when the shape changes)."""
+def projection_shortcut(in_planes: int, planes: int, stride: int, norm: NormFactory) -> nn.Module:
+    """Option B: 1x1 conv (stride s, no bias) + norm."""
+    return nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), norm(planes))
 
-    def __init__(self, in_planes: int, planes: int, stride: int, norm: NormFactory):
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs with a residual connection; `shortcut` builds the path used when the shape changes."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int, norm: NormFactory,
+                 shortcut=projection_shortcut):
         super().__init__()
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
         self.bn1 = norm(planes)
@@ -55,10 +61,7 @@ class BasicBlock(nn.Module):
         self.bn2 = norm(planes)
         self.relu = nn.ReLU()
         if stride != 1 or in_planes != planes:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
-                norm(planes),
-            )
+            self.shortcut = shortcut(in_planes, planes, stride, norm)
         else:
             self.shortcut = nn.Identity()
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distfl.models.base import Classifier
+from distfl.models.resnet import BasicBlock
 
 
 class PadShortcut(nn.Module):
@@ -42,23 +43,8 @@ class PadShortcut(nn.Module):
         return F.pad(x, (0, 0, 0, 0, self.pad_before, self.pad_after))
 
 
-class BasicBlockA(nn.Module):
-    def __init__(self, in_planes: int, planes: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU()
-        if stride != 1 or in_planes != planes:
-            self.shortcut = PadShortcut(in_planes, planes, stride)
-        else:
-            self.shortcut = nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + self.shortcut(x))
+def pad_shortcut(in_planes: int, planes: int, stride: int, norm) -> nn.Module:
+    return PadShortcut(in_planes, planes, stride)
 
 
 def build_resnet20(input_shape: tuple[int, int, int], num_classes: int) -> Classifier:
@@ -72,7 +58,7 @@ def build_resnet20(input_shape: tuple[int, int, int], num_classes: int) -> Class
     for i, (planes, stride) in enumerate([(16, 1), (32, 2), (64, 2)], start=1):
         blocks = []
         for s in (stride, 1, 1):
-            blocks.append(BasicBlockA(in_planes, planes, s))
+            blocks.append(BasicBlock(in_planes, planes, s, nn.BatchNorm2d, shortcut=pad_shortcut))
             in_planes = planes
         layers.append((f"layer{i}", nn.Sequential(*blocks)))
     layers += [("pool", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten())]

@@ -18,28 +18,33 @@ from torch import nn
 from distfl.models.base import Classifier, check_spatial, conv_out
 
 
-def _out_side(s: int) -> int:
-    s = conv_out(s, 5)  # conv1
-    s = conv_out(s, 2, 2)  # pool
-    s = conv_out(s, 5)  # conv2
-    return conv_out(s, 2, 2)  # pool
 
+def lenet_style_cnn(name: str, input_shape: tuple[int, int, int], num_classes: int, pad: int = 0) -> Classifier:
+    """Conv(5x5, 6) ReLU MaxPool2 -> Conv(5x5, 16) ReLU MaxPool2 -> FC 120 -> FC 84 -> head."""
+    c = input_shape[0]
 
-def build_simplecnn(input_shape: tuple[int, int, int], num_classes: int) -> Classifier:
-    c, _, _ = input_shape
-    oh, ow = check_spatial("simplecnn", input_shape, _out_side)
-    flat = 16 * oh * ow
+    def out_side(s: int) -> int:
+        s = conv_out(s, 5, 1, pad)  # conv1
+        s = conv_out(s, 2, 2)  # pool
+        s = conv_out(s, 5)  # conv2
+        return conv_out(s, 2, 2)  # pool
+
+    oh, ow = check_spatial(name, input_shape, out_side)
     features = nn.Sequential(OrderedDict([
-        ("conv1", nn.Conv2d(c, 6, 5)),
+        ("conv1", nn.Conv2d(c, 6, 5, padding=pad)),
         ("relu1", nn.ReLU()),
         ("pool1", nn.MaxPool2d(2)),
         ("conv2", nn.Conv2d(6, 16, 5)),
         ("relu2", nn.ReLU()),
         ("pool2", nn.MaxPool2d(2)),
         ("flatten", nn.Flatten()),
-        ("fc1", nn.Linear(flat, 120)),
+        ("fc1", nn.Linear(16 * oh * ow, 120)),
         ("relu3", nn.ReLU()),
         ("fc2", nn.Linear(120, 84)),
         ("relu4", nn.ReLU()),
     ]))
     return Classifier(features, 84, num_classes)
+
+
+def build_simplecnn(input_shape: tuple[int, int, int], num_classes: int) -> Classifier:
+    return lenet_style_cnn("simplecnn", input_shape, num_classes)

@@ -1,0 +1,137 @@
+"""GMA (aggregation.mask=gma) and FedBN (aggregation.fedbn): identities from the papers, exact tests."""
+import pytest
+import torch
+
+from conftest import metrics, run_cli, train_ok, write_config
+from distfl.algorithms.gma import agreement_mask
+
+
+def _split(pos: int, neg: int, zero: int = 0) -> torch.Tensor:
+    return torch.tensor([pos - neg])  # the summed signs of one coordinate
+
+
+@pytest.mark.parametrize("pos,neg,expected", [(10, 0, 1.0), (7, 3, 1.0), (3, 7, 1.0), (6, 4, 0.2), (5, 5, 0.0)])
+def test_mask_values_for_sign_splits_of_ten_clients(pos, neg, expected):
+    mask, _ = agreement_mask(_split(pos, neg), num_clients=10, tau=0.4)
+    assert mask.item() == pytest.approx(expected, abs=1e-7)
+
+
+def test_zero_signs_count_for_neither_side_but_in_the_cohort():
+    # 6 positive, 2 negative, 2 did not move: A = |6 - 2| / 10 = 0.4 >= tau -> 1; at tau 0.5 -> 0.4.
+    assert agreement_mask(torch.tensor([4]), 10, 0.4)[0].item() == 1.0
+    assert agreement_mask(torch.tensor([4]), 10, 0.5)[0].item() == pytest.approx(0.4)
+
+
+def test_identical_updates_give_mask_one_and_stats():
+    signs = torch.sign(torch.randn(1000))
+    signs[signs == 0] = 1
+    mask, stats = agreement_mask(8 * signs.long(), num_clients=8, tau=0.9)
+    assert torch.equal(mask, torch.ones(1000))
+    assert stats == {"gma/frac_below_tau": 0.0, "gma/mean_mask": 1.0, "gma/frac_zero_agreement": 0.0}
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    ["algorithm.name=fedprox", "algorithm.mu=0.1"],
+    ["server.optimizer=adam", "server.lr=0.01"],
+    ["server.optimizer=yogi", "server.lr=0.01"],
+], ids=["fedavg", "fedprox", "fedadam", "fedyogi"])
+def test_gma_with_tau_zero_is_plain_averaging(tmp_path, small_config, extra):
+    plain = train_ok(small_config, f"output.dir={tmp_path / 'plain'}", *extra)
+    gma = train_ok(small_config, f"output.dir={tmp_path / 'gma'}", *extra, "aggregation.mask=gma",
+                   "aggregation.tau=0")
+    assert gma["model_sha256"] == plain["model_sha256"]
+
+
+def test_gma_changes_the_model_and_logs_its_statistics(tmp_path, small_config):
+    plain = train_ok(small_config, f"output.dir={tmp_path / 'plain'}")
+    gma = train_ok(small_config, f"output.dir={tmp_path / 'gma'}", "aggregation.mask=gma")
+    assert gma["model_sha256"] != plain["model_sha256"]
+    row = metrics(tmp_path / "gma")[0]
+    assert 0 < row["gma/frac_below_tau"] < 1
+    assert 0 < row["gma/mean_mask"] < 1
+    assert 0 <= row["gma/frac_zero_agreement"] <= row["gma/frac_below_tau"]
+
+
+def test_gma_with_one_client_per_round_is_fedavg(tmp_path, small_config):
+    """A single client always agrees with itself: mask 1 wherever its update is non-zero."""
+    one = ["train.clients_per_round=1"]
+    plain = train_ok(small_config, f"output.dir={tmp_path / 'plain'}", *one)
+    gma = train_ok(small_config, f"output.dir={tmp_path / 'gma'}", *one, "aggregation.mask=gma", "aggregation.tau=1")
+    assert gma["model_sha256"] == plain["model_sha256"]
+
+
+def test_mask_placement_matters_only_for_stateful_server_optimizers(tmp_path, small_config):
+    runs = {}
+    for opt in ("sgd", "adam"):
+        for where in ("step", "update"):
+            runs[opt, where] = train_ok(small_config, f"output.dir={tmp_path / (opt + where)}",
+                                        f"server.optimizer={opt}", "server.lr=0.5" if opt == "sgd" else "server.lr=0.01",
+                                        "aggregation.mask=gma", f"aggregation.mask_applies_to={where}")["model_sha256"]
+    assert runs["sgd", "step"] == runs["sgd", "update"]
+    assert runs["adam", "step"] != runs["adam", "update"]
+
+
+@pytest.mark.parametrize("extra", [["aggregation.mask=gma"], ["aggregation.mask=gma", "server.optimizer=adam",
+                                                              "server.lr=0.01", "algorithm.name=scaffold"]])
+def test_gma_one_rank_equals_two_ranks_with_one_collective(tmp_path, small_config, extra):
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *extra)
+    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *extra, nproc=2)
+    assert one["model_sha256"] == two["model_sha256"]
+    assert two["collectives"]["calls"]["round_stats"] == 6
+
+
+@pytest.mark.parametrize("tau", ["-0.1", "1.5"])
+def test_tau_outside_unit_interval_is_refused(tmp_path, small_config, tau):
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'r'}", "aggregation.mask=gma",
+                    f"aggregation.tau={tau}"])
+    assert proc.returncode == 2 and "aggregation.tau" in proc.stderr
+
+
+# ---- FedBN -----------------------------------------------------------------------------------------
+
+def _bn_config(tmp_path):
+    return write_config(tmp_path / "bn.yaml", model={"name": "resnet20"}, data={"synthetic_channels": 3},
+                        train={"rounds": 3, "clients_per_round": 4}, aggregation={"fedbn": True})
+
+
+def test_fedbn_needs_batchnorm(tmp_path, small_config):
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'r'}", "aggregation.fedbn=true"])
+    assert proc.returncode == 2 and "aggregation.fedbn" in proc.stderr and "mlp" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_fedbn_clients_keep_their_own_batchnorm(tmp_path):
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    cfg = load_config(str(_bn_config(tmp_path)), [f"output.dir={tmp_path / 'r'}", "train.clients_per_round=12"])
+    trainer = Trainer(cfg, dist.init("cpu", 1))
+    alg = trainer.algorithm
+    trainer.run_round(1)
+    kept = {c: trainer.store.get(c, dict) for c in range(12)}
+    assert all("bn_params" in s for s in kept.values())
+    # Clients trained on different data end with different BatchNorm.
+    assert not torch.equal(kept[0]["bn_buffers"], kept[1]["bn_buffers"])
+    # In round 2 client 0 starts from its own BatchNorm, not the averaged one.
+    from distfl.federation.local import ClientRun
+
+    run = ClientRun(0, 2, 1, 1.0, 1, trainer.global_params, state=trainer.store.get(0, dict))
+    trainer.worker.load(trainer.global_params, trainer.global_buffers)
+    alg.begin_client(run, trainer.worker)
+    assert torch.equal(trainer.worker.buffers[alg.bn_buffers], kept[0]["bn_buffers"])
+    assert torch.equal(trainer.worker.params[alg.bn_params], kept[0]["bn_params"])
+    assert not torch.equal(trainer.worker.buffers[alg.bn_buffers], trainer.global_buffers[alg.bn_buffers])
+    # Everything that is not BatchNorm starts from the global model.
+    assert torch.equal(trainer.worker.params[~alg.bn_params], trainer.global_params[~alg.bn_params])
+
+
+def test_fedbn_one_rank_equals_two_ranks_and_resumes(tmp_path):
+    cfg = _bn_config(tmp_path)
+    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
+    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
+    assert one["model_sha256"] == two["model_sha256"]
+    train_ok(cfg, f"output.dir={tmp_path / 'stopped'}", "train.rounds=2")
+    resumed = train_ok(None, "train.rounds=3", resume=str(tmp_path / "stopped"))
+    assert resumed["model_sha256"] == one["model_sha256"]
