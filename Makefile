@@ -1,12 +1,13 @@
 # The two commands of the README. Each installs what it needs on a fresh machine, then runs.
 #   make quickstart   FedAvg on real Fashion-MNIST, 2 ranks under torchrun, prints the final accuracy
-#   make test         the whole test suite (what CI runs, through .ci/run)
+#   make test         the whole test suite (what CI runs, through .ci/run), with a one-node Slurm for
+#                     tests/test_slurm.py (installed here, started and stopped by the tests as root)
 VENV ?= .venv
 PYTHON = $(VENV)/bin/python
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FMNIST = /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: quickstart test install data
+.PHONY: quickstart test install data slurm
 
 install: $(VENV)/.installed
 $(VENV)/.installed: setup.py
@@ -19,8 +20,13 @@ $(VENV)/.installed: setup.py
 data:
 	@[ -f $(FMNIST) ] || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist)
 
+# Slurm and munge from Debian, for the Slurm tests (they start a one-node cluster with slurm/dev-cluster.sh).
+slurm:
+	@command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || ($(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge)
+
 quickstart: install data
 	$(VENV)/bin/torchrun --nproc_per_node=2 -m distfl train configs/quickstart.yaml --overwrite
 
-test: install data
+test: install data slurm
 	$(PYTHON) -m pytest -q

@@ -13,6 +13,7 @@ setup(
         "pyyaml",
         "tensorboard",
         "submitit",
+        "matplotlib",  # `distfl report`: accuracy-vs-round and accuracy-vs-time plots (PNG, Agg backend)
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["distfl=distfl.cli:main"]},

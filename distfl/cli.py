@@ -1,4 +1,4 @@
-"""`distfl train | partition | bench` (also `python -m distfl ...`)."""
+"""`distfl train | partition | bench | sweep | report` (also `python -m distfl ...`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +7,15 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import ConfigError, DistflError
+from .errors import ConfigError, DistflError, Interrupted
 
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl train --resume RUN_DIR [key=value ...]
        distfl partition CONFIG [key=value ...]
        distfl bench [--out FILE] [--rounds N]
+       distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
+                    [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
+       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR]
 Run under torchrun for several ranks:  torchrun --nproc_per_node=2 -m distfl train CONFIG"""
 
 
@@ -78,6 +81,40 @@ def cmd_bench(args) -> int:
     return bench_main(args)
 
 
+# `distfl sweep` flags that set a Slurm option (docs/sweeps.md): flag -> option name.
+SLURM_FLAGS = {"--partition": "partition", "--time": "time", "--nodes": "nodes",
+               "--tasks-per-node": "tasks_per_node", "--gpus-per-node": "gpus_per_node",
+               "--cpus-per-task": "cpus_per_task", "--mem-gb": "mem_gb", "--account": "account",
+               "--qos": "qos", "--constraint": "constraint"}
+# Flags whose value may look like a `key=value` override and must stay with the flag.
+SWEEP_VALUE_FLAGS = {"--grid", "--slurm", "--seeds", "--executor", "--nproc", *SLURM_FLAGS}
+
+
+def cmd_sweep(args) -> int:
+    from .sweep import parse_slurm_arg, run_sweep
+
+    slurm = {}
+    for item in args.slurm:
+        for key, value in parse_slurm_arg(item).items():
+            if key == "additional":
+                slurm.setdefault("additional", {}).update(value)
+            else:
+                slurm[key] = value
+    for flag, name in SLURM_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            slurm[name] = value
+    return run_sweep(args.config, fixed=args.overrides, grid_args=args.grid, seeds_arg=args.seeds,
+                     executor=args.executor, nproc=args.nproc, slurm_args=slurm, wait=args.wait,
+                     dry_run=args.dry_run)
+
+
+def cmd_report(args) -> int:
+    from .report import main as report_main
+
+    return report_main(args.paths, out_dir=args.out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="distfl", usage=USAGE)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,19 +135,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("sweep", help="run a grid of configs x seeds, here or on Slurm (docs/sweeps.md)")
+    p.add_argument("config", help="base YAML config (its output.dir is the sweep directory); then fixed overrides")
+    p.set_defaults(overrides=[])
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a config key and its values; repeat for more keys (the grid is their product)")
+    p.add_argument("--seeds", help="seeds of every grid point, e.g. 0,1,2 or 0-4 (default: the config's seed)")
+    p.add_argument("--executor", choices=["local", "slurm"], help="where the runs go (default: local)")
+    p.add_argument("--nproc", type=int, help="local: ranks per run (torchrun) (default 1)")
+    p.add_argument("--wait", action="store_true", help="slurm: wait until every job has finished")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and what would happen, run nothing")
+    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                   help="any Slurm option of the sweep block (docs/sweeps.md), e.g. --slurm signal_delay_s=300; "
+                        "additional.OPTION=VALUE passes a raw sbatch option")
+    for flag, name in SLURM_FLAGS.items():
+        p.add_argument(flag, metavar=name.upper(), help=f"slurm: same as --slurm {name}=VALUE")
+    p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("report", help="tables and plots of a sweep's (or run directories') results")
+    p.add_argument("paths", nargs="+", help="sweep directories and/or run directories")
+    p.add_argument("--out", help="where to write report.md, report.csv and the plots (default: "
+                                 "SWEEP_DIR/report, or ./report for several paths)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `key=value` overrides may stand anywhere after the command, also after flags: take them out first.
-    overrides = [a for a in argv[1:] if OVERRIDE.match(a)]
-    rest = argv[:1] + [a for a in argv[1:] if not OVERRIDE.match(a)]
+    overrides, rest = [], argv[:1]
+    for i, a in enumerate(argv[1:], 1):
+        # `distfl sweep --grid k=v1,v2`: the flag's value is not an override.
+        if OVERRIDE.match(a) and not (argv[0] == "sweep" and argv[i - 1] in SWEEP_VALUE_FLAGS):
+            overrides.append(a)
+        else:
+            rest.append(a)
     args = build_parser().parse_args(rest)
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     try:
         return args.func(args)
+    except Interrupted as exc:
+        if _is_main_process():
+            print(f"distfl: {exc}", file=sys.stderr)
+        return 3
     except DistflError as exc:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ __all__ = [
     "config_to_dict",
     "dump_config",
     "load_config",
+    "load_sweep_block",
     "validate",
 ]
 
@@ -39,6 +40,10 @@ __all__ = [
 class ConfigWarning(UserWarning):
     """A key was set explicitly but the current choice of another key ignores it."""
 
+
+# Keys that may change when a run is resumed: they do not alter what the finished model will be.
+RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
+                  "runtime.device", "runtime.threads")
 
 # Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]" or "(0, 1]".
 RANGES = {
@@ -311,6 +316,33 @@ def load_config(path: str | None, overrides: list[str] = ()) -> Config:
     """
     if path is None:
         return config_from_dict({}, overrides, source="<defaults>")
+    d = _read_yaml(path)
+    if isinstance(d, dict):
+        # A top-level `sweep:` mapping describes a sweep over this config (`distfl sweep`, see
+        # `load_sweep_block`); it is not part of a run's config, so training ignores it.
+        d = {k: v for k, v in d.items() if k != SWEEP_BLOCK}
+    return config_from_dict(d, overrides, source=str(path))
+
+
+SWEEP_BLOCK = "sweep"
+
+
+def load_sweep_block(path: str) -> dict:
+    """The top-level `sweep:` mapping of a config file ({} when it has none); `load_config` strips it.
+
+    Only its shape is checked here (a mapping); `distfl.sweep` validates what is in it.
+    """
+    d = _read_yaml(path)
+    block = d.get(SWEEP_BLOCK) if isinstance(d, dict) else None
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        raise ConfigError(f"{SWEEP_BLOCK!r} in {path} must be a mapping (grid, seeds, executor, slurm), "
+                          f"got {block!r} ({type(block).__name__})")
+    return copy.deepcopy(block)
+
+
+def _read_yaml(path: str):
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
@@ -318,10 +350,9 @@ def load_config(path: str | None, overrides: list[str] = ()) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from None
     try:
-        d = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"cannot parse config file {path} as YAML: {e}") from None
-    return config_from_dict(d, overrides, source=str(path))
 
 
 # --- validation -------------------------------------------------------------------------------------

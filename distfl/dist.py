@@ -1,8 +1,10 @@
 """Process group, device and the counted collectives.
 
 One code path for every launch: a plain process (world size 1, no process group), torchrun (RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment). gloo on CPU, NCCL on CUDA with one device
-per local rank. Every collective distfl issues goes through this module, which counts calls and bytes
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment), or one task per rank under `srun` (Slurm:
+SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID; the master is the first host of the step's node list
+and the port is derived from the job id, see `slurm_environment`). gloo on CPU, NCCL on CUDA with one
+device per local rank. Every collective distfl issues goes through this module, which counts calls and bytes
 so tests and `distfl bench` can check "one all_reduce per round".
 """
 from __future__ import annotations
@@ -38,9 +40,76 @@ class DistContext:
         return self.rank == 0
 
 
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list -> host names: "gpu[01-03,07],cpu5" -> gpu01 gpu02 gpu03 gpu07 cpu5.
+
+    The same expansion as `scontrol show hostnames`, without running it. Nested ranges such as
+    "rack[1-2]-node[01-02]" expand to every combination.
+    """
+    hosts, group, depth = [], "", 0
+    for ch in nodelist.strip() + ",":
+        if ch == "," and depth == 0:
+            if group:
+                hosts.extend(_expand_group(group))
+            group = ""
+            continue
+        depth += (ch == "[") - (ch == "]")
+        group += ch
+    return hosts
+
+
+def _expand_group(group: str) -> list[str]:
+    start = group.find("[")
+    if start < 0:
+        return [group]
+    end = group.index("]", start)
+    prefixes = []
+    for part in group[start + 1 : end].split(","):
+        lo, _, hi = part.partition("-")
+        if hi:
+            prefixes += [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+        else:
+            prefixes.append(lo)
+    return [group[:start] + p + rest for p in prefixes for rest in _expand_group(group[end + 1 :])]
+
+
+def slurm_port(job_id: int, restart_count: int = 0) -> int:
+    """The rendezvous port of a Slurm job: a function of the job id (every task computes the same one
+    without talking), moved on each requeue so a new allocation never meets a socket of the old one.
+    20000-31999: below Linux's ephemeral range (32768+), so no outgoing connection holds it."""
+    return 20000 + (job_id + 7919 * restart_count) % 12000
+
+
+def slurm_environment(env=os.environ) -> dict[str, str] | None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT for a task that `srun` started, or None.
+
+    Only inside a job step (SLURM_STEP_ID set): a batch script itself also sees SLURM_PROCID=0 and
+    SLURM_NTASKS=N, but it is one process, not N ranks. MASTER_ADDR/MASTER_PORT already in the
+    environment win over the derived ones.
+    """
+    if "SLURM_PROCID" not in env or "SLURM_STEP_ID" not in env:
+        return None
+    world = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
+    job_id = int(env.get("SLURM_JOB_ID", "0"))
+    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": env.get("MASTER_ADDR") or expand_hostlist(nodelist)[0],
+        "MASTER_PORT": env.get("MASTER_PORT") or str(slurm_port(job_id, restarts)),
+    }
+
+
 def init(device_choice: str = "auto", threads: int = 1) -> DistContext:
     """Join the process group described by the environment, or run alone when there is none."""
     torch.set_num_threads(threads)
+    if "RANK" not in os.environ:  # torchrun's variables win; else a task that srun started
+        slurm = slurm_environment()
+        if slurm is not None:
+            # In the environment, so env:// rendezvous and the CLI's rank-0-only printing see them.
+            os.environ.update(slurm)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

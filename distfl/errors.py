@@ -19,3 +19,8 @@ class CheckpointError(DistflError):
 
 class DivergenceError(DistflError):
     """Training produced a non-finite loss or model; the message names the round."""
+
+
+class Interrupted(DistflError):
+    """A stop signal (SIGTERM, SIGUSR1: preemption or time limit) arrived; a checkpoint was written and
+    `distfl train --resume RUN_DIR` continues without losing a round."""

@@ -58,8 +58,8 @@ def test_exactly_one_all_reduce_per_round(tmp_path, small_config):
     assert calls["round_stats"] == 6  # one per round
     assert calls["eval"] == 2  # rounds 3 and 6
     assert "all_gather" not in calls and "broadcast" not in calls
-    # SCAFFOLD sums: 4 standard scalars, the delta and the control-variate delta (MLP: no buffers).
-    assert sent["round_stats"] == 6 * 8 * (4 + 2 * s["num_params"])
+    # SCAFFOLD sums: 5 standard scalars, the delta and the control-variate delta (MLP: no buffers).
+    assert sent["round_stats"] == 6 * 8 * (5 + 2 * s["num_params"])
 
 
 @pytest.mark.parametrize("name,extra,nproc_resume", [
@@ -202,3 +202,39 @@ def test_outputs(tmp_path, small_config):
     assert {"test/accuracy", "test/loss", "train/loss", "time/round_s", "time/samples_per_s",
             "comm/bytes_reduced"} <= tags
     assert [e.value for e in events.Scalars("test/accuracy")][-1] == pytest.approx(s["final_test_acc"])
+
+
+def test_stop_signal_checkpoints_all_ranks_at_the_same_round_and_resume_is_exact(tmp_path):
+    """SIGTERM to one rank only (as a preempted node would get): both ranks stop after the same round,
+    the checkpoint holds it, and the resumed run ends with the uninterrupted model."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    cfg = write_config(tmp_path / "slow.yaml", train={"rounds": 40, "clients_per_round": 5},
+                       checkpoint={"every": 0}, eval={"every": 40})
+    through = train_ok(cfg, f"output.dir={tmp_path / 'through'}")
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "distfl", "train", str(cfg), f"output.dir={run}"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics_file = run / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    # Signal rank 1 only: its worker process is the torchrun child with the highest pid.
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(max(int(c) for c in children), signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    stopped_at = len(metrics_file.read_text().splitlines())
+    assert 3 <= stopped_at < 40, err
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"round_{stopped_at:06d}"
+    assert not (run / "summary.json").exists()  # unfinished
+    resumed = train_ok(None, resume=str(run), nproc=2)
+    assert resumed["model_sha256"] == through["model_sha256"]
+    assert [r["round"] for r in metrics(run)] == list(range(1, 41))

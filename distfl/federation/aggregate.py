@@ -37,6 +37,7 @@ STANDARD_SEGMENTS = (
     Segment("samples", 1, kind="int"),  # local samples processed (for loss and throughput)
     Segment("nonfinite", 1, kind="int"),  # clients whose loss or update was NaN/inf or too large
     Segment("clients", 1, kind="int"),  # clients that contributed (the cohort size, unless one failed)
+    Segment("stop", 1, kind="int"),  # ranks that received a stop signal (preemption): all ranks see the sum
 )
 
 

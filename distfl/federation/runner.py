@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -23,10 +25,10 @@ import torch.nn.functional as F
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
-from ..config import config_to_dict, dump_config
+from ..config import RESUMABLE_KEYS, config_to_dict, dump_config
 from ..data.datasets import load_dataset
 from ..data.partition import partition
-from ..errors import CheckpointError, ConfigError, DivergenceError
+from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
@@ -34,9 +36,6 @@ from .local import ClientRun, FlatModel, local_steps, train_client
 from .population import Population, place
 from .state import ClientStateStore
 
-# Keys that may change when a run is resumed: they do not alter what the finished model will be.
-RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
-                  "runtime.device", "runtime.threads")
 
 
 def run_has_output(run_dir: Path) -> bool:
@@ -74,6 +73,7 @@ class Trainer:
         dist.check_same_on_all_ranks(
             hash_text(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
 
+        self.stop_requested = self.stop_agreed = False
         self.start_round = 1
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
         if resume:
@@ -173,7 +173,11 @@ class Trainer:
             self.algorithm.begin_client(run, self.worker)
             train_client(self.worker, self.data, self.client_indices[client_id], run, cfg.train, self.algorithm)
             self._contribute(run, stats)
+        stats.add("stop", int(self.stop_requested))
         reduced = stats.reduce(ctx)
+        # Every rank sees the same sum, so all stop after the same round even if the signal reached
+        # them at different moments.
+        self.stop_agreed = int(reduced["stop"][0]) > 0
         bad = int(reduced["nonfinite"][0])
         if bad:
             raise DivergenceError(f"round {round_idx}: {bad} client(s) produced a non-finite loss or update "
@@ -238,6 +242,7 @@ class Trainer:
         session_start = time.time()
         wall_before = self.progress["wall_s"]
         status, error = "completed", None
+        previous_handlers = self._catch_stop_signals()
         try:
             for t in range(self.start_round, cfg.train.rounds + 1):
                 t0 = time.perf_counter()
@@ -255,8 +260,13 @@ class Trainer:
                 self.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.progress["wall_s"]
                 logger.log_round(metrics)
-                if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds:
+                if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
+                        or self.stop_agreed:
                     self._save_checkpoint(t)
+                if self.stop_agreed and t < cfg.train.rounds:
+                    logger.info(f"stop signal: checkpoint written after round {t}; continue with "
+                                f"`distfl train --resume {self.run_dir}`")
+                    raise Interrupted(f"interrupted after round {t} (checkpointed)")
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
@@ -265,12 +275,27 @@ class Trainer:
             logger.info(f"stopped: {exc}; {kept}")
         finally:
             logger.close()
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
         summary = self._summary(status, error)
         if self.ctx.is_main:
             checkpoint.atomic_write_text(json.dumps(summary, indent=2) + "\n", self.run_dir / "summary.json")
         if status != "completed":
             raise DivergenceError(error)
         return summary
+
+    def _catch_stop_signals(self) -> dict:
+        """SIGTERM / SIGUSR1 (Slurm preemption, time limits) ask for a checkpoint at the end of the round."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        return {sig: signal.signal(sig, lambda signum, frame: self.request_stop())
+                for sig in (signal.SIGTERM, signal.SIGUSR1)}
+
+    def request_stop(self) -> None:
+        """Checkpoint and stop after the current round (every rank stops after the same round,
+        agreed through the round's all_reduce). Safe to call from a signal handler."""
+        self.stop_requested = True
 
     def _summary(self, status: str, error: str | None) -> dict:
         self.worker.load(self.global_params, self.global_buffers)

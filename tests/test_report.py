@@ -1,0 +1,65 @@
+"""`distfl report`: the table's numbers are the runs' summaries, grouped by the swept keys, and the
+plots are written."""
+from __future__ import annotations
+
+import csv
+import shutil
+import statistics
+
+from conftest import run_cli, summary, write_config
+
+
+def _csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_of_a_finished_sweep(tmp_path):
+    sweep_dir = tmp_path / "sw"
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(sweep_dir)}, eval={"every": 2})
+    proc = run_cli(["sweep", cfg, "--grid", "algorithm.name=fedavg,fedprox", "--seeds", "0,1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    proc = run_cli(["report", sweep_dir])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = sweep_dir / "report"
+    for name in ("acc_vs_round.png", "acc_vs_time.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    rows = _csv(out / "report.csv")
+    assert [r["algorithm.name"] for r in rows] == ["fedavg", "fedprox"]
+    for row in rows:
+        runs = [summary(sweep_dir / f"algorithm.name={row['algorithm.name']}" / f"seed={s}") for s in (0, 1)]
+        final = [r["final_test_acc"] for r in runs]
+        best = [r["best_test_acc"] for r in runs]
+        assert row["seeds"] == "0,1" and row["completed"] == "2" and row["diverged"] == "0"
+        assert float(row["final_acc_mean"]) == statistics.fmean(final)
+        assert float(row["final_acc_std"]) == statistics.stdev(final)
+        assert float(row["best_acc_mean"]) == statistics.fmean(best)
+        assert float(row["best_acc_std"]) == statistics.stdev(best)
+        assert int(row["rounds"]) == 6
+        # The markdown table shows the same numbers in percent.
+        md = f"{100 * statistics.fmean(final):.2f} ± {100 * statistics.stdev(final):.2f}"
+        assert md in (out / "report.md").read_text() and md in proc.stdout
+
+    # An unfinished run is listed, not averaged; run directories given one by one (no sweep.json)
+    # are grouped by the keys whose values differ.
+    unfinished = sweep_dir / "algorithm.name=fedprox" / "seed=1"
+    (unfinished / "summary.json").unlink()
+    runs = [sweep_dir / "algorithm.name=fedavg" / "seed=0", sweep_dir / "algorithm.name=fedprox" / "seed=0", unfinished]
+    proc = run_cli(["report", *runs, "--out", tmp_path / "r2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["algorithm.name"]: r for r in _csv(tmp_path / "r2" / "report.csv")}
+    assert rows["fedprox"]["runs"] == "2" and rows["fedprox"]["completed"] == "1"
+    assert float(rows["fedprox"]["final_acc_mean"]) == summary(runs[1])["final_test_acc"]
+    assert rows["fedprox"]["final_acc_std"] == ""  # one run: no standard deviation
+    assert f"{unfinished}: unfinished" in (tmp_path / "r2" / "report.md").read_text()
+
+
+def test_report_of_nothing_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(["report", tmp_path / "empty"])
+    assert proc.returncode == 2 and "no runs under" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli(["report", tmp_path / "missing"])
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    shutil.rmtree(tmp_path / "empty")

@@ -1,0 +1,154 @@
+"""`distfl sweep` without Slurm: run-directory naming, the `sweep:` block, the local executor (skip what
+finished, resume what did not, torchrun ranks), and bad input refused before anything is written."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import SMALL, metrics, run_cli, summary, train_ok, write_config
+from distfl.config import load_config, load_sweep_block
+from distfl.sweep import build_sweep, parse_seeds
+
+
+def _no_traceback(proc):
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+
+
+def test_run_directories_are_named_after_the_overrides(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    sweep = build_sweep(str(cfg), grid_args=["partition.alpha=0.1,0.5", "algorithm.name=fedavg,scaffold"],
+                        seeds_arg="0,1")
+    names = [p.name for p in sweep.points]
+    assert names[0] == "algorithm.name=fedavg,partition.alpha=0.1/seed=0"
+    assert len(names) == 8 and len(set(names)) == 8
+    assert "algorithm.name=scaffold,partition.alpha=0.5/seed=1" in names
+    point = sweep.points[-1]
+    assert point.run_dir == (tmp_path / "sw" / point.name).resolve()
+    assert point.config["algorithm"]["name"] == "scaffold" and point.config["partition"]["alpha"] == 0.5
+    assert point.config["seed"] == 1 and point.config["output"]["dir"] == str(point.run_dir)
+    # Characters other than letters, digits and ._+- become "_"; no seed list: the config's seed.
+    odd = build_sweep(str(cfg), grid_args=["data.root=/data/a b"])
+    assert [p.name for p in odd.points] == [f"data.root=_data_a_b/seed={SMALL['seed']}"]
+    assert not (tmp_path / "sw").exists()  # building a sweep writes nothing
+    assert parse_seeds("0-2,5") == [0, 1, 2, 5]
+
+
+def test_sweep_block_is_used_by_sweep_and_ignored_by_train(tmp_path):
+    block = {"grid": {"algorithm": {"name": ["fedavg", "fedprox"]}, "train.lr": [0.1]}, "seeds": [4, 5],
+             "executor": "local", "slurm": {"partition": "gpu", "time": "01:30:00"}}
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")}, sweep=block)
+    assert load_sweep_block(str(cfg)) == block
+    assert load_config(str(cfg)).seed == SMALL["seed"]
+    sweep = build_sweep(str(cfg))
+    assert sweep.grid == {"algorithm.name": ["fedavg", "fedprox"], "train.lr": ["0.1"]}
+    assert sweep.seeds == [4, 5] and sweep.slurm["partition"] == "gpu" and sweep.slurm["time"] == 90
+    assert [p.name for p in sweep.points][:2] == ["algorithm.name=fedavg,train.lr=0.1/seed=4",
+                                                  "algorithm.name=fedavg,train.lr=0.1/seed=5"]
+    # The command line wins: --grid replaces that key, --seeds the list.
+    sweep = build_sweep(str(cfg), grid_args=["algorithm.name=scaffold"], seeds_arg="7")
+    assert [p.name for p in sweep.points] == ["algorithm.name=scaffold,train.lr=0.1/seed=7"]
+    # `distfl train` on the same file trains the base config and ignores the block.
+    s = train_ok(cfg, f"output.dir={tmp_path / 'plain'}")
+    assert s["status"] == "completed"
+    assert "sweep" not in yaml.safe_load((tmp_path / "plain" / "config.yaml").read_text())
+
+
+def test_local_sweep_skips_finished_points_and_resumes_unfinished_ones(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    grid = ["--grid", "algorithm.name=fedavg,scaffold"]
+    # A sweep that "crashed": one point ran only 2 of its 6 rounds (checkpoint at round 2), one has
+    # output but no checkpoint (a crash in round 1), the scaffold point finished.
+    point = tmp_path / "sw" / f"algorithm.name=fedavg/seed={SMALL['seed']}"
+    train_ok(cfg, f"output.dir={point}", "train.rounds=2")
+    done = train_ok(cfg, f"output.dir={tmp_path / 'sw' / 'algorithm.name=scaffold' / 'seed=3'}",
+                    "algorithm.name=scaffold")
+    mtime = (tmp_path / "sw" / "algorithm.name=scaffold" / "seed=3" / "summary.json").stat().st_mtime_ns
+
+    proc = run_cli(["sweep", cfg, *grid])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 already finished; running 1" in proc.stdout and "resuming algorithm.name=fedavg" in proc.stdout
+    resumed = summary(point)
+    assert resumed["status"] == "completed"
+    assert resumed["model_sha256"] == train_ok(cfg, f"output.dir={tmp_path / 'through'}")["model_sha256"]
+    assert [r["round"] for r in metrics(point)] == list(range(1, 7))
+    assert (tmp_path / "sw" / "algorithm.name=scaffold" / "seed=3" / "summary.json").stat().st_mtime_ns == mtime
+    assert summary(tmp_path / "sw" / "algorithm.name=scaffold" / "seed=3") == done
+    record = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert record["swept_keys"] == ["algorithm.name"] and len(record["points"]) == 2
+
+    # Everything finished: nothing runs.
+    proc = run_cli(["sweep", cfg, *grid])
+    assert proc.returncode == 0 and "2 already finished; running 0" in proc.stdout
+
+    # Output but no checkpoint: started over (--overwrite), not refused.
+    partial = tmp_path / "sw" / "algorithm.name=fedprox" / "seed=3"
+    partial.mkdir(parents=True)
+    (partial / "metrics.jsonl").write_text('{"round": 1, "train_loss": 9.0}\n')
+    proc = run_cli(["sweep", cfg, "--grid", "algorithm.name=fedprox"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary(partial)["status"] == "completed" and len(metrics(partial)) == 6
+
+
+def test_local_sweep_with_torchrun_ranks(tmp_path):
+    """--nproc 2: each point under torchrun; same model as one rank in this process."""
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    proc = run_cli(["sweep", cfg, "--nproc", "2", "--seeds", "5"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    two = summary(tmp_path / "sw" / "seed=5")
+    assert two["world_size"] == 2
+    assert two["model_sha256"] == train_ok(cfg, f"output.dir={tmp_path / 'one'}", "seed=5")["model_sha256"]
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--grid", "train.lrr=0.1,0.05"], "'train.lrr' is not a config key; did you mean 'train.lr'?"),
+    (["--grid", "partition.alpah=0.1"], "did you mean 'partition.alpha'?"),
+    (["--grid", "seed=1,2"], "--seeds"),
+    (["--grid", "partition.alpha=0.1,-1"], "sweep point partition.alpha=-1/seed=3: partition.alpha must be > 0"),
+    (["--grid", "train.lr=0.1,0.10"], "are the same run"),
+    (["--grid", "algorithm.name"], "expected KEY=V1,V2"),
+    (["--seeds", "a,b"], "--seeds"),
+    (["--slurm", "partitoin=debug", "--executor", "slurm"], "unknown Slurm option 'partitoin'; did you mean 'partition'?"),
+    (["--slurm", "time=soon", "--executor", "slurm"], "not a time limit"),
+    (["--nproc", "2", "--executor", "slurm"], "--nproc is for --executor local"),
+    (["train.rounds=0"], "train.rounds must be >= 1"),
+], ids=["grid-key", "grid-key-2", "seed-in-grid", "bad-point", "duplicate-point", "grid-syntax", "seeds",
+        "slurm-option", "slurm-time", "nproc-on-slurm", "fixed-override"])
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, args, expected):
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    proc = run_cli(["sweep", cfg, *args])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert expected in proc.stderr
+    _no_traceback(proc)
+    assert not (tmp_path / "sw").exists()
+
+
+def test_bad_sweep_block_is_refused(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")},
+                       sweep={"grid": {"train.lr": [0.1]}, "slurm": {"partitoin": "debug"}})
+    proc = run_cli(["sweep", cfg, "--executor", "slurm"])
+    assert proc.returncode == 2 and "sweep.slurm in" in proc.stderr and "did you mean 'partition'?" in proc.stderr
+    cfg = write_config(tmp_path / "d.yaml", sweep={"grids": {"train.lr": [0.1]}})
+    proc = run_cli(["sweep", cfg])
+    assert proc.returncode == 2 and "did you mean 'grid'?" in proc.stderr
+    _no_traceback(proc)
+
+
+def test_slurm_executor_without_slurm_is_a_clear_error(tmp_path, monkeypatch):
+    """No sbatch on PATH: exit 2 with what to do, before anything is written or submitted."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    proc = run_cli(["sweep", cfg, "--grid", "train.lr=0.1,0.05", "--executor", "slurm"])
+    assert proc.returncode == 2
+    assert "sbatch" in proc.stderr and "--executor local" in proc.stderr and "dev-cluster.sh" in proc.stderr
+    _no_traceback(proc)
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_directory_holding_another_run_is_refused(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    train_ok(cfg, f"output.dir={tmp_path / 'sw' / 'seed=3'}")
+    proc = run_cli(["sweep", cfg, "train.lr=0.2"])
+    assert proc.returncode == 2 and "holds a different run: train.lr" in proc.stderr
+    _no_traceback(proc)
