@@ -12,7 +12,7 @@ from .errors import ConfigError, DistflError, Interrupted
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl train --resume RUN_DIR [key=value ...]
        distfl partition CONFIG [key=value ...]
-       distfl bench [--out FILE] [--rounds N]
+       distfl bench [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR]

@@ -1,0 +1,173 @@
+"""FedADC and FedADC+ (Ozfatura, Ozfatura & Gündüz, "FedADC: Accelerated Federated Learning with
+Drift Control"), Algorithm 3 and §III. SlowMo (Algorithm 2) is the same code with beta_local = 0
+(slowmo.py). Notation and every choice: docs/algorithms/fedadc.md.
+
+Local (client i, H_i = run.steps local steps, lr = eta, m = the server momentum of this round):
+  m_bar = beta_local * m / H_i
+  nesterov:   w <- w - eta m_bar;  g = grad f_i(w);  w <- w - eta g     (gradient at the shifted point)
+  heavy_ball: g = grad f_i(w);     w <- w - eta (g + m_bar)
+Either way the H_i steps embed exactly eta * beta_local * m (Eq. 4); weight decay, when configured,
+acts on w and never on the shift.
+Server (D = sum_i p_i (w_i - theta_t), p_i = the client weights, uniform in the paper):
+  m <- -D / eta + (beta_global - beta_local) m            (Delta_bar = -D / eta)
+  theta <- theta - alpha eta m  =  theta + alpha D - alpha eta (beta_global - beta_local) m_old
+The second form is the one computed: with beta_local = beta_global and alpha = 1 it adds D exactly,
+so the server step is bit-for-bit FedAvg's model average (and round 1, m = 0, is FedAvg always).
+
+FedADC+ (kd_lambda > 0): loss = (1 - lam) CE(z, y) + lam tau^2 KL(p_hat || softmax(z / tau)), with the
+self-confidence targets of Eqs. 8-9 built from the teacher = the round's global model.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..federation.local import FlatModel
+from .base import Algorithm
+
+
+def confidence(class_counts) -> torch.Tensor:
+    """rho[k, c] = gamma_{c,k} / gamma_k^max = count[k, c] / max_c count[k, c]  (Eqs. 8-9), in [0, 1]."""
+    counts = np.asarray(class_counts, dtype=np.float64)
+    if counts.ndim == 1:
+        counts = counts[None, :]
+    peak = np.maximum(counts.max(axis=1, keepdims=True), 1.0)
+    return torch.from_numpy(counts / peak).to(torch.float32)
+
+
+def self_confidence_targets(teacher_probs: torch.Tensor, y: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """Eqs. 8-9: p_hat_i = (1 - rho_i) p_tilde_i for i != y, p_hat_y = 1 - sum_{i != y} p_hat_i.
+
+    teacher_probs: B x C (rows sum to 1); y: B labels; rho: C confidences of the client.
+    """
+    target = teacher_probs * (1.0 - rho).to(teacher_probs.dtype)[None, :]
+    rows = torch.arange(len(y), device=y.device)
+    target[rows, y] = 0.0
+    target[rows, y] = 1.0 - target.sum(dim=1)
+    return target
+
+
+def kd_loss(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+    """tau^2 * mean over the batch of KL(target || softmax(logits / tau)) (0 log 0 = 0)."""
+    log_p = F.log_softmax(logits / temperature, dim=1)
+    kl = (torch.xlogy(target, target) - target * log_p).sum(dim=1)
+    return kl.mean() * temperature**2
+
+
+class FedADC(Algorithm):
+    name = "fedadc"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg, a = self.cfg, self.cfg.algorithm
+        self._validate(cfg)
+        self.lr = float(cfg.train.lr)
+        self.beta_local = self._beta_local(a)
+        self.beta_global = float(a.beta_global)
+        self.alpha = float(a.server_alpha)
+        self.variant = a.variant
+        self.kd_lambda = self._kd_lambda(a)
+        self.kd_temperature = float(a.kd_temperature)
+        # The server momentum m_t, in "summed gradient" units (Delta / eta, not divided by H); m_0 = 0.
+        self.m = torch.zeros(self.num_params, device=self.device)
+        self._mbar = None  # this client's beta_local * m / H_i (None: no shift this round)
+        self._mbar_key = None  # (round, client) it was computed for
+        self.teacher = None
+        self._teacher_round = None
+        if self.kd_lambda > 0:
+            self.rho = confidence(self.population.class_counts).to(self.device)
+            # A separate module (its own flat parameters), built without touching the global RNG
+            # stream that seeded the worker; it never trains.
+            with torch.random.fork_rng(devices=[]):
+                self.teacher = FlatModel(self.model_factory())
+            for p in self.teacher.module.parameters():
+                p.requires_grad_(False)
+            self.teacher.module.eval()
+
+    # ---- configuration -------------------------------------------------------------------------
+    def _beta_local(self, a) -> float:
+        return float(a.beta_local)
+
+    def _kd_lambda(self, a) -> float:
+        return float(a.kd_lambda)
+
+    def _validate(self, cfg) -> None:
+        name, s = cfg.algorithm.name, cfg.server
+        if s.optimizer != "sgd" or float(s.lr) != 1.0 or float(s.momentum) != 0.0:
+            raise ConfigError(
+                f"algorithm.name={name} has its own server step (algorithm.server_alpha, algorithm.beta_global), "
+                f"so server.optimizer must be sgd with server.lr=1 and server.momentum=0; got "
+                f"server.optimizer={s.optimizer}, server.lr={s.lr}, server.momentum={s.momentum}")
+        if float(cfg.train.momentum) > 0:
+            raise ConfigError(
+                f"algorithm.name={name} uses plain local SGD (a local momentum buffer would absorb the embedded "
+                f"server momentum); set train.momentum=0, got train.momentum={cfg.train.momentum}")
+        agg = getattr(cfg, "aggregation", None)
+        if agg is not None and getattr(agg, "mask", "none") != "none":
+            raise ConfigError(
+                f"algorithm.name={name} has its own server step and does not apply aggregation.mask="
+                f"{agg.mask}; set aggregation.mask=none")
+
+    # ---- client side ---------------------------------------------------------------------------
+    def _shift(self, run):
+        """beta_local * m / H_i for this client (computed once per client and round)."""
+        key = (run.round_idx, run.client_id)
+        if self._mbar_key != key:
+            self._mbar_key = key
+            if self.beta_local == 0.0 or run.steps == 0 or not bool(self.m.any()):
+                self._mbar = None  # nothing to embed (SlowMo, or m_0 = 0): plain SGD, bit for bit
+            else:
+                self._mbar = self.m * (self.beta_local / run.steps)
+        return self._mbar
+
+    def before_forward(self, w, run):
+        if self.teacher is not None and self._teacher_round != run.round_idx:
+            # The worker still holds this round's global model: before_forward of a round's first
+            # step comes before any forward or shift, so its buffers are the global ones too.
+            self.teacher.load(run.global_params, self.layout.buffers)
+            self._teacher_round = run.round_idx
+        if self.variant == "nesterov":
+            mbar = self._shift(run)
+            if mbar is not None:
+                w.sub_(mbar, alpha=self.lr)
+
+    def correct_gradient(self, w, g, run):
+        if self.variant == "heavy_ball":
+            mbar = self._shift(run)
+            if mbar is not None:
+                g.add_(mbar)
+
+    def local_loss(self, model, x, y, run):
+        logits = model(x)
+        if self.kd_lambda == 0:
+            return F.cross_entropy(logits, y)
+        tau = self.kd_temperature
+        with torch.no_grad():
+            teacher_probs = F.softmax(self.teacher.module(x) / tau, dim=1)
+            target = self_confidence_targets(teacher_probs, y, self.rho[run.client_id])
+        lam = self.kd_lambda
+        return (1.0 - lam) * F.cross_entropy(logits, y) + lam * kd_loss(logits, target, tau)
+
+    # ---- server side ---------------------------------------------------------------------------
+    def server_update(self, params, buffers, reduced):
+        mean_delta = reduced["delta"]  # float64: sum_i p_i (w_i - theta_t) = -eta * Delta_bar
+        m_old = self.m.to(torch.float64)
+        carry = self.beta_global - self.beta_local
+        m_new = mean_delta / (-self.lr) + carry * m_old
+        # theta - alpha eta m_new, written so that the FedAvg case adds mean_delta exactly.
+        step = self.alpha * mean_delta
+        if carry != 0.0:
+            step = step - (self.alpha * self.lr * carry) * m_old
+        params.add_(step.to(params.dtype))
+        self.m.copy_(m_new.to(self.m.dtype))
+        buffers.copy_(reduced["buffers"])
+        self.round_metrics = {"momentum_norm": float(self.m.norm())}
+
+    def server_state(self):
+        return {**super().server_state(), "m": self.m.clone()}
+
+    def load_server_state(self, state):
+        super().load_server_state(state)
+        self.m.copy_(state["m"])

@@ -1,0 +1,108 @@
+"""`distfl bench --quick`: it runs end to end and records what it should. No speed assertions here:
+the speed targets are judged in the bench's own results (bench/results.md), never in tests."""
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from distfl.data.datasets import find_fmnist
+from distfl.errors import DataError
+from distfl.federation.aggregate import STANDARD_SEGMENTS
+from distfl.models import build_model
+from distfl.schema import ModelConfig
+
+
+def _fmnist_available() -> bool:
+    try:
+        find_fmnist("./data", download=False)
+    except DataError:
+        return False
+    return True
+
+
+def _positive_numbers(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _positive_numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _positive_numbers(v)
+    else:
+        yield obj
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+@pytest.mark.skipif(not _fmnist_available(), reason="the bench runs on real Fashion-MNIST, not installed here")
+def test_bench_quick(tmp_path):
+    import distfl.bench
+
+    threads = torch.get_num_threads()
+    out = tmp_path / "sub" / "results.json"
+    rc = distfl.bench.main(argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=True))
+    assert rc == 0
+    assert torch.get_num_threads() == threads  # the bench restores the process's thread count
+    res = json.loads(out.read_text())
+    assert out.with_suffix(".md").read_text() == res["table_markdown"]
+
+    for key in ("date", "command", "machine", "workload", "raw", "medians", "overhead", "scaling",
+                "collectives", "table_markdown"):
+        assert key in res, key
+    for key in ("platform", "cpu_count", "torch", "threads"):
+        assert key in res["machine"], key
+    assert res["machine"]["threads"] == 1
+    assert res["workload"]["rounds"] == 2 and res["workload"]["repeats"] == 1
+    assert len(res["workload"]["steps_per_round"]) == 2
+
+    # Every raw timing: one per repeat, positive.
+    raw = res["raw"]
+    for key in ("fl_inprocess_s", "centralised_s", "rank1_s", "rank2_s", "ceiling_solo_s", "ceiling_pair_s"):
+        assert len(raw[key]) == 1, key
+    assert len(raw["ceiling_pair_s"][0]) == 2
+    assert len(raw["rank1_round_s"][0]) == len(raw["rank2_round_s"][0]) == 2
+    for value in _positive_numbers(raw):
+        assert isinstance(value, float) and value > 0
+    for key, value in res["medians"].items():
+        assert value > 0, key
+    for key in ("ratio_of_medians", "per_repeat", "target", "met"):
+        assert key in res["overhead"], key
+    for key in ("speedup", "per_repeat", "ceiling", "ceiling_per_repeat", "fraction_of_ceiling", "met",
+                "fraction_met", "bit_identical"):
+        assert key in res["scaling"], key
+    assert res["scaling"]["speedup"] > 0 and res["scaling"]["ceiling"] > 0
+    # 1 and 2 ranks train the same model bit for bit (the runner's guarantee).
+    assert res["scaling"]["bit_identical"] is True
+
+    # Exactly one all_reduce a round, of the FedAvg payload: delta (params) + float buffers + the
+    # standard segments (loss_sum, samples, nonfinite), as int64.
+    model = build_model(ModelConfig(name="simplecnn"), (1, 28, 28), 10)
+    num_params = sum(p.numel() for p in model.parameters())
+    num_buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    expected = 8 * (num_params + num_buffers + sum(s.numel for s in STANDARD_SEGMENTS))
+    col = res["collectives"]
+    assert col["calls_per_round"] == 1
+    assert col["bytes_per_round"] == expected == col["expected_bytes_per_round"]
+    assert col["bytes_per_round_2rank_metrics"] == [expected]
+    assert col["num_params"] == num_params == 44426
+    assert col["num_buffers"] == num_buffers
+    assert col["fp32_bytes_per_round"] == expected // 2
+    assert col["calls_met"] and col["bytes_met"]
+
+    # No subprocess outlives the bench, and its temp dir is gone.
+    assert not Path(res["tmp_dir"]).exists()
+    assert _processes_mentioning(res["tmp_dir"]) == []
