@@ -22,7 +22,8 @@ def classes_of(part, labels):
 
 
 def test_covers_every_scheme_in_the_schema():
-    assert sorted(CHOICES["partition.scheme"]) == sorted(SCHEMES)
+    # longtail clients may overlap (tests/test_partition_longtail.py), so it is not in the disjoint set.
+    assert sorted(CHOICES["partition.scheme"]) == sorted(SCHEMES + ["longtail"])
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

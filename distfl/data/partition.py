@@ -28,6 +28,7 @@ def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: 
         "n_classes": _n_classes,
         "shards": _shards,
         "quantity": _quantity,
+        "longtail": _longtail,
     }
     if cfg.scheme not in schemes:
         raise DataError(f"unknown partition.scheme {cfg.scheme!r}; valid: {', '.join(schemes)}")
@@ -162,6 +163,57 @@ def _quantity(labels, cfg, num_classes, rng):
             cuts = (np.cumsum(q) * n).astype(int)[:-1]
             return np.split(idx, cuts)
     raise _resampling_failed(cfg)
+
+
+_LONGTAIL_STREAM = 3  # SeedSequence stream of the per-client longtail draws
+
+
+def _longtail(labels, cfg, num_classes, rng):
+    # Cao et al. 2019 exponential long tail per client, as FedFOR (Tian et al. 2022, Sec. 4.2) builds its
+    # imbalanced CIFAR-10 clients: "randomly sample 10% training data and further trim the data with a
+    # different long tail distribution using an imbalance ratio of 0.01 (~2.5% of the training data)".
+    # One draw from the scheme's RandomState(seed) gives a base; client k then uses its own RandomState
+    # keyed by (base, k), so each client is a pure, cheap function of (labels, cfg, seed, k) alone.
+    base = int(rng.randint(2**31 - 1))
+    return [longtail_client(labels, num_classes, cfg.subsample, cfg.imbalance_ratio, base, k)
+            for k in range(cfg.num_clients)]
+
+
+def longtail_client(labels, num_classes, subsample, imbalance_ratio, base_seed, client):
+    """One long-tailed client (the `longtail` scheme), from its own RandomState(base_seed, client).
+
+    1. Draw round(subsample * N) of the N training samples uniformly without replacement. Clients draw
+       independently, so two clients may share samples (the paper does not say its clients are disjoint).
+    2. Pick a random class order (the head class is random per client) and keep, for the class of rank
+       r = 0..C-1 (C = classes present in `labels`),
+           n_r = floor(n_max * imbalance_ratio ** (r / (C - 1)))
+       of that class's drawn samples, where n_max is the *smallest* per-class count in the draw, so every
+       class can meet its quota exactly. On balanced CIFAR-10 with subsample 0.1 the draw has ~500 per
+       class (min over classes ~470), giving about 500, 299, 179, 107, 64, 38, 23, 13, 8, 5 (1,236 = 2.47%
+       at n_max = 500; ~2.3% at the typical n_max), the paper's "~2.5%".
+    3. Shuffle.
+
+    Fresh clients every round (the paper's cross-device protocol): set train.cohort=sequential and
+    partition.num_clients >= train.rounds * train.clients_per_round; round t then trains clients
+    (t-1)*K .. t*K-1, each seen exactly once.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    rng = np.random.RandomState(np.random.MT19937(np.random.SeedSequence([base_seed, _LONGTAIL_STREAM, client])))
+    m = min(n, max(1, int(round(subsample * n))))
+    drawn = rng.choice(n, size=m, replace=False)
+    classes = np.flatnonzero(np.bincount(labels, minlength=num_classes))  # classes present at all
+    order = classes[rng.permutation(len(classes))]  # order[0] is this client's head class
+    drawn_labels = labels[drawn]
+    n_max = min(int(np.sum(drawn_labels == c)) for c in classes)
+    keep = []
+    for r, c in enumerate(order):
+        frac = imbalance_ratio ** (r / (len(classes) - 1)) if len(classes) > 1 else 1.0
+        quota = int(np.floor(n_max * frac + 1e-9))
+        keep.append(drawn[drawn_labels == c][:quota])  # the draw is in random order: a uniform subset
+    part = np.concatenate(keep).astype(np.int64)
+    rng.shuffle(part)
+    return part
 
 
 def describe(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> str:
