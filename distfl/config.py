@@ -45,6 +45,23 @@ class ConfigWarning(UserWarning):
 RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
                   "runtime.device", "runtime.threads")
 
+def flatten_dict(d: dict, prefix: str = "") -> dict:
+    """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_blockers(saved: dict, now: dict) -> list[str]:
+    """Dotted keys whose values differ between two config dicts and may not change on resume."""
+    saved, now = flatten_dict(saved), flatten_dict(now)
+    return [k for k in now if k != "output.dir" and saved.get(k) != now[k] and not k.startswith(RESUMABLE_KEYS)]
+
+
 # Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]" or "(0, 1]".
 RANGES = {
     "seed": ">= 0",

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import flatten_dict
 from .errors import DistflError
 
 IGNORED_PREFIXES = ("seed", "output.", "checkpoint.", "runtime.")
@@ -37,16 +38,6 @@ class Run:
 
     def evals(self) -> list[dict]:
         return [r for r in self.rows if r.get("test_acc") is not None]
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _is_run(path: Path) -> bool:
@@ -87,7 +78,7 @@ def load_run(run_dir: Path) -> Run:
     import yaml
 
     try:
-        config = _flatten(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        config = flatten_dict(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     except (OSError, yaml.YAMLError) as exc:
         raise DistflError(f"cannot read {run_dir / 'config.yaml'}: {exc}") from None
     summary = None

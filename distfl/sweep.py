@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import config_keys, config_to_dict, load_config, load_sweep_block
+from .config import config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
 from .errors import ConfigError, DistflError, Interrupted
 
 try:  # submitit is a dependency; without it only the Slurm executor is unavailable
@@ -116,17 +116,6 @@ def _value_text(value, where: str) -> str:
     raise ConfigError(f"{where}: grid values must be scalars (number, string, true/false), got {value!r}")
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _check_grid_key(key: str, where: str) -> None:
     keys = config_keys()
     if key in keys:
@@ -158,7 +147,7 @@ def _grid_from_block(grid, where: str) -> dict[str, list[str]]:
         raise ConfigError(f"{where} must be a mapping of config keys to lists of values, "
                           f"e.g. {{algorithm.name: [fedavg, scaffold]}}; got {grid!r}")
     out = {}
-    for key, values in _flatten(grid).items():
+    for key, values in flatten_dict(grid).items():
         _check_grid_key(key, f"{where}.{key}")
         if not isinstance(values, list):
             values = [values]
@@ -416,11 +405,11 @@ def point_state(run_dir: Path, config: dict) -> str:
     if saved_path.exists():
         import yaml
 
-        from .config import RESUMABLE_KEYS
+        from .config import resume_blockers
 
-        saved = _flatten(yaml.safe_load(saved_path.read_text()) or {})
-        now = _flatten(config)
-        changed = [k for k in now if k != "output.dir" and saved.get(k) != now[k] and not k.startswith(RESUMABLE_KEYS)]
+        saved = flatten_dict(yaml.safe_load(saved_path.read_text()) or {})
+        now = flatten_dict(config)
+        changed = resume_blockers(yaml.safe_load(saved_path.read_text()) or {}, config)
         if changed:
             shown = ", ".join(f"{k} ({saved.get(k)!r} there, {now[k]!r} now)" for k in changed[:4])
             raise ConfigError(f"{run_dir} holds a different run: {shown}. Use another output.dir for this sweep, "
@@ -584,9 +573,9 @@ def train_args(run_dir: Path, config: dict, state: str, config_path: str, overri
     if state == "resume":
         import yaml
 
-        saved = _flatten(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {})
+        saved = flatten_dict(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {})
         # Only resumable keys can differ here (point_state checked); pass the ones that do.
-        changed = [f"{k}={_value_text(v, k)}" for k, v in _flatten(config).items()
+        changed = [f"{k}={_value_text(v, k)}" for k, v in flatten_dict(config).items()
                    if k != "output.dir" and saved.get(k) != v]
         return ["--resume", str(run_dir), *changed]
     args = [str(config_path), *overrides, f"output.dir={run_dir}"]

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
-from ..config import RESUMABLE_KEYS, config_to_dict, dump_config
+from ..config import RESUMABLE_KEYS, config_to_dict, dump_config, resume_blockers
 from ..data.datasets import load_dataset
 from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
@@ -112,9 +112,7 @@ class Trainer:
     def _restore(self) -> None:
         path = checkpoint.latest(self.run_dir)
         state = checkpoint.load(path, self.device)
-        saved, now = state["config"], config_to_dict(self.cfg)
-        changed = [k for k in _flatten(now) if _flatten(saved).get(k) != _flatten(now)[k]
-                   and not k.startswith(RESUMABLE_KEYS) and k != "output.dir"]
+        changed = resume_blockers(state["config"], config_to_dict(self.cfg))
         if changed:
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
@@ -334,17 +332,6 @@ def hash_text(text: str) -> int:
     import hashlib
 
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def _to_cpu(obj):
