@@ -1,0 +1,93 @@
+"""Summarise experiments/fedfor/results/*/ in the paper's Table 2 style.
+
+    python experiments/fedfor/table.py            # markdown tables on stdout
+
+Per run: best test accuracy up to halfway and up to the last round (running max over evaluated rounds,
+the paper's "best validation accuracy up to round t"), ACCx = first evaluated round with accuracy >= x%,
+status (diverged runs stop at the round that produced a non-finite model), wall time.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGETS = (60, 65, 70, 75)
+
+
+def load(tag: str):
+    d = RESULTS / tag
+    if not (d / "summary.json").exists():
+        return None
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = json.loads((d / "summary.json").read_text())
+    cfg = (d / "config.yaml").read_text()
+    total = int(re.search(r"rounds: (\d+)", cfg).group(1))
+    return rows, summary, total
+
+
+def best_upto(rows, t):
+    accs = [r["test_acc"] for r in rows if "test_acc" in r and r["round"] <= t]
+    return max(accs) if accs else None
+
+
+def first_at(rows, x):
+    for r in rows:
+        if "test_acc" in r and r["test_acc"] >= x / 100:
+            return r["round"]
+    return None
+
+
+def fmt_acc(a):
+    return "—" if a is None else f"{100 * a:.2f}"
+
+
+def row(tag, label):
+    got = load(tag)
+    if got is None:
+        return None
+    rows, summary, total = got
+    half = total // 2
+    last = rows[-1]["round"] if rows else 0
+    status = summary["status"] if summary["status"] == "completed" else f"diverged at round {last + 1}"
+    accs = [fmt_acc(best_upto(rows, half)), fmt_acc(best_upto(rows, total))]
+    hits = []
+    for x in TARGETS:
+        r = first_at(rows, x)
+        hits.append(str(r) if r is not None else f">{last}")
+    wall = summary.get("wall_s")
+    return f"| {label} | {' | '.join(accs)} | {' | '.join(hits)} | {status} | {wall:.0f} |"
+
+
+METHODS = [
+    ("fedavg", "FedAvg"),
+    ("fedprox", "FedProx (mu 0.01)"),
+    ("fedavgm0.5", "FedAvgM (server momentum 0.5)"),
+    ("fedfor", "FedFOR alpha 5, ge (paper)"),
+    ("fedfor_gt", "FedFOR alpha 5, gt"),
+    ("fedfor_a0.25", "FedFOR alpha 0.25, ge"),
+    ("fedfor_a0.5", "FedFOR alpha 0.5, ge"),
+    ("fedfor_gt_a0.5", "FedFOR alpha 0.5, gt"),
+    ("fedfor_a1", "FedFOR alpha 1, ge"),
+    ("fedfor_a2", "FedFOR alpha 2, ge"),
+]
+
+
+def main() -> int:
+    for e, total in ((1, 60), (2, 40), (4, 30)):
+        lines = [row(f"{m}_E{e}", label) for m, label in METHODS]
+        lines = [line for line in lines if line]
+        if not lines:
+            continue
+        print(f"\n**E = {e}** ({total} rounds; halfway t = {total // 2}; evaluated every 2 rounds)\n")
+        heads = [f"best acc t={total // 2}", f"best acc t={total}"] + [f"ACC{x}" for x in TARGETS]
+        print(f"| method | {' | '.join(heads)} | status | wall s |")
+        print("|" + "---|" * (len(heads) + 3))
+        print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
