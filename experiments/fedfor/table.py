@@ -4,7 +4,8 @@
 
 Per run: best test accuracy up to halfway and up to the last round (running max over evaluated rounds,
 the paper's "best validation accuracy up to round t"), ACCx = first evaluated round with accuracy >= x%,
-status (diverged runs stop at the round that produced a non-finite model), wall time.
+status (diverged runs stop at the round that produced a non-finite model), wall time. Tags ending in
+_s1 are the same run with seed=1 (other rows: seed 0).
 """
 from __future__ import annotations
 
@@ -52,11 +53,12 @@ def row(tag, label):
     half = total // 2
     last = rows[-1]["round"] if rows else 0
     status = summary["status"] if summary["status"] == "completed" else f"diverged at round {last + 1}"
-    accs = [fmt_acc(best_upto(rows, half)), fmt_acc(best_upto(rows, total))]
+    evals = [r["test_acc"] for r in rows if "test_acc" in r]
+    accs = [fmt_acc(best_upto(rows, half)), fmt_acc(best_upto(rows, total)), fmt_acc(evals[-1] if evals else None)]
     hits = []
     for x in TARGETS:
         r = first_at(rows, x)
-        hits.append(str(r) if r is not None else f">{last}")
+        hits.append(str(r) if r is not None else ("—" if summary["status"] != "completed" else f">{last}"))
     wall = summary.get("wall_s")
     return f"| {label} | {' | '.join(accs)} | {' | '.join(hits)} | {status} | {wall:.0f} |"
 
@@ -77,12 +79,13 @@ METHODS = [
 
 def main() -> int:
     for e, total in ((1, 60), (2, 40), (4, 30)):
-        lines = [row(f"{m}_E{e}", label) for m, label in METHODS]
+        lines = [row(f"{m}_E{e}{sfx}", label + (" [seed 1]" if sfx else ""))
+                 for m, label in METHODS for sfx in ("", "_s1")]
         lines = [line for line in lines if line]
         if not lines:
             continue
         print(f"\n**E = {e}** ({total} rounds; halfway t = {total // 2}; evaluated every 2 rounds)\n")
-        heads = [f"best acc t={total // 2}", f"best acc t={total}"] + [f"ACC{x}" for x in TARGETS]
+        heads = [f"best acc t={total // 2}", f"best acc t={total}", "last acc"] + [f"ACC{x}" for x in TARGETS]
         print(f"| method | {' | '.join(heads)} | status | wall s |")
         print("|" + "---|" * (len(heads) + 3))
         print("\n".join(lines))
