@@ -573,7 +573,30 @@ def _raise_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def main_methods(args) -> int:
+    """`--suite ffc|tct`: the cost of a paper method's extra phase (distfl/bench_methods.py)."""
+    from . import bench_methods
+
+    repeats = 1 if getattr(args, "quick", False) else int(args.repeats)
+    suite = args.suite
+    out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
+    res = getattr(bench_methods, f"bench_{suite}")(repeats, log)
+    res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               machine={"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None})
+    table = getattr(bench_methods, f"{suite}_markdown")(res)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(table, end="")
+    log(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
 def main(args) -> int:
+    if getattr(args, "suite", "runtime") != "runtime":
+        return main_methods(args)
     quick = bool(getattr(args, "quick", False))
     rounds = 2 if quick else int(args.rounds)
     repeats = 1 if quick else int(args.repeats)

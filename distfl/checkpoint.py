@@ -1,7 +1,10 @@
 """Atomic, verifiable checkpoints.
 
 Layout:  RUN_DIR/checkpoints/round_000010/{state.pt, clients/<id>.pt, manifest.json}
+         RUN_DIR/checkpoints/ffc_000011/...   (a phase after training: LABEL_STEP)
          RUN_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
+Names are LABEL_STEP: the step counts training rounds, then goes on through the phases that follow
+them (calibration, TCT's stages), so checkpoints order by step whatever their label.
 A checkpoint is assembled in a temporary directory and renamed into place only when every rank has
 written its part; `manifest.json` records the SHA-256 of each file and is checked on load, so a
 truncated or altered checkpoint is refused with a message instead of resuming from garbage.
@@ -55,32 +58,47 @@ def checkpoints_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def staging_dir(run_dir: Path, round_idx: int) -> Path:
-    return checkpoints_dir(run_dir) / f".round_{round_idx:06d}.partial"
+def checkpoint_name(label: str, step: int) -> str:
+    return f"{label}_{step:06d}"
 
 
-def begin(run_dir: Path, round_idx: int) -> Path:
+def _step(path: Path) -> int:
+    return int(path.name.rpartition("_")[2])
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoint directories, oldest step first."""
+    root = checkpoints_dir(run_dir)
+    found = [p for p in root.glob("*_[0-9]*") if p.is_dir() and p.name.rpartition("_")[2].isdigit()]
+    return sorted(found, key=_step)
+
+
+def staging_dir(run_dir: Path, name: str) -> Path:
+    return checkpoints_dir(run_dir) / f".{name}.partial"
+
+
+def begin(run_dir: Path, name: str) -> Path:
     """Rank 0, before the barrier: a fresh, empty staging directory."""
-    staging = staging_dir(run_dir, round_idx)
+    staging = staging_dir(run_dir, name)
     if staging.exists():
         shutil.rmtree(staging)
     (staging / "clients").mkdir(parents=True)
     return staging
 
 
-def commit(run_dir: Path, round_idx: int, state: dict, keep: int) -> Path:
+def commit(run_dir: Path, name: str, state: dict, keep: int) -> Path:
     """Rank 0, after every rank wrote its clients: write state + manifest, rename, update `latest`."""
-    staging = staging_dir(run_dir, round_idx)
+    staging = staging_dir(run_dir, name)
     torch.save({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
     files = sorted(p for p in staging.rglob("*.pt"))
-    manifest = {"round": round_idx, "files": {str(p.relative_to(staging)): _sha256(p) for p in files}}
+    manifest = {"name": name, "files": {str(p.relative_to(staging)): _sha256(p) for p in files}}
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    final = checkpoints_dir(run_dir) / f"round_{round_idx:06d}"
+    final = checkpoints_dir(run_dir) / name
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
     atomic_write_text(final.name + "\n", checkpoints_dir(run_dir) / "latest")
-    for old in sorted(checkpoints_dir(run_dir).glob("round_*"))[:-keep]:
+    for old in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -100,7 +118,7 @@ def load(path: Path, device) -> dict:
     """Verify the manifest, then load state.pt. Client files are verified here, loaded by the store."""
     path = Path(path)
     manifest_path = path / "manifest.json"
-    others = ", ".join(p.name for p in sorted(path.parent.glob("round_*")) if p != path) or "none"
+    others = ", ".join(p.name for p in complete_checkpoints(path.parent.parent) if p != path) or "none"
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as exc:

@@ -11,8 +11,9 @@ from .errors import ConfigError, DistflError, Interrupted
 
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl train --resume RUN_DIR [key=value ...]
+       distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...]
-       distfl bench [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl bench [--suite runtime|ffc|tct] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR]
@@ -52,12 +53,34 @@ def cmd_train(args) -> int:
     from .federation.runner import train
 
     summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+    _print_result(summary, cfg)
+    return 0
+
+
+def _print_result(summary: dict, cfg) -> None:
     if _is_main_process():
         acc = summary["final_test_acc"]
         print(f"final test accuracy {100 * acc:.2f}% (best {100 * summary['best_test_acc']:.2f}% at round "
               f"{summary['best_round']}), {summary['rounds']} rounds in {summary['wall_s']:.1f}s; "
               f"summary: {Path(cfg.output.dir) / 'summary.json'}")
-    return 0
+
+
+def cmd_calibrate(args) -> int:
+    """FFC on a trained run: resume it with calibration.method=ffc (it continues training first if it
+    stopped early)."""
+    from .checkpoint import checkpoints_dir
+    from .federation.runner import train
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir} is not a distfl run directory (no config.yaml)")
+    if not (checkpoints_dir(run_dir) / "latest").exists():
+        raise ConfigError(
+            f"{run_dir} has no checkpointed model to calibrate ({checkpoints_dir(run_dir) / 'latest'} is missing: "
+            "the run stopped before its first checkpoint). Train it first; the last round is always checkpointed")
+    args.resume, args.config, args.print_config, args.overwrite = str(run_dir), None, False, False
+    args.overrides = ["calibration.method=ffc", *args.overrides]
+    return cmd_train(args)
 
 
 def cmd_partition(args) -> int:
@@ -125,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--overwrite", action="store_true", help="replace a finished or partial run in output.dir")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("calibrate", help="SphereFed's FFC on a trained run: least-squares head from summed Z^T Z, Z^T Y")
+    p.add_argument("run_dir", help="a run directory with a checkpoint; then calibration.* overrides")
+    p.set_defaults(overrides=[])
+    p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("partition", help="print per-client sizes and class histograms")
     p.add_argument("config")
     p.set_defaults(overrides=[])
@@ -134,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=10, help="FL rounds per measurement")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
+    p.add_argument("--suite", choices=["runtime", "ffc", "tct"], default="runtime",
+                   help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
+                        "extra phases against a training round (written to bench/<suite>.json)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("sweep", help="run a grid of configs x seeds, here or on Slurm (docs/sweeps.md)")
     p.add_argument("config", help="base YAML config (its output.dir is the sweep directory); then fixed overrides")

@@ -42,8 +42,9 @@ class ConfigWarning(UserWarning):
 
 
 # Keys that may change when a run is resumed: they do not alter what the finished model will be.
+# calibration.* may be added to a finished run (`distfl calibrate RUN_DIR`), but not changed once it ran.
 RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
-                  "runtime.device", "runtime.threads")
+                  "runtime.device", "runtime.threads", "calibration.")
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""
@@ -59,7 +60,10 @@ def flatten_dict(d: dict, prefix: str = "") -> dict:
 def resume_blockers(saved: dict, now: dict) -> list[str]:
     """Dotted keys whose values differ between two config dicts and may not change on resume."""
     saved, now = flatten_dict(saved), flatten_dict(now)
-    return [k for k in now if k != "output.dir" and saved.get(k) != now[k] and not k.startswith(RESUMABLE_KEYS)]
+    # A key the saved run does not have (added to distfl later) had its default value there.
+    defaults = flatten_dict(config_to_dict(Config()))
+    return [k for k in now if k != "output.dir" and saved.get(k, defaults.get(k)) != now[k]
+            and not k.startswith(RESUMABLE_KEYS)]
 
 
 # Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]" or "(0, 1]".
@@ -80,6 +84,9 @@ RANGES = {
     "partition.subsample": "(0, 1]",
     "model.gn_groups": ">= 1",
     "model.mlp_hidden": ">= 1",
+    "model.head_seed": ">= 0",
+    "calibration.ridge": ">= 0",
+    "calibration.batch_size": ">= 1",
     "algorithm.mu": ">= 0",
     "algorithm.alpha": "> 0",
     "algorithm.beta_local": "[0, 1)",

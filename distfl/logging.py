@@ -25,7 +25,9 @@ TB_TAGS = {
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, output_cfg, is_main: bool, start_round: int, total_rounds: int):
+    def __init__(self, run_dir: Path, output_cfg, is_main: bool, start_round: int, total_rounds: int,
+                 resume_step: int | None = None):
+        """`resume_step`: rows after this step are dropped (default: start_round - 1)."""
         self.active = is_main
         self.total = total_rounds
         self.start = start_round
@@ -38,12 +40,13 @@ class RunLogger:
         if not self.active:
             return
         self.metrics_path = Path(run_dir) / "metrics.jsonl"
-        self._truncate_after(start_round - 1)
+        resume_step = start_round - 1 if resume_step is None else resume_step
+        self._truncate_after(resume_step)
         self.metrics_file = open(self.metrics_path, "a")
         if output_cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_round)
+            self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1)
 
     def _truncate_after(self, last_round: int) -> None:
         if not self.metrics_path.exists():
@@ -64,6 +67,18 @@ class RunLogger:
         if "test_acc" in row:
             self.last_eval = f"acc {100 * row['test_acc']:.2f}% (round {row['round']})"
         self._progress(row)
+
+    def log_phase(self, row: dict) -> None:
+        """A row from a phase after training (e.g. calibration): `round` is its checkpoint step and
+        `phase` its name; written to metrics.jsonl and TensorBoard, announced on stderr."""
+        if not self.active:
+            return
+        self.metrics_file.write(json.dumps(row) + "\n")
+        self.metrics_file.flush()
+        if self.writer is not None:
+            for key, value in row.items():
+                if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.writer.add_scalar(f"{row['phase']}/{key}", value, row["round"])
 
     def _progress(self, row: dict) -> None:
         t = row["round"]

@@ -37,10 +37,15 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp
-    norm: str = "bn"  # resnet18: bn | gn
-    gn_groups: int = 2  # resnet18 with norm=gn: groups per GroupNorm layer
+    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2
+    norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
+    gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
+    head: str = "linear"  # linear (learnable, with bias) | sphere (SphereFed: fixed C x d head with orthonormal rows by QR, normalised features, MSE) | fixed_random (fixed He-initialised head, FedBABU-like)
+    head_seed: int = 0  # sphere, fixed_random: seed of the fixed head matrix (its own generator, independent of `seed`); identical on every rank
+    loss: str = "auto"  # auto (mse for head=sphere, else ce) | ce (cross-entropy) | mse (squared error to one-hot targets)
+    feature_norm: str = "auto"  # auto (on for head=sphere) | on | off: L2-normalise the features before the head
+    mse_reduction: str = "mean"  # loss=mse: mean over classes (torch.nn.MSELoss) | sum over classes (||Wz - y||^2)
 
 
 @dataclass
@@ -65,6 +70,14 @@ class AggregationConfig:
     tau: float = 0.4  # gma: sign-agreement threshold in [0, 1]; coordinates below it are scaled by their agreement
     mask_applies_to: str = "step"  # gma: step (mask the server optimizer's final step) | update (mask the averaged update before it)
     fedbn: bool = False  # FedBN: BatchNorm parameters and statistics stay with each client (needs a BatchNorm model)
+
+
+@dataclass
+class CalibrationConfig:
+    method: str = "none"  # none | ffc (SphereFed's fast federated calibration: least-squares head after training)
+    ridge: float = 0.0  # ffc: the paper's lambda in W^T = (sum Z^T Z + lambda I)^-1 sum Z^T Y (paper: 0)
+    clients: str = "all"  # ffc: all (every client of the population, the paper's "each client") | last_cohort (only the last round's cohort)
+    batch_size: int = 1000  # ffc: feature-extraction batch size (memory, not results)
 
 
 @dataclass
@@ -125,6 +138,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -139,8 +153,14 @@ CHOICES = {
     "data.augment": ["auto", "none", "crop_flip"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail"],
     "train.cohort": ["random", "sequential"],
-    "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp"],
+    "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2"],
     "model.norm": ["bn", "gn"],
+    "model.head": ["linear", "sphere", "fixed_random"],
+    "model.loss": ["auto", "ce", "mse"],
+    "model.feature_norm": ["auto", "on", "off"],
+    "model.mse_reduction": ["mean", "sum"],
+    "calibration.method": ["none", "ffc"],
+    "calibration.clients": ["all", "last_cohort"],
     "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
     "algorithm.variant": ["nesterov", "heavy_ball"],
     "algorithm.fedfor_boundary": ["ge", "gt"],
@@ -177,9 +197,13 @@ APPLIES_ONLY_TO = {
     "server.momentum": ("server.optimizer", ["sgd"]),
     "server.beta1": ("server.optimizer", ["adam", "yogi", "adagrad"]),
     "server.beta2": ("server.optimizer", ["adam", "yogi"]),
-    "model.norm": ("model.name", ["resnet18"]),
-    "model.gn_groups": ("model.name", ["resnet18"]),
+    "model.norm": ("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]),
+    "model.gn_groups": ("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]),
     "model.mlp_hidden": ("model.name", ["mlp"]),
+    "model.head_seed": ("model.head", ["sphere", "fixed_random"]),
+    "calibration.ridge": ("calibration.method", ["ffc"]),
+    "calibration.clients": ("calibration.method", ["ffc"]),
+    "calibration.batch_size": ("calibration.method", ["ffc"]),
 }
 
 NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}

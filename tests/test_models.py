@@ -10,6 +10,7 @@ from distfl.models import MODELS, build_model
 from distfl.schema import CHOICES, ModelConfig
 
 NAMES = ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp"]
+SPHEREFED_MODELS = ["vgg13", "senet18", "mobilenetv2"]  # tested in test_spherefed_models.py
 COMBOS = [((1, 28, 28), 10), ((3, 32, 32), 10), ((3, 32, 32), 100)]
 
 
@@ -23,7 +24,7 @@ def build(name: str, shape, num_classes: int, seed: int = 0, **kw) -> nn.Module:
 
 
 def test_registry_covers_schema_choices():
-    assert sorted(MODELS) == sorted(CHOICES["model.name"]) == sorted(NAMES)
+    assert sorted(MODELS) == sorted(CHOICES["model.name"]) == sorted(NAMES + SPHEREFED_MODELS)
 
 
 @pytest.mark.parametrize("shape,num_classes", COMBOS)

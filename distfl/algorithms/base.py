@@ -65,8 +65,9 @@ class Algorithm:
             worker.buffers[self.bn_buffers] = run.state["bn_buffers"]
 
     def local_loss(self, model, x: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
-        """The loss of one local mini-batch (cross-entropy unless a method changes it)."""
-        return F.cross_entropy(model(x), y)
+        """The loss of one local mini-batch: the model's loss (cross-entropy, or MSE for SphereFed's
+        head), unless a method changes it."""
+        return model.loss(model(x), y)
 
     def before_forward(self, w: torch.Tensor, run) -> None:
         """Move the flat parameters `w` in place before a step's forward pass (look-ahead methods)."""

@@ -104,6 +104,10 @@ class FedADC(Algorithm):
             raise ConfigError(
                 f"algorithm.name={name} uses plain local SGD (a local momentum buffer would absorb the embedded "
                 f"server momentum); set train.momentum=0, got train.momentum={cfg.train.momentum}")
+        if self._kd_lambda(cfg.algorithm) > 0 and (cfg.model.loss == "mse" or (cfg.model.loss == "auto" and cfg.model.head == "sphere")):
+            raise ConfigError(
+                "FedADC+ (algorithm.kd_lambda > 0) distils softmax outputs with cross-entropy; it is not defined "
+                "for an MSE-trained model (model.head=sphere or model.loss=mse); set algorithm.kd_lambda=0")
         agg = getattr(cfg, "aggregation", None)
         if agg is not None and getattr(agg, "mask", "none") != "none":
             raise ConfigError(
@@ -142,7 +146,7 @@ class FedADC(Algorithm):
     def local_loss(self, model, x, y, run):
         logits = model(x)
         if self.kd_lambda == 0:
-            return F.cross_entropy(logits, y)
+            return model.loss(logits, y)
         tau = self.kd_temperature
         with torch.no_grad():
             teacher_probs = F.softmax(self.teacher.module(x) / tau, dim=1)

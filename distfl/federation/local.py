@@ -33,8 +33,13 @@ class FlatModel:
             p.grad = self.grads[offset : offset + n].view_as(p)
             offset += n
 
+        # Buffers of `frozen` modules (a fixed classifier head) stay out of the flat vectors: they are
+        # identical everywhere, never aggregated and never trained.
+        self.frozen = [b for m in module.modules() if getattr(m, "frozen", False) for b in m.buffers()]
+        frozen_ids = {id(b) for b in self.frozen}
         float_buffers = [(f"{prefix}.{k}" if prefix else k, m, k, b) for prefix, m in module.named_modules()
-                         for k, b in m._buffers.items() if b is not None and b.is_floating_point()]
+                         for k, b in m._buffers.items()
+                         if b is not None and b.is_floating_point() and id(b) not in frozen_ids]
         self.int_buffers = [b for b in module.buffers() if not b.is_floating_point()]
         if float_buffers:
             self.buffers = torch.cat([b.reshape(-1) for *_, b in float_buffers]).to(torch.float32)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
-from ..config import RESUMABLE_KEYS, config_to_dict, dump_config, resume_blockers
+from ..config import RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
 from ..data.datasets import load_dataset
 from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
@@ -33,6 +33,7 @@ from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
 from .local import ClientRun, FlatModel, local_steps, train_client
+from .phases import build_phases
 from .population import Population, place
 from .state import ClientStateStore
 
@@ -66,6 +67,10 @@ class Trainer:
         self.worker = FlatModel(model_factory())
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
+        # A fixed head (model.head=sphere|fixed_random) is built from model.head_seed; prove every
+        # rank built the same one before any training relies on it.
+        for tensor in self.worker.frozen:
+            dist.check_same_on_all_ranks(tensor_hash(tensor), ctx, "the fixed classifier head")
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
         self.sticky = self._sticky_placement()
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
@@ -75,6 +80,13 @@ class Trainer:
 
         self.stop_requested = self.stop_agreed = False
         self.start_round = 1
+        # Phases after training (calibration, TCT's stages), in order; `step` numbers checkpoints
+        # through the training rounds and then the phases.
+        self.phases = build_phases(cfg)
+        self.phases_done: list[str] = []
+        self.phase_results: dict = {}
+        self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
+        self.step = 0
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
         if resume:
             self._restore()
@@ -117,29 +129,65 @@ class Trainer:
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
                 f"only {', '.join(RESUMABLE_KEYS)} may change on resume")
-        if state["round"] >= self.cfg.train.rounds:
-            raise CheckpointError(f"{self.run_dir} is already at round {state['round']}; "
-                                  f"raise train.rounds (e.g. train.rounds={state['round'] + 10}) to continue")
+        self._check_phases_on_resume(state)
         self.global_params.copy_(state["params"])
         self.global_buffers.copy_(state["buffers"])
+        for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
+            tensor.copy_(saved)
         self.worker._int_snapshot = [t.to(self.device) for t in state["int_buffers"]]
         self.algorithm.load_server_state(state["server"])
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
+        self.step = int(state.get("step", state["round"]))
+        self.phases_done = list(state.get("phases_done", []))
+        self.phase_results = dict(state.get("phase_results", {}))
+        self.phase_state = dict(state.get("phase_state", {}))
+        for phase in self.phases:
+            if phase.name in self.phases_done:
+                phase.restore(self)
         if self.store is not None:
             self.store.restore(path / "clients", self._hosts, self.ctx.is_main)
 
-    def _save_checkpoint(self, round_idx: int) -> None:
+    def _check_phases_on_resume(self, state: dict) -> None:
+        trained, rounds = state["round"], self.cfg.train.rounds
+        done = list(state.get("phases_done", []))
+        names = [p.name for p in self.phases]
+        if done:
+            saved_cal = {k: v for k, v in flatten_dict(state["config"]).items() if k.startswith("calibration.")}
+            now_cal = {k: v for k, v in flatten_dict(config_to_dict(self.cfg)).items() if k.startswith("calibration.")}
+            if any(saved_cal.get(k, v) != v for k, v in now_cal.items()) or any(n not in names for n in done):
+                raise CheckpointError(
+                    f"{self.run_dir} already ran {', '.join(done)} after training; its head and results come from "
+                    "those settings, so calibration.* cannot change now. Start a new run (or copy the run "
+                    "directory and resume the copy from a checkpoint before that phase)")
+            if rounds > trained:
+                raise CheckpointError(
+                    f"{self.run_dir} already ran {', '.join(done)} after round {trained}; it cannot train further")
+        pending = [n for n in names if n not in done]
+        if trained >= rounds and not pending:
+            if names:
+                raise CheckpointError(f"{self.run_dir} is complete: {trained} rounds and {', '.join(done)}; "
+                                      "nothing to resume")
+            raise CheckpointError(f"{self.run_dir} is already at round {trained}; "
+                                  f"raise train.rounds (e.g. train.rounds={trained + 10}) to continue")
+
+    def _save_checkpoint(self, label: str, step: int) -> None:
+        name = checkpoint.checkpoint_name(label, step)
         if self.ctx.is_main:
-            checkpoint.begin(self.run_dir, round_idx)
+            checkpoint.begin(self.run_dir, name)
         dist.barrier(self.ctx)
         if self.store is not None:
-            self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, round_idx) / "clients",
+            self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
                                         self.ctx.is_main)
         dist.barrier(self.ctx)
         if self.ctx.is_main:
             state = {
-                "round": round_idx,
+                "round": min(step, self.cfg.train.rounds),
+                "step": step,
+                "phases_done": list(self.phases_done),
+                "phase_results": dict(self.phase_results),
+                "phase_state": _to_cpu(self.phase_state),
+                "frozen": [t.cpu() for t in self.worker.frozen],
                 "params": self.global_params.cpu(),
                 "buffers": self.global_buffers.cpu(),
                 "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
@@ -150,7 +198,7 @@ class Trainer:
                 # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
                 "rng": "keyed",
             }
-            checkpoint.commit(self.run_dir, round_idx, state, self.cfg.checkpoint.keep)
+            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep)
 
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
@@ -221,7 +269,7 @@ class Trainer:
             logits = model(x[start:end])
             stats.add("correct", (logits.argmax(1) == y[start:end]).sum())
             try:
-                stats.add("loss_sum", F.cross_entropy(logits, y[start:end], reduction="sum"))
+                stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
             except Unrepresentable:
                 stats.add("nonfinite", 1)
         reduced = stats.reduce(self.ctx, name="eval")
@@ -231,8 +279,11 @@ class Trainer:
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
-        logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds)
-        if self.start_round > 1:
+        logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
+                           resume_step=self.step)
+        if self.start_round > cfg.train.rounds:
+            logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
+        elif self.start_round > 1:
             logger.info(f"resuming {self.run_dir} at round {self.start_round}")
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
@@ -258,13 +309,16 @@ class Trainer:
                 self.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.progress["wall_s"]
                 logger.log_round(metrics)
+                self.step = t
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
                         or self.stop_agreed:
-                    self._save_checkpoint(t)
+                    self._save_checkpoint("round", t)
                 if self.stop_agreed and t < cfg.train.rounds:
                     logger.info(f"stop signal: checkpoint written after round {t}; continue with "
                                 f"`distfl train --resume {self.run_dir}`")
                     raise Interrupted(f"interrupted after round {t} (checkpointed)")
+            self._run_phases(logger)
+            self.progress["wall_s"] = wall_before + time.time() - session_start
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
@@ -281,6 +335,31 @@ class Trainer:
         if status != "completed":
             raise DivergenceError(error)
         return summary
+
+    def _run_phases(self, logger) -> None:
+        """Each pending phase runs to its end and is checkpointed; a crash inside one resumes it (from
+        its own intermediate checkpoints, if it writes any, else from its start)."""
+        for phase in self.phases:
+            if phase.name in self.phases_done:
+                continue
+            result = phase.run(self, logger)
+            self.phase_results[phase.name] = result
+            self.phases_done.append(phase.name)
+            self.phase_state = {}
+            self.step += 1
+            self._save_checkpoint(phase.name, self.step)
+
+    def save_phase_checkpoint(self, phase_name: str, state: dict) -> None:
+        """For a long phase: checkpoint its progress (`state`, restored as `trainer.phase_state`)."""
+        self.phase_state = {"phase": phase_name, **state}
+        self.step += 1
+        self._save_checkpoint(phase_name, self.step)
+
+    def record_eval(self, acc: float, loss: float, label: str) -> None:
+        """A phase's evaluation of the final model: it becomes the run's final accuracy (`best_test_acc`
+        stays the best over the training rounds)."""
+        self.progress["last_eval"] = {"round": self.cfg.train.rounds, "test_acc": acc, "test_loss": loss,
+                                      "phase": label}
 
     def _catch_stop_signals(self) -> dict:
         """SIGTERM / SIGUSR1 (Slurm preemption, time limits) ask for a checkpoint at the end of the round."""
@@ -309,6 +388,7 @@ class Trainer:
             "wall_s": round(self.progress["wall_s"], 3),
             "model_sha256": self.worker.state_sha256(),
             "world_size": self.ctx.world_size,
+            "phases": self.phase_results,
             "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
             "device": str(self.device),
             "num_params": self.worker.num_params,
@@ -326,6 +406,13 @@ def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
         return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
     finally:
         dist.shutdown(ctx)
+
+
+def tensor_hash(tensor: torch.Tensor) -> int:
+    import hashlib
+
+    data = tensor.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()
+    return int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
 
 
 def hash_text(text: str) -> int:

@@ -6,14 +6,17 @@ num_classes)`, and `forward(x) == head(features(x))`. Construction draws only fr
 RNG, so `torch.manual_seed(seed)` before `build_model` makes the initial parameters reproducible.
 No model contains dropout or in-place activations.
 
-| name       | source                                            | params (default input, 10 classes) |
-|------------|---------------------------------------------------|------------------------------------|
-| simplecnn  | NIID-Bench SimpleCNNMNIST (TCT, FMNIST)           | 44,426 (1x28x28)                   |
-| lenet5     | classic LeNet-5, ReLU + max-pool (GMA)            | 61,706 (1x28x28)                   |
-| cifar_cnn  | FedADC 4 conv + 4 FC, widths our choice           | 1,156,202 (3x32x32)                |
-| resnet18   | CIFAR-stem ResNet-18, BN or GN (TCT, FedADC)      | 11,173,962 (3x32x32)               |
-| resnet20   | He et al. CIFAR ResNet-20, option A (FedFOR)      | 269,722 (3x32x32)                  |
-| mlp        | 2 hidden layers of model.mlp_hidden (tests)       | 8,970 (1x8x8, h = 64)              |
+| name        | source                                            | params, 10 classes (default input) | params, 100 classes  |
+|-------------|---------------------------------------------------|------------------------------------|----------------------|
+| simplecnn   | NIID-Bench SimpleCNNMNIST (TCT, FMNIST)           | 44,426 (1x28x28)                   |                      |
+| lenet5      | classic LeNet-5, ReLU + max-pool (GMA)            | 61,706 (1x28x28)                   |                      |
+| cifar_cnn   | FedADC 4 conv + 4 FC, widths our choice           | 1,156,202 (3x32x32)                |                      |
+| resnet18    | CIFAR-stem ResNet-18, BN or GN (TCT, FedADC)      | 11,173,962 (3x32x32)               | 11,220,132 (3x32x32) |
+| resnet20    | He et al. CIFAR ResNet-20, option A (FedFOR)      | 269,722 (3x32x32)                  |                      |
+| mlp         | 2 hidden layers of model.mlp_hidden (tests)       | 8,970 (1x8x8, h = 64)              |                      |
+| vgg13       | kuangliu VGG13, 5 max-pools, BN or GN (SphereFed) | 9,416,010 (3x32x32)                | 9,462,180 (3x32x32)  |
+| senet18     | ResNet-18 + SE (ratio 16), BN or GN (SphereFed)   | 11,263,042 (3x32x32)               | 11,309,212 (3x32x32) |
+| mobilenetv2 | CIFAR MobileNetV2, d = 1280, BN or GN (SphereFed) | 2,237,770 (3x32x32)                | 2,353,060 (3x32x32)  |
 """
 from __future__ import annotations
 
@@ -26,9 +29,12 @@ from distfl.models.base import Classifier
 from distfl.models.cifar_cnn import build_cifar_cnn
 from distfl.models.lenet import build_lenet5
 from distfl.models.mlp import build_mlp
+from distfl.models.mobilenetv2 import build_mobilenetv2
 from distfl.models.resnet import build_resnet18
 from distfl.models.resnet_cifar import build_resnet20
+from distfl.models.senet import build_senet18
 from distfl.models.simplecnn import build_simplecnn
+from distfl.models.vgg import build_vgg13
 from distfl.schema import ModelConfig
 
 __all__ = ["Classifier", "MODELS", "build_model"]
@@ -41,6 +47,9 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
     "resnet18": lambda cfg, shape, k: build_resnet18(shape, k, cfg.norm, cfg.gn_groups),
     "resnet20": lambda cfg, shape, k: build_resnet20(shape, k),
     "mlp": lambda cfg, shape, k: build_mlp(shape, k, cfg.mlp_hidden),
+    "vgg13": lambda cfg, shape, k: build_vgg13(shape, k, cfg.norm, cfg.gn_groups),
+    "senet18": lambda cfg, shape, k: build_senet18(shape, k, cfg.norm, cfg.gn_groups),
+    "mobilenetv2": lambda cfg, shape, k: build_mobilenetv2(shape, k, cfg.norm, cfg.gn_groups),
 }
 
 
@@ -60,4 +69,6 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         raise ConfigError(f"input shape must be (channels, height, width) with positive sizes (got {input_shape!r})")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"the number of classes must be a positive integer (got {num_classes!r})")
-    return MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
+    model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
+    model.set_head(cfg.head, cfg.head_seed, cfg.loss, cfg.feature_norm, cfg.mse_reduction)
+    return model

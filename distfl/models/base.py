@@ -10,22 +10,55 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from distfl.errors import ConfigError
 
 
 class Classifier(nn.Module):
-    """`head(features(x))` with `features: B x C x H x W -> B x feature_dim` and a linear head."""
+    """`head(features(x))` with `features: B x C x H x W -> B x feature_dim` and a linear head.
+
+    `set_head` swaps in a fixed head (models/heads.py), turns on L2 feature normalisation and picks the
+    loss (`loss`): what SphereFed changes. `represent(x)` is what the head sees.
+    """
 
     def __init__(self, features: nn.Module, feature_dim: int, num_classes: int):
         super().__init__()
         self.features = features
         self.feature_dim = int(feature_dim)
+        self.num_classes = int(num_classes)
         self.head = nn.Linear(self.feature_dim, num_classes)
+        self.feature_norm = False
+        self.loss_kind = "ce"
+        self.mse_reduction = "mean"
+
+    def set_head(self, kind: str, seed: int, loss: str = "auto", feature_norm: str = "auto",
+                 mse_reduction: str = "mean") -> None:
+        from distfl.models.heads import build_head
+
+        if kind != "linear":  # the linear head drawn in __init__ keeps the rest of the init unchanged
+            self.head = build_head(kind, self.feature_dim, self.num_classes, seed).to(self.head.weight.device)
+        self.feature_norm = feature_norm == "on" or (feature_norm == "auto" and kind == "sphere")
+        self.loss_kind = loss if loss != "auto" else ("mse" if kind == "sphere" else "ce")
+        self.mse_reduction = mse_reduction
+
+    def represent(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.features(x)
+        # eps: an all-zero post-ReLU feature maps to 0 instead of NaN.
+        return F.normalize(h, dim=1, eps=1e-12) if self.feature_norm else h
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+        return self.head(self.represent(x))
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy, or squared error to one-hot targets (mean or sum over classes, then `reduction`
+        over the batch)."""
+        if self.loss_kind == "ce":
+            return F.cross_entropy(logits, y, reduction=reduction)
+        per_class = (logits - F.one_hot(y, logits.shape[1]).to(logits.dtype)) ** 2
+        per_sample = per_class.mean(1) if self.mse_reduction == "mean" else per_class.sum(1)
+        return per_sample.mean() if reduction == "mean" else per_sample.sum()
 
 
 def conv_out(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:

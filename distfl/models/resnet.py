@@ -72,7 +72,9 @@ class BasicBlock(nn.Module):
 
 
 def build_resnet18(input_shape: tuple[int, int, int], num_classes: int, norm: str = "bn",
-                   gn_groups: int = 2) -> Classifier:
+                   gn_groups: int = 2, block=None) -> Classifier:
+    """`block`: the residual block class (default BasicBlock; SENet18 passes its SE block)."""
+    block = BasicBlock if block is None else block
     c, _, _ = input_shape
     norm_layer = make_norm(norm, gn_groups)
     layers: list[tuple[str, nn.Module]] = [
@@ -84,7 +86,7 @@ def build_resnet18(input_shape: tuple[int, int, int], num_classes: int, norm: st
     for i, (planes, stride) in enumerate([(64, 1), (128, 2), (256, 2), (512, 2)], start=1):
         blocks = []
         for s in (stride, 1):
-            blocks.append(BasicBlock(in_planes, planes, s, norm_layer))
+            blocks.append(block(in_planes, planes, s, norm_layer))
             in_planes = planes
         layers.append((f"layer{i}", nn.Sequential(*blocks)))
     layers += [("pool", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten())]

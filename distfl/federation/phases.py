@@ -1,0 +1,31 @@
+"""Phases: the parts of a run that come after its training rounds.
+
+A run is its training rounds, then its phases in order: SphereFed's FFC calibration
+(`calibration.method: ffc`), TCT's stages. Each phase runs on every rank, uses the same exact
+collectives as a round, and ends with a checkpoint labelled with its name, so a crash inside a phase
+resumes at that phase without retraining (`distfl train --resume RUN_DIR`). A long phase may
+checkpoint its own progress (`trainer.save_phase_checkpoint`) and find it again in
+`trainer.phase_state` on resume.
+"""
+from __future__ import annotations
+
+
+class Phase:
+    name = "phase"
+
+    def run(self, trainer, logger) -> dict:
+        """Do the phase's work on this rank; return a JSON-able result (goes into summary.json)."""
+        raise NotImplementedError
+
+    def restore(self, trainer) -> None:
+        """Called on resume for a phase that already ran, after the checkpointed model is loaded:
+        re-apply anything the phase changed that is not in the flat model (e.g. the model's head mode)."""
+
+
+def build_phases(cfg) -> list[Phase]:
+    phases: list[Phase] = []
+    if cfg.calibration.method == "ffc":
+        from ..algorithms.ffc import FFCPhase
+
+        phases.append(FFCPhase())
+    return phases

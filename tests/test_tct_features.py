@@ -1,0 +1,172 @@
+"""TCT eNTK features (distfl/tct/features.py): the vectorised extraction against Algorithm 3's loop."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from distfl.models import build_model
+from distfl.schema import ModelConfig
+from distfl.tct.features import (
+    coordinate_index,
+    entk_features,
+    entk_features_loop,
+    feature_bytes,
+    feature_parameters,
+    reinit_head,
+)
+
+
+def num_params(model, which="all"):
+    return sum(p.numel() for _, p in feature_parameters(model, which))
+
+
+def rel_max(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope="module")
+def simplecnn():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="simplecnn"), (1, 28, 28), 10)
+    reinit_head(model, 7)
+    return model
+
+
+@pytest.fixture(scope="module")
+def resnet20():
+    torch.manual_seed(1)
+    model = build_model(ModelConfig(name="resnet20"), (3, 16, 16), 10)
+    # Non-trivial running statistics, so eval mode visibly differs from batch statistics.
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    reinit_head(model, 7)
+    return model
+
+
+@pytest.mark.parametrize("which", ["all", "extractor"])
+def test_vectorised_matches_loop_simplecnn(simplecnn, which):
+    P = num_params(simplecnn, which)
+    index = coordinate_index(P, 4000, 123)
+    x = torch.randn(12, 1, 28, 28)
+    fast = entk_features(simplecnn, x, index, which=which, chunk_size=5)
+    ref = entk_features_loop(simplecnn, x, index, which=which)
+    assert fast.shape == (12, 4000) and fast.dtype == torch.float32
+    assert rel_max(fast, ref) < 1e-5
+
+
+@pytest.mark.parametrize("which", ["all", "extractor"])
+def test_vectorised_matches_loop_batchnorm(resnet20, which):
+    resnet20.train()
+    buffers = {k: v.clone() for k, v in resnet20.named_buffers()}
+    params = {k: v.clone() for k, v in resnet20.named_parameters()}
+    P = num_params(resnet20, which)
+    index = coordinate_index(P, 3000, 123)
+    x = torch.randn(5, 3, 16, 16)
+    fast = entk_features(resnet20, x, index, which=which, chunk_size=3)
+    assert resnet20.training  # mode restored
+    ref = entk_features_loop(resnet20, x, index, which=which)
+    assert rel_max(fast, ref) < 1e-5
+    # Eval mode: running statistics neither used from the batch nor updated.
+    for k, v in resnet20.named_buffers():
+        assert torch.equal(v, buffers[k]), k
+    for k, v in resnet20.named_parameters():
+        assert torch.equal(v, params[k]), k
+
+
+def test_feature_parameters(simplecnn):
+    all_params = feature_parameters(simplecnn, "all")
+    assert [p for _, p in all_params] == list(simplecnn.parameters())
+    assert num_params(simplecnn, "all") == 44426
+    extractor = feature_parameters(simplecnn, "extractor")
+    assert all(not name.startswith("head.") for name, _ in extractor)
+    assert num_params(simplecnn, "extractor") == 44426 - (84 * 10 + 10)
+    with pytest.raises(ValueError):
+        feature_parameters(simplecnn, "head")
+
+
+def test_head_rows_beyond_logit0_give_zero_features(simplecnn):
+    # Only row 0 of the C-output head (and bias 0) reaches logit 0 (documented in reinit_head).
+    P = num_params(simplecnn, "all")
+    head_start = P - (84 * 10 + 10)
+    index = torch.arange(head_start, P)
+    z = entk_features(simplecnn, torch.randn(4, 1, 28, 28), index)
+    weight, bias = z[:, :840].reshape(4, 10, 84), z[:, 840:]
+    assert torch.all(weight[:, 1:] == 0) and torch.all(bias[:, 1:] == 0)
+    assert torch.all(bias[:, 0] == 1)  # d logit_0 / d b_0
+    assert weight[:, 0].abs().sum() > 0
+
+
+def test_coordinate_index_is_algorithm3_mask():
+    a, b = coordinate_index(44426, 1000, 123), coordinate_index(44426, 1000, 123)
+    assert a.dtype == torch.long and a.shape == (1000,)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, coordinate_index(44426, 1000, 124))
+    with torch.random.fork_rng():
+        torch.manual_seed(123)
+        paper = torch.randperm(44426)[:1000]
+    assert torch.equal(a, paper)
+    assert len(set(a.tolist())) == 1000
+
+
+def test_coordinate_index_p_larger_than_P():
+    idx = coordinate_index(500, 100_000, 123)
+    assert idx.shape == (500,)
+    assert torch.equal(idx.sort().values, torch.arange(500))
+    assert not torch.equal(idx, torch.arange(500))  # permuted, as randperm(P)[:p]
+    with pytest.raises(ValueError):
+        coordinate_index(0, 10, 1)
+
+
+def test_chunk_size_does_not_change_result(simplecnn):
+    index = coordinate_index(num_params(simplecnn), 3000, 5)
+    x = torch.randn(10, 1, 28, 28)
+    ref = entk_features(simplecnn, x, index, chunk_size=10)
+    for chunk in (1, 3, 64):
+        assert rel_max(entk_features(simplecnn, x, index, chunk_size=chunk), ref) < 1e-6
+
+
+def test_reinit_head_is_seeded_default_linear_init():
+    torch.manual_seed(0)
+    m1 = build_model(ModelConfig(name="simplecnn"), (1, 28, 28), 10)
+    m2 = build_model(ModelConfig(name="simplecnn"), (1, 28, 28), 10)
+    state = torch.random.get_rng_state()
+    reinit_head(m1, 42)
+    reinit_head(m2, 42)
+    assert torch.equal(torch.random.get_rng_state(), state)  # global RNG untouched
+    assert torch.equal(m1.head.weight, m2.head.weight) and torch.equal(m1.head.bias, m2.head.bias)
+    with torch.random.fork_rng():
+        torch.manual_seed(42)
+        default = nn.Linear(84, 10)
+    assert torch.equal(m1.head.weight, default.weight) and torch.equal(m1.head.bias, default.bias)
+    reinit_head(m2, 43)
+    assert not torch.equal(m1.head.weight, m2.head.weight)
+
+
+def test_fp16_output_and_out_argument(simplecnn):
+    index = coordinate_index(num_params(simplecnn), 2000, 9)
+    x = torch.randn(7, 1, 28, 28)
+    fp32 = entk_features(simplecnn, x, index, chunk_size=4)
+    fp16 = entk_features(simplecnn, x, index, chunk_size=4, out_dtype=torch.float16)
+    assert fp16.dtype == torch.float16
+    assert torch.equal(fp16, fp32.to(torch.float16))
+    out = torch.full((7, 2000), float("nan"), dtype=torch.float16)
+    assert entk_features(simplecnn, x, index, chunk_size=4, out_dtype=torch.float16, out=out) is out
+    assert torch.equal(out, fp16)
+    with pytest.raises(ValueError, match="dtype"):
+        entk_features(simplecnn, x, index, out=out)  # out is fp16, out_dtype defaults to fp32
+    with pytest.raises(ValueError, match="shape"):
+        entk_features(simplecnn, x, index, out=torch.empty(6, 2000))
+
+
+def test_fp16_overflow_raises(simplecnn):
+    index = torch.arange(num_params(simplecnn))
+    with pytest.raises(ValueError, match="float16"):
+        entk_features(simplecnn, 1e6 * torch.rand(2, 1, 28, 28), index, out_dtype=torch.float16)
+
+
+def test_feature_bytes():
+    assert feature_bytes(60_000, 100_000, torch.float32) == 24_000_000_000
+    assert feature_bytes(10, 3, torch.float16) == 60
