@@ -86,6 +86,14 @@ RANGES = {
     "model.mlp_hidden": ">= 1",
     "model.head_seed": ">= 0",
     "calibration.ridge": ">= 0",
+    "tct.p": ">= 1",
+    "tct.coordinate_seed": ">= 0",
+    "tct.head_seed": ">= 0",
+    "tct.rounds": ">= 1",
+    "tct.local_steps": ">= 1",
+    "tct.lr": "> 0",
+    "tct.chunk_size": ">= 1",
+    "tct.memory_limit_gb": ">= 0",
     "calibration.batch_size": ">= 1",
     "algorithm.mu": ">= 0",
     "algorithm.alpha": "> 0",
@@ -423,6 +431,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.clients_per_round ({v['train.clients_per_round']}) > partition.num_clients "
             f"({v['partition.num_clients']}): a round cannot sample more clients than exist")
+
+    if v["algorithm.name"] == "tct":
+        if v["calibration.method"] != "none":
+            raise ConfigError("algorithm.name=tct replaces the network by a linear model on eNTK features; "
+                              "calibration.method=ffc does not apply to it: set calibration.method=none")
+        if v["model.head"] != "linear":
+            raise ConfigError(f"algorithm.name=tct re-initialises a learnable linear head; model.head="
+                              f"{v['model.head']} is fixed: use model.head=linear")
 
     dataset = v["data.dataset"]
     classes = v["data.synthetic_classes"] if dataset == "synthetic" else NUM_CLASSES[dataset]

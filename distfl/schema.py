@@ -50,7 +50,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
     alpha: float = 0.01  # feddyn: dynamic regulariser weight
@@ -78,6 +78,27 @@ class CalibrationConfig:
     ridge: float = 0.0  # ffc: the paper's lambda in W^T = (sum Z^T Z + lambda I)^-1 sum Z^T Y (paper: 0)
     clients: str = "all"  # ffc: all (every client of the population, the paper's "each client") | last_cohort (only the last round's cohort)
     batch_size: int = 1000  # ffc: feature-extraction batch size (memory, not results)
+
+
+@dataclass
+class TCTConfig:
+    stage1: str = "fedavg"  # the stage-1 algorithm (train.rounds rounds of it; its options are the algorithm.* keys)
+    p: int = 100000  # eNTK feature dimension: random coordinates of each per-sample gradient (paper: 100,000); all of them if the model has fewer
+    coordinate_seed: int = 123  # seed of the coordinate subset (Algorithm 3: 123)
+    head_seed: int = 0  # seed of the re-initialised last layer
+    gradient_of: str = "all"  # all (Algorithm 3 and the released code: every parameter) | extractor (Algorithm 2: without the head)
+    feature_dtype: str = "float32"  # float32 | float16 (what the released code stores; half the memory)
+    feature_store: str = "memory"  # memory (recomputed on resume) | disk (memory-mapped files under RUN_DIR/tct, reused on resume)
+    normalize: bool = True  # z-score every coordinate with statistics over all clients (off: the paper's "TCT (woN)")
+    rounds: int = 100  # stage-2 rounds T2
+    local_steps: int = 500  # stage-2 local full-batch gradient steps M
+    lr: float = 5.0e-5  # stage-2 local learning rate eta
+    solver: str = "scaffold"  # stage 2: scaffold (Algorithm 1) | fedavg (the TCT-FedAvg ablation) | gd (one global full-batch gradient step a round, TCT-GD)
+    local_solver: str = "closed_form"  # closed_form (exact M steps at a cost independent of M) | iterative (M literal steps)
+    compute_dtype: str = "float64"  # dtype of the products with the features in stage 2 (float32: faster, ~1e-6 relative)
+    chunk_size: int = 256  # samples per vectorised per-sample-gradient chunk (memory only)
+    memory_limit_gb: float = 0.0  # refuse to start stage 2 if its memory on one node would exceed this (0: 80% of the memory available now)
+    check_invariant: bool = False  # scaffold: also reduce sum_k p_k h_k each round and log its size (doubles the bytes; for tests)
 
 
 @dataclass
@@ -139,6 +160,7 @@ class Config:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    tct: TCTConfig = field(default_factory=TCTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -161,7 +183,14 @@ CHOICES = {
     "model.mse_reduction": ["mean", "sum"],
     "calibration.method": ["none", "ffc"],
     "calibration.clients": ["all", "last_cohort"],
-    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
+    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "tct"],
+    "tct.stage1": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
+    "tct.gradient_of": ["all", "extractor"],
+    "tct.feature_dtype": ["float32", "float16"],
+    "tct.feature_store": ["memory", "disk"],
+    "tct.solver": ["scaffold", "fedavg", "gd"],
+    "tct.local_solver": ["closed_form", "iterative"],
+    "tct.compute_dtype": ["float64", "float32"],
     "algorithm.variant": ["nesterov", "heavy_ball"],
     "algorithm.fedfor_boundary": ["ge", "gt"],
     "aggregation.mask": ["none", "gma"],
@@ -202,6 +231,10 @@ APPLIES_ONLY_TO = {
     "model.mlp_hidden": ("model.name", ["mlp"]),
     "model.head_seed": ("model.head", ["sphere", "fixed_random"]),
     "calibration.ridge": ("calibration.method", ["ffc"]),
+    **{f"tct.{key}": ("algorithm.name", ["tct"]) for key in (
+        "stage1", "p", "coordinate_seed", "head_seed", "gradient_of", "feature_dtype", "feature_store",
+        "normalize", "rounds", "local_steps", "lr", "solver", "local_solver", "compute_dtype", "chunk_size",
+        "memory_limit_gb", "check_invariant")},
     "calibration.clients": ("calibration.method", ["ffc"]),
     "calibration.batch_size": ("calibration.method", ["ffc"]),
 }

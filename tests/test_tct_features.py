@@ -170,3 +170,28 @@ def test_fp16_overflow_raises(simplecnn):
 def test_feature_bytes():
     assert feature_bytes(60_000, 100_000, torch.float32) == 24_000_000_000
     assert feature_bytes(10, 3, torch.float16) == 60
+
+
+def test_layer_wise_path_for_linear_and_conv_models_vmap_otherwise(simplecnn, resnet20):
+    """SimpleCNN (Conv2d + Linear only) takes the one-backward layer-wise path, ResNet-20 (BatchNorm)
+    the torch.func path; both are checked against Algorithm 3 above. Here: the two paths agree."""
+    from distfl.tct.features import _layer_wise_grads, _layer_wise_plan, feature_parameters
+
+    chosen = feature_parameters(simplecnn, "all")
+    plan = _layer_wise_plan(simplecnn, chosen)
+    assert plan is not None and _layer_wise_plan(resnet20, feature_parameters(resnet20, "all")) is None
+    from torch.func import functional_call, grad, vmap
+
+    simplecnn.eval()
+    x = torch.randn(6, 1, 28, 28)
+    params = {n: p.detach() for n, p in chosen}
+    buffers = dict(simplecnn.named_buffers())
+    reference = vmap(grad(lambda ps, xi: functional_call(simplecnn, (ps, buffers), (xi[None],))[0, 0]),
+                     in_dims=(None, 0))(params, x)
+    grads_before = [None if p.grad is None else p.grad.clone() for _, p in chosen]
+    layer_wise = _layer_wise_grads(simplecnn, plan, x)
+    for name in params:
+        assert torch.allclose(layer_wise[name], reference[name], atol=1e-6, rtol=1e-5), name
+    # The parameters' .grad are left alone.
+    for (_, p), before in zip(chosen, grads_before):
+        assert (p.grad is None and before is None) or torch.equal(p.grad, before)

@@ -117,6 +117,21 @@ def test_singular_kernel_is_stable(n_base, p):
         assert rel(cf, solver.iterative(psi0, h, eta, M)) < 1e-4
 
 
+@pytest.mark.parametrize("n,p", [(30, 50), (80, 20)])
+def test_kernel_and_feature_space_decompositions_agree(n, p):
+    Z, Y, g = problem(n, p, seed=11)
+    by_samples = LocalLeastSquares(Z, Y, basis="samples")
+    by_features = LocalLeastSquares(Z, Y, basis="features")
+    assert LocalLeastSquares(Z, Y).basis == ("features" if p + 1 < n else "samples")
+    psi0, h = start(by_samples, g)
+    eta = 0.5 / by_samples.lambda_max
+    assert by_features.lambda_max == pytest.approx(by_samples.lambda_max, rel=1e-9)
+    for M in (1, 500):
+        reference = by_samples.iterative(psi0, h, eta, M)
+        assert rel(by_samples.closed_form(psi0, h, eta, M), reference) < 1e-8
+        assert rel(by_features.closed_form(psi0, h, eta, M), reference) < 1e-8
+
+
 def test_huge_M_reaches_fixed_point_without_looping():
     # n > p + 1: strongly convex; GD converges to psi* solving G psi = Zt^T Y / n + h.
     Z, Y, g = problem(60, 10, seed=8)

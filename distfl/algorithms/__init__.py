@@ -12,4 +12,6 @@ ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNo
 
 
 def build_algorithm(cfg, population, worker, device, model_factory=None):
-    return ALGORITHMS[cfg.algorithm.name](cfg, population, worker, device, model_factory)
+    """The training algorithm; for TCT, its stage-1 algorithm (its later stages are phases)."""
+    name = cfg.tct.stage1 if cfg.algorithm.name == "tct" else cfg.algorithm.name
+    return ALGORITHMS[name](cfg, population, worker, device, model_factory)

@@ -24,6 +24,10 @@ class Phase:
 
 def build_phases(cfg) -> list[Phase]:
     phases: list[Phase] = []
+    if cfg.algorithm.name == "tct":
+        from ..algorithms.tct import TCTPhase
+
+        phases.append(TCTPhase())
     if cfg.calibration.method == "ffc":
         from ..algorithms.ffc import FFCPhase
 

@@ -73,8 +73,9 @@ class Trainer:
             dist.check_same_on_all_ranks(tensor_hash(tensor), ctx, "the fixed classifier head")
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
         self.sticky = self._sticky_placement()
+        # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
-                      if self.algorithm.stateful else None)
+                      if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
         dist.check_same_on_all_ranks(
             hash_text(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
 
@@ -350,9 +351,9 @@ class Trainer:
             self._save_checkpoint(phase.name, self.step)
 
     def save_phase_checkpoint(self, phase_name: str, state: dict) -> None:
-        """For a long phase: checkpoint its progress (`state`, restored as `trainer.phase_state`)."""
+        """For a long phase: checkpoint its progress (`state`, restored as `trainer.phase_state`) at
+        the current `step`, which the phase advances (e.g. one step per stage-2 round)."""
         self.phase_state = {"phase": phase_name, **state}
-        self.step += 1
         self._save_checkpoint(phase_name, self.step)
 
     def record_eval(self, acc: float, loss: float, label: str) -> None:

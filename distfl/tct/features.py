@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
@@ -109,23 +110,9 @@ def feature_parameters(model: nn.Module, which: str = "all") -> list[tuple[str, 
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in excluded]
 
 
-def _gather_plan(shapes: list[torch.Size], index: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """For each parameter k: (output columns j with index[j] inside parameter k, offsets inside k).
-
-    Gathering parameter by parameter gives the same values as `cat(flat grads)[:, index]` without
-    building the concatenated chunk_size x P matrix.
-    """
-    sizes = [math.prod(s) for s in shapes]
-    total = sum(sizes)
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= total):
-        raise ValueError(f"index holds coordinates outside [0, {total}) for these parameters")
-    plan = []
-    start = 0
-    for size in sizes:
-        cols = torch.nonzero((index >= start) & (index < start + size)).flatten()
-        plan.append((cols, index[cols] - start))
-        start += size
-    return plan
+def _check_index(num_params: int, index: torch.Tensor) -> None:
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_params):
+        raise ValueError(f"index holds coordinates outside [0, {num_params}) for these parameters")
 
 
 def _prepare_out(n: int, p: int, out: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -191,8 +178,8 @@ def entk_features(
     names = [name for name, _ in chosen]
     chosen_ids = {id(p) for _, p in chosen}
     device = chosen[0][1].device
-    plan = [(cols.to(device), local.to(device))
-            for cols, local in _gather_plan([p.shape for _, p in chosen], index)]
+    _check_index(sum(p.numel() for _, p in chosen), index)
+    flat_index = index.to(device)
     primals = {name: p.detach() for name, p in chosen}
     # Everything not differentiated (other parameters, BatchNorm buffers) enters as a constant.
     fixed = {name: p.detach() for name, p in model.named_parameters() if id(p) not in chosen_ids}
@@ -201,22 +188,92 @@ def entk_features(
     def logit0(params: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
         return functional_call(model, (params, fixed), (xi.unsqueeze(0),))[0, 0]
 
-    per_sample_grad = vmap(grad(logit0), in_dims=(None, 0))
+    vectorised = vmap(grad(logit0), in_dims=(None, 0))
+    layer_wise = _layer_wise_plan(model, chosen)
+
+    def per_sample_grad(params, xb):
+        return _layer_wise_grads(model, layer_wise, xb) if layer_wise is not None else vectorised(params, xb)
+
     was_training = model.training
     model.eval()
     try:
         for start in range(0, n, chunk_size):
             xb = x[start:start + chunk_size].to(device)
             grads = per_sample_grad(primals, xb)
-            block = torch.empty(xb.shape[0], index.numel(), dtype=grads[names[0]].dtype, device=device)
-            for name, (cols, local) in zip(names, plan):
-                if cols.numel():
-                    block[:, cols] = grads[name].reshape(xb.shape[0], -1)[:, local]
+            # One contiguous chunk x P matrix, then one gather of the chosen columns: much faster than
+            # scattering each parameter's columns separately.
+            block = torch.cat([grads[name].reshape(xb.shape[0], -1) for name in names], dim=1)
             del grads
-            _check_range(block, result.dtype)
-            result[start:start + xb.shape[0]].copy_(block)
+            target = result[start:start + xb.shape[0]]
+            if target.dtype == block.dtype and target.device == block.device and result.dtype != torch.float16:
+                torch.index_select(block, 1, flat_index, out=target)
+            else:
+                block = block.index_select(1, flat_index)
+                _check_range(block, result.dtype)
+                target.copy_(block)
     finally:
         model.train(was_training)
+    return result
+
+
+def _layer_wise_plan(model: nn.Module, chosen) -> dict | None:
+    """name -> (module, "weight"|"bias") when every differentiated parameter belongs to a Linear or an
+    ungrouped Conv2d used once: then per-sample gradients follow from one batched backward pass."""
+    owner = {}
+    for mod_name, module in model.named_modules():
+        for key, param in module.named_parameters(recurse=False):
+            owner[id(param)] = (module, key)
+    plan = {}
+    for name, param in chosen:
+        module, key = owner[id(param)]
+        if not (isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and module.groups == 1
+                                                   and module.padding_mode == "zeros")):
+            return None
+        plan[name] = (module, key)
+    return plan
+
+
+def _layer_wise_grads(model: nn.Module, plan: dict, xb: torch.Tensor) -> dict:
+    """Per-sample gradients of logit 0 for Linear/Conv2d parameters from one batched backward pass.
+
+    In eval mode the samples of a batch do not interact, so the gradient of sum_i f_0(x_i) with
+    respect to a layer's output, restricted to sample i, is sample i's own. A Linear layer's per-sample
+    weight gradient is then g_i a_i^T, a Conv2d's is g_i unfold(a_i)^T (a: the layer's input, g: the
+    gradient at its output), and the bias gradients are g_i (summed over positions for a Conv2d).
+    """
+    modules = {id(m): m for m, _ in plan.values()}
+    inputs, outputs, handles = {}, {}, []
+
+    def forward_hook(module, args, output):
+        if id(module) in inputs:
+            raise RuntimeError("a layer is used twice in one forward pass; layer-wise gradients do not apply")
+        inputs[id(module)], outputs[id(module)] = args[0].detach(), output
+
+    for module in modules.values():
+        handles.append(module.register_forward_hook(forward_hook))
+    try:
+        with torch.enable_grad():
+            out = model(xb)
+            keys = list(outputs)
+            # Gradients at the layers' outputs only: the parameters' .grad are left alone.
+            found = torch.autograd.grad(out[:, 0].sum(), [outputs[k] for k in keys], allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    grads = {k: (g if g is not None else torch.zeros_like(outputs[k])).detach() for k, g in zip(keys, found)}
+    result = {}
+    for name, (module, key) in plan.items():
+        a, g = inputs[id(module)], grads[id(module)]
+        b = a.shape[0]
+        if isinstance(module, nn.Linear):
+            result[name] = torch.einsum("bo,bi->boi", g, a) if key == "weight" else g
+        else:
+            g = g.reshape(b, g.shape[1], -1)
+            if key == "weight":
+                cols = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)
+                result[name] = torch.einsum("bol,bkl->bok", g, cols).reshape(b, *module.weight.shape)
+            else:
+                result[name] = g.sum(-1)
     return result
 
 

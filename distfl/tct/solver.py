@@ -44,12 +44,15 @@ class LocalLeastSquares:
             1e-6 relative error). The kernel eigendecomposition is always float64, and psi, h and all
             results are float64.
         chunk_bytes: memory bound for one converted row block of Z.
+        basis: which matrix `closed_form` eigendecomposes: "samples" (the n x n kernel), "features"
+            (the (p+1) x (p+1) G), or "auto" (the smaller one). The results agree to round-off.
 
     All tensors live on Z's device.
     """
 
     def __init__(self, Z: torch.Tensor, Y: torch.Tensor, bias: bool = True,
-                 dtype_compute: torch.dtype = torch.float64, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 dtype_compute: torch.dtype = torch.float64, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 basis: str = "auto"):
         if Z.dim() != 2 or not Z.is_floating_point():
             raise ValueError(f"Z must be a 2-D floating tensor (got shape {tuple(Z.shape)}, dtype {Z.dtype})")
         if Y.dim() != 2 or Y.shape[0] != Z.shape[0]:
@@ -69,6 +72,11 @@ class LocalLeastSquares:
         # Cached by `decompose()`: kernel eigenvectors U (n x n), lambda = eigenvalues / n, Zt^T Y / n.
         self._U: torch.Tensor | None = None
         self._lam: torch.Tensor | None = None
+        # Which side is decomposed: the n x n kernel ("samples") or, when p + 1 < n, the
+        # (p+1) x (p+1) matrix G itself ("features", U then holds G's eigenvectors V).
+        if basis not in ("auto", "samples", "features"):
+            raise ValueError(f"basis must be auto, samples or features (got {basis!r})")
+        self.basis = basis if basis != "auto" else ("features" if self.p + int(self.bias) < self.n else "samples")
         self._ZtY: torch.Tensor | None = None
 
     # ----- shapes -------------------------------------------------------------------------------
@@ -135,6 +143,9 @@ class LocalLeastSquares:
         """
         if self._U is not None:
             return
+        if self.basis == "features":
+            self._decompose_features()
+            return
         K = torch.zeros(self.n, self.n, dtype=torch.float64, device=self.device)
         for i, Zi in self._blocks():
             for j, Zj in self._blocks():
@@ -150,6 +161,21 @@ class LocalLeastSquares:
         del K
         self._lam = s2 / self.n
         self._U = U
+        self._ZtY = self._ztT_mm(self.Y) / self.n
+
+    def _decompose_features(self) -> None:
+        """G = Zt^T Zt / n = V diag(lambda) V^T directly, O(n p^2 + p^3): cheaper than the kernel when p + 1 < n."""
+        q = self.p + int(self.bias)
+        G = torch.zeros(q, q, dtype=torch.float64, device=self.device)
+        for _, Zb in self._blocks():
+            G[:self.p, :self.p] += (Zb.T @ Zb).to(torch.float64)
+            if self.bias:
+                G[:self.p, self.p] += Zb.sum(0).to(torch.float64)
+        if self.bias:
+            G[self.p, :self.p] = G[:self.p, self.p]
+            G[self.p, self.p] = self.n
+        lam, V = torch.linalg.eigh(G / self.n)
+        self._lam, self._U = lam, V
         self._ZtY = self._ztT_mm(self.Y) / self.n
 
     @property
@@ -209,6 +235,9 @@ class LocalLeastSquares:
         eps * M * eta * lambda_max (about 1e-13 at the paper's M eta = 0.025, eta lambda_max <= 2;
         about 1e-7 at M = 1e9, eta lambda_max = 0.5).
 
+        When p + 1 < n the same formula is applied in the eigenbasis of G itself (`basis == "features"`,
+        decomposed in O(n p^2 + p^3)), which is cheaper than the n x n kernel.
+
         Cost per call: K's eigendecomposition once per client (cached, O(n^2 p + n^3)), then two passes
         over Z (Zt [psi_0, r] and Zt^T (.), O(n p C)) and O(n^2 C) with U -- independent of M.
 
@@ -222,8 +251,14 @@ class LocalLeastSquares:
         self.decompose()
         U = self._U
         r = self._ZtY + h
-        proj = U.T @ self._zt_mm(torch.cat([psi0, r], dim=1))  # U^T Zt [psi_0, r], n x 2C
         C = self.num_classes
+        if self.basis == "features":
+            # In G's eigenbasis: (1 - eta l)^M = 1 + l a and (1 - (1 - eta l)^M) / l = M eta + l c.
+            a, c = self._coefficients(eta, M)
+            proj = U.T @ torch.cat([psi0, r], dim=1)
+            w = _scale(self._lam * a, proj[:, :C]) + _scale(self._lam * c, proj[:, C:])
+            return psi0 + (M * eta) * r + U @ w
+        proj = U.T @ self._zt_mm(torch.cat([psi0, r], dim=1))  # U^T Zt [psi_0, r], n x 2C
         a, c = self._coefficients(eta, M)
         w = _scale(a, proj[:, :C]) + _scale(c, proj[:, C:])
         return psi0 + (M * eta) * r + self._ztT_mm(U @ w) / self.n

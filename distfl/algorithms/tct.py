@@ -1,0 +1,304 @@
+"""TCT: Train-Convexify-Train (Yu, Wei, Karimireddy, Ma, Jordan, NeurIPS 2022; ../shared/papers/tct.md).
+
+Stage 1 is `train.rounds` rounds of any algorithm (`tct.stage1`, default FedAvg), run by the normal
+round loop. This phase is everything after it (Algorithm 2):
+
+1. Convexify: re-initialise the last layer from `tct.head_seed`, pick p coordinates of the parameter
+   vector from `tct.coordinate_seed` (Algorithm 3's `randperm(P)[:p]`), and give every training and
+   test sample its eNTK feature z = (d f_1(x) / d theta)[coordinates], the per-sample gradient of the
+   first logit, model in eval mode (distfl/tct/features.py, `torch.func`). Features stay on the rank
+   that hosts the client (client c on rank c % world size), in memory or in memory-mapped files; they
+   are never gathered.
+2. Normalise (one collective): per-coordinate mean and variance over all clients from float64 sums
+   of z and z^2; every client's sums travel in their own slot of one all_reduce and every rank adds the
+   slots in client order, so the statistics are the same bits for any number of ranks. Test features
+   are normalised with the training statistics. Targets are one-hot - 1/C.
+3. Train: W (p x C) and b (C) from 0, by SCAFFOLD as Algorithm 1 (`tct.solver: scaffold`; h_k kept
+   per client, one model per client and round on the wire), M = `tct.local_steps` full-batch
+   gradient steps at eta = `tct.lr`, weighted by n_k / n (footnote 7). Ablations: `fedavg` (TCT-FedAvg)
+   and `gd` (one global gradient step a round, TCT-GD). The M local steps are computed exactly in
+   closed form (distfl/tct/solver.py) unless `tct.local_solver: iterative`.
+Stage 2 is checkpointed every `checkpoint.every` rounds with the client controls; a resumed run
+recomputes (memory) or reopens (disk) the features, re-applies the saved statistics and continues.
+
+Choices where the paper is silent (docs/algorithms/tct.md): the head keeps C outputs and logit 0 is
+differentiated (the released code uses a 1-output head; same distribution), the gradient is over every
+parameter (`tct.gradient_of: all`, as Algorithm 3), zero-variance coordinates (e.g. the head rows of
+the other logits) are set to 0 after normalisation, the population variance (1/n) is used.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import checkpoint, dist
+from ..errors import ConfigError, DivergenceError, Interrupted
+from ..federation.aggregate import Segment, StatBuffer, Unrepresentable
+from ..federation.phases import Phase
+from ..tct.features import coordinate_index, entk_features, feature_bytes, feature_parameters, reinit_head
+from ..tct.solver import LocalLeastSquares, fedavg_client_round, scaffold_client_round
+
+MODEL_FILE = "tct_model.pt"  # W and b (psi), the normalisation statistics and the coordinates
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "float64": torch.float64}
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else total physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory_plan(sizes: list[int], test_samples: int, p: int, num_classes: int, cfg) -> dict:
+    """Bytes stage 2 holds on one node: features (memory store), the cached decompositions, and the
+    per-client psi-shaped state (h and the last local model)."""
+    dtype = DTYPES[cfg.feature_dtype]
+    q = p + 1
+    features = feature_bytes(sum(sizes) + test_samples, p, dtype)
+    decomposition = sum(8 * min(n, q) ** 2 for n in sizes) if cfg.local_solver == "closed_form" else 0
+    state = len(sizes) * 2 * 8 * q * num_classes
+    in_memory = (features if cfg.feature_store == "memory" else 0) + decomposition + state
+    return {"features": features, "decompositions": decomposition, "client_state": state, "total": in_memory}
+
+
+class TCTPhase(Phase):
+    name = "tct"
+
+    # ---- 1. convexify: eNTK features ----------------------------------------------------------------
+    def _features(self, trainer, logger) -> None:
+        cfg, ctx = trainer.cfg.tct, trainer.ctx
+        model = trainer.worker.module
+        trainer.worker.load(trainer.global_params, trainer.global_buffers)
+        reinit_head(model, cfg.head_seed)
+        chosen = feature_parameters(model, cfg.gradient_of)
+        num = sum(p.numel() for _, p in chosen)
+        self.index = coordinate_index(num, cfg.p, cfg.coordinate_seed)
+        self.p = len(self.index)
+        if cfg.p > num:
+            logger.info(f"TCT: tct.p={cfg.p} is larger than the {num} parameters the gradient is taken over; "
+                        f"all {num} coordinates are kept (in the permuted order randperm({num})[:{cfg.p}] gives, "
+                        "as the paper's code would)")
+        from ..federation.runner import tensor_hash
+
+        dist.check_same_on_all_ranks(tensor_hash(self.index.to(torch.float64)) ^
+                                     tensor_hash(trainer.worker.params), ctx, "TCT's coordinates and head")
+        data = trainer.data
+        c = data.num_classes
+        sizes = trainer.population.sizes
+        self.clients = [k for k in range(len(trainer.population)) if trainer._hosts(k)]
+        starts = list(range(0, len(data.test_y), trainer.cfg.eval.batch_size))
+        self.test_batches = starts[ctx.rank :: ctx.world_size]
+
+        plan = memory_plan([int(n) for n in sizes], len(data.test_y), self.p, c, cfg)
+        limit = cfg.memory_limit_gb * 2**30 if cfg.memory_limit_gb > 0 else 0.8 * available_memory_bytes()
+        gb = lambda b: b / 2**30  # noqa: E731
+        logger.info(f"TCT: eNTK features of {int(sum(sizes))} training + {len(data.test_y)} test samples, "
+                    f"p = {self.p}, {cfg.feature_dtype}: {gb(plan['features']):.2f} GB ({cfg.feature_store}); "
+                    f"decompositions {gb(plan['decompositions']):.2f} GB; client state {gb(plan['client_state']):.2f} GB; "
+                    f"{gb(plan['total']):.2f} GB in memory in all, limit {gb(limit):.2f} GB")
+        if plan["total"] > limit:
+            raise ConfigError(
+                f"TCT's stage 2 would hold {gb(plan['total']):.2f} GB in memory on this node, more than the limit of "
+                f"{gb(limit):.2f} GB (tct.memory_limit_gb, default 80% of available memory). Use "
+                "tct.feature_dtype=float16 (half the features), tct.feature_store=disk (features memory-mapped), "
+                f"or a smaller tct.p (now {self.p})")
+        self.plan = plan
+
+        t0 = time.perf_counter()
+        dtype = DTYPES[cfg.feature_dtype]
+        self.train_z, self.train_y = {}, {}
+        for k in self.clients:
+            idx = trainer.client_indices[k]
+            self.train_z[k] = self._extract(trainer, data.train_x[idx], f"client_{k}", dtype)
+            self.train_y[k] = data.train_y[idx]
+            logger.info(f"TCT: features of client {k} ({len(idx)} samples) done, {time.perf_counter() - t0:.0f}s")
+        x = torch.cat([data.test_x[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
+            if self.test_batches else data.test_x[:0]
+        self.test_y = torch.cat([data.test_y[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
+            if self.test_batches else data.test_y[:0]
+        self.test_z = self._extract(trainer, x, "test", dtype)
+        self.features_s = time.perf_counter() - t0
+
+    def _extract(self, trainer, x, name: str, dtype) -> torch.Tensor:
+        cfg = trainer.cfg.tct
+        model = trainer.worker.module
+        if cfg.feature_store == "memory":
+            return entk_features(model, x, self.index, cfg.gradient_of, cfg.chunk_size, dtype)
+        folder = Path(trainer.run_dir) / "tct" / f"rank{trainer.ctx.rank}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path, done = folder / f"{name}.{cfg.feature_dtype}", folder / f"{name}.complete"
+        shape = (len(x), self.p)
+        if done.exists() and path.exists() and path.stat().st_size == math.prod(shape) * dtype.itemsize:
+            mode = "r+"  # extracted before a crash or preemption: reuse (it holds raw features)
+        else:
+            done.unlink(missing_ok=True)
+            mode = "w+"
+        np_dtype = np.float16 if dtype == torch.float16 else np.float32
+        array = np.memmap(path, dtype=np_dtype, mode=mode, shape=shape) if shape[0] else np.zeros(shape, np_dtype)
+        out = torch.from_numpy(array)
+        if mode == "w+":
+            entk_features(model, x, self.index, cfg.gradient_of, cfg.chunk_size, dtype, out=out)
+            if shape[0]:
+                array.flush()
+            done.write_text("ok\n")
+        return out
+
+    # ---- 2. normalise --------------------------------------------------------------------------------
+    def _statistics(self, trainer) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-coordinate mean and standard deviation over all training samples, one all_reduce."""
+        k_total = len(trainer.population)
+        slots = torch.zeros(k_total, 2 * self.p + 1, dtype=torch.float64, device=trainer.device)
+        for k in self.clients:
+            z = self.train_z[k]
+            for start in range(0, len(z), 4096):
+                block = z[start : start + 4096].to(trainer.device, torch.float64)
+                slots[k, : self.p] += block.sum(0)
+                slots[k, self.p : 2 * self.p] += (block * block).sum(0)
+            slots[k, -1] = len(z)
+        dist.all_reduce_sum(slots, trainer.ctx, name="tct_normalise")
+        total = slots.sum(0)
+        n = total[-1]
+        mean = total[: self.p] / n
+        var = (total[self.p : 2 * self.p] / n - mean * mean).clamp_min(0)
+        std = var.sqrt()
+        # A coordinate that never varies (e.g. a head row of another logit) carries no information: it
+        # is mapped to 0 instead of being divided by ~0.
+        constant = std <= 1e-7 * float(std.max()) if std.numel() and float(std.max()) > 0 else torch.ones_like(std, dtype=torch.bool)
+        return mean, torch.where(constant, torch.full_like(std, math.inf), std)
+
+    def _normalise(self, z: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> None:
+        for start in range(0, len(z), 4096):
+            block = z[start : start + 4096]
+            m, s = mean.to(block.device), std.to(block.device)
+            block.copy_(((block.to(torch.float64) - m) / s).to(block.dtype))
+
+    # ---- 3. train: federated least squares ------------------------------------------------------------
+    def run(self, trainer, logger) -> dict:
+        cfg, tc = trainer.cfg, trainer.cfg.tct
+        ctx = trainer.ctx
+        t_start = time.perf_counter()
+        stage1_acc = (trainer.progress["last_eval"] or {}).get("test_acc")
+        self._features(trainer, logger)
+        resumed = trainer.phase_state if trainer.phase_state.get("phase") == self.name else {}
+        t0 = time.perf_counter()
+        if tc.normalize:
+            if resumed:
+                mean, std = resumed["mean"].to(trainer.device), resumed["std"].to(trainer.device)
+            else:
+                mean, std = self._statistics(trainer)
+            for z in [*self.train_z.values(), self.test_z]:
+                self._normalise(z, mean, std)
+        else:
+            mean = std = torch.zeros(0)
+        normalise_s = time.perf_counter() - t0
+
+        c = trainer.data.num_classes
+        sizes = trainer.population.sizes
+        n_total = int(sum(int(n) for n in sizes))
+        compute = DTYPES[tc.compute_dtype]
+        solvers = {k: LocalLeastSquares(self.train_z[k], F.one_hot(self.train_y[k], c).to(torch.float64) - 1.0 / c,
+                                        bias=True, dtype_compute=compute) for k in self.clients}
+        q = self.p + 1
+        psi = resumed["psi"].to(trainer.device) if resumed else torch.zeros(q, c, dtype=torch.float64, device=trainer.device)
+        first = int(resumed.get("round", 0)) + 1 if resumed else 1
+        base_step = cfg.train.rounds
+        if first > 1:
+            logger.info(f"TCT: resuming stage 2 at round {first}")
+        if tc.local_solver == "closed_form" and tc.solver != "gd":
+            logger.info("TCT: stage 2 decomposes each client's matrix once, in its first round")
+        t_train = time.perf_counter()
+        acc = None
+        lam_max = 0.0
+        for t in range(first, tc.rounds + 1):
+            t_round = time.perf_counter()
+            psi, lam_max = self._round(trainer, solvers, psi, t, n_total, q, c, lam_max)
+            row = {"round": base_step + t, "phase": self.name, "stage2_round": t,
+                   "round_s": time.perf_counter() - t_round}
+            if tc.check_invariant:
+                row["h_weighted_sum_max"] = self.invariant
+            if t % cfg.eval.every == 0 or t == tc.rounds:
+                acc = self._accuracy(trainer, psi)
+                row["test_acc"] = acc
+                logger.info(f"TCT stage 2 round {t}/{tc.rounds}: test accuracy {100 * acc:.2f}%")
+            logger.log_phase(row)
+            trainer.step = base_step + t
+            if trainer.stop_agreed or (cfg.checkpoint.every and t % cfg.checkpoint.every == 0 and t < tc.rounds):
+                trainer.save_phase_checkpoint(self.name, {"round": t, "psi": psi, "mean": mean, "std": std})
+                if trainer.stop_agreed:
+                    raise Interrupted(f"interrupted in TCT stage 2 after round {t} (checkpointed)")
+        trainer.record_eval(acc, None, self.name)
+        if ctx.is_main:  # the stage-2 model: predict argmax(((z - mean) / std) @ W + b)
+            checkpoint.atomic_torch_save({"psi": psi.cpu(), "mean": mean.cpu(), "std": std.cpu(),
+                                          "coordinates": self.index, "head_seed": tc.head_seed},
+                                         Path(trainer.run_dir) / MODEL_FILE)
+        return {
+            "psi_sha256": hashlib.sha256(psi.cpu().numpy().tobytes()).hexdigest(),
+            "stage1_test_acc": stage1_acc, "test_acc": acc, "p": self.p, "rounds": tc.rounds,
+            "local_steps": tc.local_steps, "lr": tc.lr, "solver": tc.solver, "local_solver": tc.local_solver,
+            "lambda_max": lam_max, "feature_bytes": self.plan["features"], "memory_bytes": self.plan["total"],
+            "features_s": self.features_s, "normalise_s": normalise_s,
+            "stage2_s": time.perf_counter() - t_train, "total_s": time.perf_counter() - t_start,
+        }
+
+    def _round(self, trainer, solvers, psi, t, n_total, q, c, lam_max):
+        tc = trainer.cfg.tct
+        sizes = trainer.population.sizes
+        segments = [Segment("psi", q * c), Segment("nonfinite", 1, kind="int"), Segment("stop", 1, kind="int")]
+        if tc.check_invariant:
+            segments.append(Segment("h_sum", q * c))
+        stats = StatBuffer(segments, trainer.device, len(trainer.population))
+        for k, solver in solvers.items():
+            weight = int(sizes[k]) / n_total
+            state = None
+            if tc.solver == "scaffold":  # stage-2 keys, beside any state the stage-1 algorithm kept
+                saved = trainer.store.get(k, dict)
+                state = {"h": saved.get("tct_h", solver.zeros()), "last": saved.get("tct_last")}
+            if tc.solver == "gd":
+                out = psi - tc.lr * solver.gradient(psi)
+            elif tc.solver == "scaffold":
+                out = scaffold_client_round(solver, psi, state, tc.lr, tc.local_steps, tc.local_solver)
+            else:
+                out = fedavg_client_round(solver, psi, None, tc.lr, tc.local_steps, tc.local_solver)
+            if tc.local_solver == "closed_form" and tc.solver != "gd":
+                lam_max = max(lam_max, solver.lambda_max)
+            try:
+                stats.add("psi", out, weight)
+                if tc.check_invariant:
+                    stats.add("h_sum", state["h"], weight)
+            except Unrepresentable:
+                stats.add("nonfinite", 1)
+                continue
+            if state is not None:
+                trainer.store.put(k, {"tct_h": state["h"], "tct_last": state["last"]})
+        stats.add("stop", int(trainer.stop_requested))
+        reduced = stats.reduce(trainer.ctx, name="tct_round")
+        trainer.stop_agreed = int(reduced["stop"][0]) > 0
+        if int(reduced["nonfinite"][0]):
+            bound = f"; GD on a client is stable only for tct.lr < 2 / lambda_max = {2 / lam_max:.3g}" if lam_max else ""
+            raise DivergenceError(f"TCT stage 2 round {t}: {int(reduced['nonfinite'][0])} client(s) produced a "
+                                  f"non-finite or huge model (tct.lr={tc.lr} too large{bound}); lower tct.lr")
+        if tc.check_invariant:
+            self.invariant = float(reduced["h_sum"].abs().max())
+        return reduced["psi"].view(q, c), lam_max
+
+    def _accuracy(self, trainer, psi) -> float:
+        """Test accuracy of the linear model on this rank's test batches, summed over ranks."""
+        stats = StatBuffer([Segment("correct", 1, kind="int")], trainer.device, 1)
+        if len(self.test_y):
+            z = self.test_z
+            scores = torch.cat([z[s : s + 4096].to(trainer.device, torch.float64) @ psi[:-1] + psi[-1]
+                                for s in range(0, len(z), 4096)])
+            stats.add("correct", (scores.argmax(1) == self.test_y).sum())
+        reduced = stats.reduce(trainer.ctx, name="tct_eval")
+        return int(reduced["correct"][0]) / len(trainer.data.test_y)

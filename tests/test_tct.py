@@ -1,0 +1,129 @@
+"""TCT as a run: stage 1, eNTK features, normalisation, stage 2, across ranks and through a crash."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import metrics, run_cli, summary, train_ok, write_config
+from distfl.algorithms.tct import MODEL_FILE, TCTPhase
+from distfl.checkpoint import complete_checkpoints, load
+
+TCT = {"p": 500, "rounds": 6, "local_steps": 50, "lr": 1e-3}
+
+
+def tct_config(tmp_path: Path, **tct) -> Path:
+    return write_config(tmp_path / "tct.yaml", algorithm={"name": "tct"}, tct={**TCT, **tct},
+                        eval={"every": 2}, checkpoint={"every": 2, "keep": 10})
+
+
+def psi(run_dir: Path) -> torch.Tensor:
+    return torch.load(run_dir / MODEL_FILE)["psi"]
+
+
+def test_tct_learns_and_one_rank_equals_two_ranks(tmp_path):
+    config = tct_config(tmp_path)
+    one = train_ok(config, f"output.dir={tmp_path / 'one'}")
+    two = train_ok(config, f"output.dir={tmp_path / 'two'}", nproc=2)
+    t1, t2 = one["phases"]["tct"], two["phases"]["tct"]
+    assert t1["psi_sha256"] == t2["psi_sha256"] and one["final_test_acc"] == two["final_test_acc"]
+    assert one["final_test_acc"] == t1["test_acc"] > t1["stage1_test_acc"] + 0.2  # 26.4% -> 77.2%
+    calls = two["collectives"]["calls"]
+    assert calls["tct_normalise"] == 1 and calls["tct_round"] == TCT["rounds"]
+    assert [r["stage2_round"] for r in metrics(tmp_path / "two") if r.get("phase") == "tct"] == list(range(1, 7))
+
+
+def test_scaffold_controls_sum_to_zero_every_round(tmp_path):
+    run = tmp_path / "r"
+    train_ok(tct_config(tmp_path, check_invariant=True), f"output.dir={run}")
+    rows = [r for r in metrics(run) if r.get("phase") == "tct"]
+    state = load(complete_checkpoints(run)[-1], "cpu")
+    clients = sorted((complete_checkpoints(run)[-1] / "clients").glob("*.pt"))
+    h_max = max(float(torch.load(p)["tct_h"].abs().max()) for p in clients)
+    assert state["phases_done"] == ["tct"] and h_max > 1e-3
+    # Exact up to the 2^-40 rounding of each weighted term.
+    assert all(r["h_weighted_sum_max"] <= 1e-9 * h_max for r in rows)
+
+
+def test_closed_form_stage2_equals_iterative(tmp_path):
+    closed = train_ok(tct_config(tmp_path, rounds=3), f"output.dir={tmp_path / 'closed'}")
+    loop = train_ok(tct_config(tmp_path, rounds=3, local_solver="iterative"), f"output.dir={tmp_path / 'loop'}")
+    a, b = psi(tmp_path / "closed"), psi(tmp_path / "loop")
+    assert float((a - b).norm() / b.norm()) < 1e-4
+    assert closed["final_test_acc"] == loop["final_test_acc"]
+
+
+def test_resume_inside_stage2_equals_running_through(tmp_path, monkeypatch):
+    config = tct_config(tmp_path)
+    through = train_ok(config, f"output.dir={tmp_path / 'through'}")
+    original = TCTPhase._round
+
+    def crash_in_round_5(self, trainer, solvers, psi_, t, *args):
+        if t == 5:
+            raise RuntimeError("simulated crash in stage 2")
+        return original(self, trainer, solvers, psi_, t, *args)
+
+    monkeypatch.setattr(TCTPhase, "_round", crash_in_round_5)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_cli(["train", config, f"output.dir={tmp_path / 'crashed'}"])
+    monkeypatch.undo()
+    assert complete_checkpoints(tmp_path / "crashed")[-1].name == "tct_000010"  # 6 rounds + stage-2 round 4
+    proc = run_cli(["train", "--resume", tmp_path / "crashed"], nproc=2)  # and on another world size
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming stage 2 at round 5" in proc.stderr
+    resumed = summary(tmp_path / "crashed")
+    assert resumed["phases"]["tct"]["psi_sha256"] == through["phases"]["tct"]["psi_sha256"]
+    assert resumed["collectives"]["calls"].get("round_stats", 0) == 0  # stage 1 not rerun
+    assert resumed["collectives"]["calls"]["tct_round"] == 2
+    rows = [r["round"] for r in metrics(tmp_path / "crashed")]
+    assert rows == list(range(1, 13))
+
+
+def test_disk_features_float16_and_ablations_run(tmp_path):
+    disk = train_ok(tct_config(tmp_path, feature_store="disk", feature_dtype="float16"),
+                    f"output.dir={tmp_path / 'disk'}")
+    assert list((tmp_path / "disk" / "tct" / "rank0").glob("client_*.float16"))
+    assert disk["final_test_acc"] > disk["phases"]["tct"]["stage1_test_acc"] + 0.2
+    for solver, extra in [("fedavg", {}), ("gd", {"lr": 0.01})]:
+        out = train_ok(tct_config(tmp_path, solver=solver, **extra), f"output.dir={tmp_path / solver}")
+        assert out["phases"]["tct"]["solver"] == solver and out["final_test_acc"] > 0.3
+
+
+def test_p_larger_than_the_model_keeps_every_coordinate(tmp_path):
+    proc = run_cli(["train", tct_config(tmp_path, p=10**6), f"output.dir={tmp_path / 'r'}"])
+    assert proc.returncode == 0, proc.stderr
+    assert "is larger than the" in proc.stderr and "all" in proc.stderr
+    result = summary(tmp_path / "r")
+    assert result["phases"]["tct"]["p"] == result["num_params"]
+
+
+def test_memory_is_stated_and_refused_with_advice(tmp_path):
+    proc = run_cli(["train", tct_config(tmp_path, memory_limit_gb=0.001), f"output.dir={tmp_path / 'r'}"])
+    assert proc.returncode == 2
+    assert "GB in memory" in proc.stderr and "float16" in proc.stderr and "disk" in proc.stderr \
+        and "smaller tct.p" in proc.stderr
+
+
+def test_fmnist_features_fit_this_machine_by_default():
+    """Features for all of Fashion-MNIST with the defaults (SimpleCNN: every one of its 44,426 coordinates,
+    float32) plus the cached decompositions, against a 24 GB machine."""
+    from distfl.algorithms.tct import memory_plan
+    from distfl.schema import TCTConfig
+
+    plan = memory_plan([6000] * 10, 10000, 44426, 10, TCTConfig())
+    assert plan["total"] < 0.8 * 24 * 2**30
+    assert plan["features"] == 70000 * 44426 * 4
+
+
+def test_bad_input_is_refused(tmp_path):
+    config = tct_config(tmp_path)
+    for override, message in [("tct.stage1=fedavgg", "did you mean 'fedavg'"),
+                              ("tct.lr=0", "tct.lr must be > 0"),
+                              ("calibration.method=ffc", "does not apply"),
+                              ("model.head=sphere", "use model.head=linear")]:
+        proc = run_cli(["train", config, override, f"output.dir={tmp_path / 'x'}"])
+        assert proc.returncode == 2 and message in proc.stderr, (override, proc.stderr)
+    proc = run_cli(["train", config, "tct.lr=10", f"output.dir={tmp_path / 'big'}"])
+    assert proc.returncode == 2 and "TCT stage 2 round 1" in proc.stderr and "lower tct.lr" in proc.stderr
+    assert summary(tmp_path / "big")["status"] == "diverged"
