@@ -86,8 +86,9 @@ def begin(run_dir: Path, name: str) -> Path:
     return staging
 
 
-def commit(run_dir: Path, name: str, state: dict, keep: int) -> Path:
-    """Rank 0, after every rank wrote its clients: write state + manifest, rename, update `latest`."""
+def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str, ...] = ()) -> Path:
+    """Rank 0, after every rank wrote its clients: write state + manifest, rename, update `latest`.
+    Of older checkpoints, `keep` are kept, plus those named in `protect`."""
     staging = staging_dir(run_dir, name)
     torch.save({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
     files = sorted(p for p in staging.rglob("*.pt"))
@@ -98,7 +99,7 @@ def commit(run_dir: Path, name: str, state: dict, keep: int) -> Path:
         shutil.rmtree(final)
     os.replace(staging, final)
     atomic_write_text(final.name + "\n", checkpoints_dir(run_dir) / "latest")
-    for old in complete_checkpoints(run_dir)[:-keep]:
+    for old in [p for p in complete_checkpoints(run_dir)[:-keep] if p.name not in protect]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -42,9 +42,12 @@ class ConfigWarning(UserWarning):
 
 
 # Keys that may change when a run is resumed: they do not alter what the finished model will be.
-# calibration.* may be added to a finished run (`distfl calibrate RUN_DIR`), but not changed once it ran.
+# Keys of the phases after training (calibration.*, tct.*) may change until their phase starts:
+# calibrate a finished run (`distfl calibrate RUN_DIR`), or try other stage-2 settings on a copy of a
+# TCT run directory whose stage 1 is done. The runner refuses them once the phase has begun.
+PHASE_KEYS = ("calibration.", "tct.")
 RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
-                  "runtime.device", "runtime.threads", "calibration.")
+                  "runtime.device", "runtime.threads", *PHASE_KEYS)
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""

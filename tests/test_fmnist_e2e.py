@@ -44,3 +44,27 @@ def test_quickstart_reaches_80_percent(tmp_path):
     s = summary(tmp_path / "qs")
     assert s["final_test_acc"] >= 0.80, s
     assert (tmp_path / "qs" / "tb").is_dir()
+
+
+def test_spherefed_with_ffc_on_fmnist(tmp_path):
+    """SphereFed's head and FFC on the real data, 2 ranks: the exact sums cover all 60,000 samples and
+    the calibration improves the short-trained model (measured 74-75% vs 36-53% in 4-round probes)."""
+    cfg = write_config(tmp_path / "sphere.yaml", base=FMNIST_CONFIG, model={"name": "simplecnn", "head": "sphere"},
+                       train={"lr": 0.2, "momentum": 0.9, "batch_size": 64}, calibration={"method": "ffc"})
+    out = train_ok(cfg, f"output.dir={tmp_path / 'r'}", nproc=2)
+    ffc = out["phases"]["ffc"]
+    assert ffc["samples"] == 60000 and abs(ffc["trace"] - (60000 - ffc["zero_features"])) < 1e-6
+    assert out["collectives"]["calls"]["ffc"] == 1
+    assert ffc["test_acc"] > ffc["test_acc_before"] and out["final_test_acc"] == ffc["test_acc"] > 0.6
+
+
+def test_tct_on_fmnist_one_class_per_client(tmp_path):
+    """TCT on the real data with one class per client (#C=1): FedAvg's model is near chance, the
+    convexified stage 2 is far above it (measured: 12.34% -> 77.15% in experiments/tct)."""
+    cfg = write_config(tmp_path / "tct.yaml", base=FMNIST_CONFIG,
+                       partition={"scheme": "n_classes", "classes_per_client": 1, "num_clients": 10},
+                       algorithm={"name": "tct"}, train={"rounds": 2, "clients_per_round": 10, "batch_size": 64},
+                       tct={"p": 512, "rounds": 10, "lr": 5e-4}, eval={"every": 2})
+    out = train_ok(cfg, f"output.dir={tmp_path / 'r'}")
+    tct = out["phases"]["tct"]
+    assert tct["stage1_test_acc"] < 0.35 and tct["test_acc"] > tct["stage1_test_acc"] + 0.25

@@ -127,3 +127,28 @@ def test_bad_input_is_refused(tmp_path):
     proc = run_cli(["train", config, "tct.lr=10", f"output.dir={tmp_path / 'big'}"])
     assert proc.returncode == 2 and "TCT stage 2 round 1" in proc.stderr and "lower tct.lr" in proc.stderr
     assert summary(tmp_path / "big")["status"] == "diverged"
+
+
+def test_stage2_settings_can_change_before_stage2_starts_not_after(tmp_path):
+    """Stage 1 once, stage 2 tried with another eta on a copy: resuming from the last training round's
+    checkpoint with new tct.* keys gives the same result as a run with those keys from the start."""
+    import shutil
+
+    config = write_config(tmp_path / "tct.yaml", algorithm={"name": "tct"}, tct={**TCT, "rounds": 2},
+                          checkpoint={"every": 1, "keep": 1})
+    direct = train_ok(config, f"output.dir={tmp_path / 'direct'}", "tct.lr=2e-3")
+    base = tmp_path / "base"
+    train_ok(config, f"output.dir={base}")
+    # keep=1, yet the last training round's checkpoint survives stage 2's checkpoints.
+    assert [p.name for p in complete_checkpoints(base)] == ["round_000006", "tct_000009"]
+    copy = tmp_path / "copy"
+    shutil.copytree(base, copy)
+    for path in complete_checkpoints(copy):
+        if not path.name.startswith("round_"):
+            shutil.rmtree(path)
+    (copy / "checkpoints" / "latest").write_text("round_000006\n")
+    proc = run_cli(["train", "--resume", copy, "tct.lr=2e-3"])
+    assert proc.returncode == 0, proc.stderr
+    assert summary(copy)["phases"]["tct"]["psi_sha256"] == direct["phases"]["tct"]["psi_sha256"]
+    proc = run_cli(["train", "--resume", base, "tct.lr=2e-3", "train.rounds=6"])
+    assert proc.returncode == 2 and "cannot change now" in proc.stderr

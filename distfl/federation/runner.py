@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
-from ..config import RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
+from ..config import PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
 from ..data.datasets import load_dataset
 from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
@@ -153,14 +153,16 @@ class Trainer:
         trained, rounds = state["round"], self.cfg.train.rounds
         done = list(state.get("phases_done", []))
         names = [p.name for p in self.phases]
-        if done:
-            saved_cal = {k: v for k, v in flatten_dict(state["config"]).items() if k.startswith("calibration.")}
-            now_cal = {k: v for k, v in flatten_dict(config_to_dict(self.cfg)).items() if k.startswith("calibration.")}
-            if any(saved_cal.get(k, v) != v for k, v in now_cal.items()) or any(n not in names for n in done):
+        started = done + ([state["phase_state"]["phase"]] if state.get("phase_state") else [])
+        if started:
+            saved = {k: v for k, v in flatten_dict(state["config"]).items() if k.startswith(PHASE_KEYS)}
+            now = {k: v for k, v in flatten_dict(config_to_dict(self.cfg)).items() if k.startswith(PHASE_KEYS)}
+            changed = [k for k, v in now.items() if saved.get(k, v) != v]
+            if changed or any(n not in names for n in done):
                 raise CheckpointError(
-                    f"{self.run_dir} already ran {', '.join(done)} after training; its head and results come from "
-                    "those settings, so calibration.* cannot change now. Start a new run (or copy the run "
-                    "directory and resume the copy from a checkpoint before that phase)")
+                    f"{self.run_dir} already began {', '.join(started)} after training, with the settings it was "
+                    f"started with, so {', '.join(changed) or 'its phases'} cannot change now. Start a new run (or copy "
+                    "the run directory and resume the copy from the checkpoint of the last training round)")
             if rounds > trained:
                 raise CheckpointError(
                     f"{self.run_dir} already ran {', '.join(done)} after round {trained}; it cannot train further")
@@ -199,7 +201,10 @@ class Trainer:
                 # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
                 "rng": "keyed",
             }
-            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep)
+            # With phases after training, the last training round's checkpoint is never pruned: a phase
+            # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
+            protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
+            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect)
 
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
