@@ -174,7 +174,8 @@ class TCTPhase(Phase):
         std = var.sqrt()
         # A coordinate that never varies (e.g. a head row of another logit) carries no information: it
         # is mapped to 0 instead of being divided by ~0.
-        constant = std <= 1e-7 * float(std.max()) if std.numel() and float(std.max()) > 0 else torch.ones_like(std, dtype=torch.bool)
+        top = float(std.max()) if std.numel() else 0.0
+        constant = std <= 1e-7 * top
         return mean, torch.where(constant, torch.full_like(std, math.inf), std)
 
     def _normalise(self, z: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> None:
