@@ -219,3 +219,29 @@ def test_head_and_calibration_keys_are_validated(tmp_path, small_config):
                               ("calibration.ridge=-1", "calibration.ridge must be >= 0")]:
         proc = run_cli(["train", small_config, override, f"output.dir={tmp_path / 'x'}"])
         assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_ffc_on_the_last_cohort_only_uses_those_clients(tmp_path):
+    config = write_config(tmp_path / "c.yaml", calibration={"method": "ffc", "ridge": 0.01, "clients": "last_cohort"})
+    out = train_ok(config, f"output.dir={tmp_path / 'r'}")
+    from distfl.config import load_config
+    from distfl.data.datasets import load_dataset
+    from distfl.data.partition import partition
+    from distfl.federation.population import Population
+
+    cfg = load_config(str(tmp_path / "r" / "config.yaml"))
+    labels = load_dataset(cfg.data, cfg.seed).train_y.numpy()
+    population = Population(partition(labels, cfg.partition, 10, cfg.seed), labels, 10)
+    cohort = population.cohort(cfg.seed, cfg.train.rounds, cfg.train.clients_per_round, cfg.train.cohort)
+    ffc = out["phases"]["ffc"]
+    assert ffc["clients"] == len(cohort) == 5
+    assert ffc["samples"] == sum(int(population.sizes[k]) for k in cohort) < len(labels)
+
+
+def test_feature_norm_and_loss_keys_apply_to_any_head():
+    model = build_model(ModelConfig(name="mlp", feature_norm="on", loss="mse"), (1, 8, 8), 10)
+    x = torch.randn(4, 1, 8, 8)
+    assert torch.allclose(model.represent(x).norm(dim=1), torch.ones(4), atol=1e-6)
+    assert model.loss_kind == "mse" and isinstance(model.head, torch.nn.Linear)
+    sphere_unnormalised = build_model(ModelConfig(name="mlp", head="sphere", feature_norm="off", loss="ce"), (1, 8, 8), 10)
+    assert not sphere_unnormalised.feature_norm and sphere_unnormalised.loss_kind == "ce"

@@ -152,3 +152,12 @@ def test_stage2_settings_can_change_before_stage2_starts_not_after(tmp_path):
     assert summary(copy)["phases"]["tct"]["psi_sha256"] == direct["phases"]["tct"]["psi_sha256"]
     proc = run_cli(["train", "--resume", base, "tct.lr=2e-3", "train.rounds=6"])
     assert proc.returncode == 2 and "cannot change now" in proc.stderr
+
+
+def test_without_normalisation_the_statistics_collective_is_skipped(tmp_path):
+    """TCT (woN): raw features, no normalisation round; the paper needs a larger eta there."""
+    out = train_ok(tct_config(tmp_path, normalize=False, lr=0.05), f"output.dir={tmp_path / 'won'}")
+    assert "tct_normalise" not in out["collectives"]["calls"]
+    model = torch.load(tmp_path / "won" / MODEL_FILE)
+    assert model["mean"].numel() == 0
+    assert out["final_test_acc"] > out["phases"]["tct"]["stage1_test_acc"]
