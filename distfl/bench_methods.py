@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 FFC_WORKLOAD = [
     "seed=0", "data.dataset=fmnist", "partition.scheme=dirichlet", "partition.num_clients=10",

@@ -69,7 +69,6 @@ def cmd_calibrate(args) -> int:
     """FFC on a trained run: resume it with calibration.method=ffc (it continues training first if it
     stopped early)."""
     from .checkpoint import checkpoints_dir
-    from .federation.runner import train
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():

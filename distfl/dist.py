@@ -9,6 +9,7 @@ so tests and `distfl bench` can check "one all_reduce per round".
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -157,6 +158,15 @@ def barrier(ctx: DistContext) -> None:
             torch_dist.barrier(device_ids=[ctx.device.index])
         else:
             torch_dist.barrier()
+
+
+def fingerprint(data: torch.Tensor | str) -> int:
+    """A 56-bit hash of a tensor's float32 bytes or of a text, for `check_same_on_all_ranks`."""
+    if isinstance(data, str):
+        raw = data.encode()
+    else:
+        raw = data.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()
+    return int.from_bytes(hashlib.sha256(raw).digest()[:7], "little")
 
 
 def check_same_on_all_ranks(value: int, ctx: DistContext, what: str) -> None:

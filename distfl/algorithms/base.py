@@ -13,7 +13,6 @@ the server optimizer (FedOpt) is applied to the averaged delta. A method overrid
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError

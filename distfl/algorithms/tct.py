@@ -89,10 +89,8 @@ class TCTPhase(Phase):
             logger.info(f"TCT: tct.p={cfg.p} is larger than the {num} parameters the gradient is taken over; "
                         f"all {num} coordinates are kept (in the permuted order randperm({num})[:{cfg.p}] gives, "
                         "as the paper's code would)")
-        from ..federation.runner import tensor_hash
-
-        dist.check_same_on_all_ranks(tensor_hash(self.index.to(torch.float64)) ^
-                                     tensor_hash(trainer.worker.params), ctx, "TCT's coordinates and head")
+        dist.check_same_on_all_ranks(dist.fingerprint(self.index.to(torch.float64)) ^
+                                     dist.fingerprint(trainer.worker.params), ctx, "TCT's coordinates and head")
         data = trainer.data
         c = data.num_classes
         sizes = trainer.population.sizes

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
@@ -70,14 +69,14 @@ class Trainer:
         # A fixed head (model.head=sphere|fixed_random) is built from model.head_seed; prove every
         # rank built the same one before any training relies on it.
         for tensor in self.worker.frozen:
-            dist.check_same_on_all_ranks(tensor_hash(tensor), ctx, "the fixed classifier head")
+            dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed classifier head")
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
         self.sticky = self._sticky_placement()
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
         dist.check_same_on_all_ranks(
-            hash_text(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
+            dist.fingerprint(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
 
         self.stop_requested = self.stop_agreed = False
         self.start_round = 1
@@ -412,19 +411,6 @@ def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
         return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
     finally:
         dist.shutdown(ctx)
-
-
-def tensor_hash(tensor: torch.Tensor) -> int:
-    import hashlib
-
-    data = tensor.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()
-    return int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
-
-
-def hash_text(text: str) -> int:
-    import hashlib
-
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
 
 
 def _to_cpu(obj):
