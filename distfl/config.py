@@ -124,6 +124,7 @@ RANGES = {
     "checkpoint.every": ">= 0",
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",
+    "runtime.pack_size": ">= 0",
 }
 
 

@@ -148,6 +148,7 @@ class RuntimeConfig:
     threads: int = 1  # intra-op CPU threads per process; results are bit-identical only for equal values
     client_state: str = "memory"  # where per-client state lives: memory | disk (under the run dir)
     placement: str = "auto"  # clients -> ranks: auto (sticky for stateful methods in memory, else balanced) | balanced | sticky
+    pack_size: int = 0  # clients trained at once as one vectorised model (torch.func), cut from the cohort in order and dealt to ranks whole; 0 = auto (1: one at a time on CPU, and on CUDA until measured). Equals pack_size=1 up to float rounding; bit-identical on any number of ranks. Needs balanced placement (runtime.client_state=disk for stateful methods)
 
 
 @dataclass

@@ -68,6 +68,13 @@ class Algorithm:
         head), unless a method changes it."""
         return model.loss(model(x), y)
 
+    def pack_refusal(self) -> str | None:
+        """Why this method cannot train clients in vectorised packs (runtime.pack_size > 1), or None.
+        A pack calls every hook per client except `local_loss`: its loss is the model's own."""
+        if type(self).local_loss is not Algorithm.local_loss:
+            return "it changes the local loss (local_loss), which a vectorised pack does not call"
+        return None
+
     def before_forward(self, w: torch.Tensor, run) -> None:
         """Move the flat parameters `w` in place before a step's forward pass (look-ahead methods)."""
 

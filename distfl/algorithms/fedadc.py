@@ -143,6 +143,11 @@ class FedADC(Algorithm):
             if mbar is not None:
                 g.add_(mbar)
 
+    def pack_refusal(self):
+        if self.kd_lambda > 0:
+            return "FedADC+ (algorithm.kd_lambda > 0) distils from a teacher model in its local loss"
+        return None  # without distillation, local_loss is the model's loss
+
     def local_loss(self, model, x, y, run):
         logits = model(x)
         if self.kd_lambda == 0:

@@ -66,3 +66,21 @@ def place(cohort: list[int], sizes: np.ndarray, world_size: int, sticky: bool) -
             ranks[r].append(c)
             load[r] += int(sizes[c])
     return [sorted(r) for r in ranks]
+
+
+def place_packs(cohort: list[int], sizes: np.ndarray, world_size: int, pack_size: int) -> list[list[list[int]]]:
+    """Cut the cohort, in its (sorted) order, into packs of `pack_size` clients (the last may be smaller)
+    and deal whole packs to ranks; returns each rank's packs, in cohort order.
+
+    The packs depend only on the cohort and `pack_size`, never on the world size, so a client trains
+    in the same pack (the same vectorised computation) on any number of ranks. Dealing: longest
+    processing time first by the pack's samples, ties to the lower rank, as `place`.
+    """
+    packs = [cohort[i : i + pack_size] for i in range(0, len(cohort), pack_size)]
+    ranks: list[list[list[int]]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for pack in sorted(packs, key=lambda p: (-int(sum(sizes[c] for c in p)), p[0])):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        ranks[r].append(pack)
+        load[r] += int(sum(sizes[c] for c in pack))
+    return [sorted(r) for r in ranks]

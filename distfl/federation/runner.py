@@ -33,7 +33,8 @@ from ..models import build_model
 from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
-from .population import Population, place
+from .pack import PackStep, check_packable, resolve_pack_size, train_pack
+from .population import Population, place, place_packs
 from .state import ClientStateStore
 
 
@@ -72,6 +73,9 @@ class Trainer:
             dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed classifier head")
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
         self.sticky = self._sticky_placement()
+        self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device)
+        check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
+        self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
@@ -209,20 +213,23 @@ class Trainer:
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
-        mine = place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]
+        if self.pack_size == 1:
+            packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
+        else:
+            packs = place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
         stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.segments(), self.device, len(cohort))
-        for client_id in mine:
-            n = int(self.population.sizes[client_id])
-            run = ClientRun(
-                client_id=client_id, round_idx=round_idx, num_samples=n,
-                weight=self.algorithm.client_weight(client_id, cohort),
-                steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs),
-                global_params=self.global_params)
-            if self.store is not None:
-                run.state = self.store.get(client_id, self.algorithm.init_client_state)
+        for pack in packs:
+            runs = [self._client_run(c, round_idx, cohort) for c in pack]
+            if len(runs) > 1:
+                indices = [self.client_indices[c] for c in pack]
+                for run in train_pack(self.worker, self.pack_step, self.data, indices, runs, cfg.train,
+                                      self.algorithm, self.global_buffers):
+                    self._contribute(run, stats)
+                continue
+            run = runs[0]
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
-            train_client(self.worker, self.data, self.client_indices[client_id], run, cfg.train, self.algorithm)
+            train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
             self._contribute(run, stats)
         stats.add("stop", int(self.stop_requested))
         reduced = stats.reduce(ctx)
@@ -240,6 +247,17 @@ class Trainer:
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, **self.algorithm.round_metrics}
+
+    def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
+        n = int(self.population.sizes[client_id])
+        run = ClientRun(
+            client_id=client_id, round_idx=round_idx, num_samples=n,
+            weight=self.algorithm.client_weight(client_id, cohort),
+            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs),
+            global_params=self.global_params)
+        if self.store is not None:
+            run.state = self.store.get(client_id, self.algorithm.init_client_state)
+        return run
 
     def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
         """Add a client's statistics, or count it as non-finite (every rank still joins the reduce)."""

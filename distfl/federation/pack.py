@@ -1,0 +1,172 @@
+"""A pack of clients trained at once, as one vectorised model (`runtime.pack_size` > 1).
+
+Cross-device clients hold tens of samples and train a small CNN, so one client's SGD step is a few
+microseconds of GPU work behind dozens of kernel launches. A pack stacks its clients' flat parameters
+and buffers into P x N and P x M tensors and runs every local step for all of them in one call:
+`torch.func.functional_call` of the rank's model under `vmap(grad(...))`.
+
+Each client keeps the semantics of `train_client` (federation/local.py):
+  - the same keyed randomness: its batch order (and augmentation) is drawn by replaying its own
+    `torch.manual_seed(seed, round, client)` stream, exactly as `train_client` draws it;
+  - the same algorithm hooks, called per client on one row (a view) of the stacked flat tensors:
+    `begin_client`, `before_forward`, `correct_gradient`, then `client_statistics` on the worker;
+  - the same SGD step (coupled weight decay, momentum, dampening 0) as element-wise vector ops.
+Clients of unequal sizes: at step s only the clients with an s-th batch take part, and clients whose
+s-th batch has the same size go through one vectorised call, so every client takes exactly its own
+steps on exactly its own batches (BatchNorm statistics never see another client's or a padded sample).
+
+A pack's result equals one-at-a-time training up to floating-point rounding (a vectorised convolution
+may sum in another order). It is a pure function of the pack, never of the rank or the world size:
+packs are cut from the cohort in cohort order (population.place_packs).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.func import functional_call, grad, vmap
+
+from ..errors import ConfigError
+from .local import ClientRun, FlatModel
+from .population import client_seed
+
+# runtime.pack_size=0 (auto) by device type. CPU: a vmap pack measured 1.05-1.5x slower per client step
+# than one at a time (SimpleCNN, batch 10-32). CUDA: not measured yet (no GPU session so far), so auto
+# keeps one at a time there too until a measurement picks the size.
+AUTO_PACK_SIZE = {"cpu": 1, "cuda": 1}
+
+
+def resolve_pack_size(value: int, device: torch.device) -> int:
+    return value if value > 0 else AUTO_PACK_SIZE.get(device.type, 1)
+
+
+def check_packable(cfg, algorithm, pack_size: int, sticky: bool) -> None:
+    """ConfigError, before any work, for a pack size the run cannot use."""
+    if pack_size == 1:
+        return
+    if sticky:
+        raise ConfigError(
+            f"runtime.pack_size={pack_size} deals whole packs to ranks, so a client cannot live on a fixed "
+            f"rank (sticky placement, the default for algorithm.name={cfg.algorithm.name} or aggregation."
+            "fedbn with client state in memory): set runtime.client_state=disk and runtime.placement=auto "
+            "or balanced, or runtime.pack_size=1")
+    reason = algorithm.pack_refusal()
+    if reason:
+        raise ConfigError(f"runtime.pack_size={pack_size}: algorithm.name={cfg.algorithm.name} cannot train "
+                          f"clients in packs: {reason}; set runtime.pack_size=1")
+
+
+def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int) -> list[tuple]:
+    """The (x, y) of each local step of one client, drawn exactly as `train_client` draws them."""
+    torch.manual_seed(client_seed(seed, run.round_idx, run.client_id))
+    n, batch, out = len(indices), train_cfg.batch_size, []
+    for _ in range(train_cfg.local_epochs):
+        order = indices[torch.randperm(n, device=indices.device)]
+        for start in range(0, n, batch):
+            idx = order[start : start + batch]
+            x, y = data.train_x[idx], data.train_y[idx]
+            if data.augment is not None:
+                x = data.augment(x)
+            out.append((x, y))
+    return out
+
+
+class PackStep:
+    """One local step's gradients, losses and new buffers for a stack of clients: a vectorised
+    `loss.backward()` of the rank's model over rows of flat parameters and buffers."""
+
+    def __init__(self, flat: FlatModel):
+        module = flat.module
+        shapes = {name: p.shape for name, p in module.named_parameters()}
+        self.params = [(name, sl, shapes[name]) for name, sl in flat.param_slices.items()]
+        buffers = dict(module.named_buffers())
+        self.buffers = [(name, sl, buffers[name].shape) for name, sl in flat.buffer_slices.items()]
+        # Integer buffers (BatchNorm's num_batches_tracked) are written in place by the forward pass,
+        # which a grad transform allows only on its inputs; each call gets a throw-away copy.
+        self.int_buffers = {name: b for name, b in buffers.items() if not b.is_floating_point()}
+        self.module = module
+
+        def client_loss(w, b, int_buffers, x, y):
+            # BatchNorm updates its running statistics in place: each buffer is a fresh copy (an
+            # in-place update through a view of one stacked tensor would not reach it under vmap),
+            # and the copies, concatenated, are the client's new flat buffers.
+            buffers = {name: b[sl].view(shape).clone() for name, sl, shape in self.buffers}
+            tensors = {name: w[sl].view(shape) for name, sl, shape in self.params}
+            tensors.update(buffers)
+            tensors.update({name: t.clone() for name, t in int_buffers.items()})
+            loss = module.loss(functional_call(module, tensors, (x,)), y)
+            new_b = torch.cat([t.reshape(-1) for t in buffers.values()]) if buffers else b
+            return loss, (loss.detach(), new_b)
+
+        self._step = vmap(grad(client_loss, has_aux=True), in_dims=(0, 0, None, 0, 0))
+
+    def __call__(self, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
+        """w: P x N parameters, b: P x M float buffers, x: P x batch x ..., y: P x batch ->
+        (P x N gradients, P losses, P x M buffers after the forward pass)."""
+        g, (loss, new_b) = self._step(w, b, self.int_buffers, x, y)
+        return g, loss, new_b
+
+
+def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
+               train_cfg, algorithm, global_buffers: torch.Tensor) -> Iterator[ClientRun]:
+    """Train the clients `runs` (their data `indices`) at once from `runs[k].global_params`.
+
+    Yields each run after training, in pack order, with its final model loaded into `flat` (the
+    worker), so the caller adds its statistics exactly as after `train_client`.
+    """
+    count = len(runs)
+    w = torch.empty(count, flat.num_params, device=flat.params.device)
+    b = torch.empty(count, flat.buffers.numel(), device=flat.params.device)
+    for k, run in enumerate(runs):
+        flat.load(run.global_params, global_buffers)
+        algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
+        w[k], b[k] = flat.params, flat.buffers
+    batches = [client_batches(data, idx, run, train_cfg, algorithm.seed) for idx, run in zip(indices, runs)]
+    velocity = torch.zeros_like(w) if train_cfg.momentum else None
+    loss_sums = torch.zeros(count, dtype=torch.float64, device=w.device)
+    flat.module.train()
+    for s in range(max(len(c) for c in batches)):
+        # Clients that still have a step, grouped by the size of their batch at this step.
+        groups: dict[int, list[int]] = {}
+        for k, steps in enumerate(batches):
+            if s < len(steps):
+                groups.setdefault(len(steps[s][1]), []).append(k)
+        for rows in groups.values():
+            _sgd_step(step, w, b, velocity, loss_sums, rows, [batches[k][s] for k in rows],
+                      [runs[k] for k in rows], s == 0, train_cfg, algorithm)
+    for k, run in enumerate(runs):
+        flat.load(w[k], b[k])
+        run.loss_sum = loss_sums[k]
+        yield run
+
+
+def _sgd_step(step, w, b, velocity, loss_sums, rows, batch, runs, first, train_cfg, algorithm) -> None:
+    """One local SGD step of the clients `rows` of the pack, as `train_client` takes it."""
+    whole = len(rows) == len(w)
+    index = None if whole else torch.tensor(rows, device=w.device)
+    wr = w if whole else w[index]
+    for k, run in enumerate(runs):
+        algorithm.before_forward(wr[k], run)
+    x = torch.stack([xy[0] for xy in batch])
+    y = torch.stack([xy[1] for xy in batch])
+    g, loss, new_b = step(wr, b if whole else b[index], x, y)
+    loss_sums[rows] += loss.double() * y.shape[1]
+    for k, run in enumerate(runs):
+        algorithm.correct_gradient(wr[k], g[k], run)
+    if train_cfg.weight_decay:
+        g.add_(wr, alpha=train_cfg.weight_decay)
+    if velocity is not None:
+        # Every client of the pack has a step 0, which starts its momentum buffer.
+        v = velocity if whole else velocity[index]
+        if first:
+            v.copy_(g)
+        else:
+            v.mul_(train_cfg.momentum).add_(g)
+        if not whole:
+            velocity[index] = v
+        g = v
+    wr.add_(g, alpha=-train_cfg.lr)
+    if whole:
+        b.copy_(new_b)
+    else:
+        w[index], b[index] = wr, new_b
