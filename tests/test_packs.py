@@ -1,0 +1,221 @@
+"""Client packs (runtime.pack_size > 1): a pack trains each client as one-at-a-time training does (to
+float rounding), for every algorithm and aggregation option; the result does not depend on the world
+size or on a stop and resume; what cannot be packed is refused before any work."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli, train_ok, write_config
+from distfl.errors import ConfigError
+
+# Packed and one-at-a-time runs differ only by the summation order of vectorised kernels.
+TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+# A CNN on 16x16 inputs: its vectorised convolutions round differently from the per-client ones, so
+# pack_size=4 gives other bits than pack_size=1 (which makes bit-identity across ranks a real check).
+CNN = {"model": {"name": "simplecnn"}, "data": {"synthetic_image_size": 16},
+       "train": {"rounds": 4, "clients_per_round": 10, "lr": 0.05, "batch_size": 16}}
+
+
+def _trained(config, tmp_path, name, *overrides, rounds=2):
+    """In-process Trainer after `rounds` rounds, and how many packs (of 2+ clients) it trained."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation import runner
+
+    packs = []
+    train_pack = runner.train_pack
+
+    def counting(flat, step, data, indices, runs, *args):
+        packs.append(len(runs))
+        return train_pack(flat, step, data, indices, runs, *args)
+
+    trainer = runner.Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"]),
+                             dist.init("cpu", 1))
+    original, runner.train_pack = runner.train_pack, counting
+    try:
+        for t in range(1, rounds + 1):
+            trainer.run_round(t)
+    finally:
+        runner.train_pack = original
+    return trainer, packs
+
+
+PACKABLE = {
+    "fedavg": ["train.momentum=0.9", "train.weight_decay=0.01"],
+    "fedavg_adam": ["server.optimizer=adam", "server.lr=0.01"],
+    "fedprox": ["algorithm.name=fedprox", "algorithm.mu=0.5"],
+    "scaffold": ["algorithm.name=scaffold", "runtime.client_state=disk"],
+    "feddyn": ["algorithm.name=feddyn", "algorithm.alpha=0.1", "runtime.client_state=disk"],
+    "fednova": ["algorithm.name=fednova", "train.momentum=0.5"],
+    "fedadc": ["algorithm.name=fedadc", "algorithm.beta_local=0.5", "algorithm.beta_global=0.9"],
+    "fedadc_heavy_ball": ["algorithm.name=fedadc", "algorithm.variant=heavy_ball", "algorithm.beta_global=0.9"],
+    "slowmo": ["algorithm.name=slowmo", "algorithm.beta_global=0.9"],
+    "fedfor": ["algorithm.name=fedfor", "algorithm.fedfor_alpha=0.5"],
+    "gma": ["aggregation.mask=gma", "aggregation.tau=0.4"],
+}
+
+
+@pytest.mark.parametrize("name", list(PACKABLE))
+def test_packed_equals_one_at_a_time(tmp_path, name):
+    """Three rounds (the hooks of SCAFFOLD, FedDyn, FedADC and FedFOR act from round 2 on), Dirichlet
+    clients of unequal sizes, 6 a round: packs of 4 and 2 give the model one-at-a-time training gives."""
+    config = write_config(tmp_path / "c.yaml", train={"rounds": 3, "clients_per_round": 6, "lr": 0.1,
+                                                       "batch_size": 16})
+    one, packs_one = _trained(config, tmp_path, "one", "runtime.pack_size=1", *PACKABLE[name], rounds=3)
+    four, packs_four = _trained(config, tmp_path, "four", "runtime.pack_size=4", *PACKABLE[name], rounds=3)
+    assert packs_one == [] and packs_four == [4, 2] * 3
+    start = _trained(config, tmp_path, "start", *PACKABLE[name], rounds=0)[0].global_params
+    assert (one.global_params - start).abs().max() > 1e-2  # the rounds moved the model
+    torch.testing.assert_close(four.global_params, one.global_params, **TOLERANCE)
+    for key, value in one.algorithm.server_state().items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(four.algorithm.server_state()[key], value, **TOLERANCE)
+
+
+@pytest.mark.parametrize("fedbn", [False, True], ids=["batchnorm", "fedbn"])
+def test_packed_batchnorm_model_equals_one_at_a_time(tmp_path, monkeypatch, fedbn):
+    """ResNet-20: running statistics per client in the pack; FedBN keeps each client's own BatchNorm.
+
+    Its ReLUs are made smooth (softplus) here. BatchNorm centres activations on 0, and with ReLU a
+    1e-7 rounding difference of the vectorised kernels flips the odd unit whose input is within 1e-7
+    of 0, which moves that step's gradient by ~1e-3 in a few coordinates (measured: 5e-3 with ReLU,
+    5e-7 with softplus, same step); over rounds that grows to a few percent of the update. Either
+    result is as right as the other; without the kink the comparison is a tight one."""
+    monkeypatch.setattr(torch.nn.ReLU, "forward", lambda self, x: torch.nn.functional.softplus(x))
+    config = write_config(tmp_path / "c.yaml", model={"name": "resnet20"},
+                          data={"synthetic_channels": 3, "synthetic_image_size": 8, "synthetic_train": 600},
+                          partition={"scheme": "dirichlet", "num_clients": 6, "alpha": 0.5},
+                          train={"rounds": 2, "clients_per_round": 4, "lr": 0.05, "batch_size": 32})
+    extra = ["aggregation.fedbn=true", "runtime.client_state=disk"] if fedbn else []
+    one, _ = _trained(config, tmp_path, "one", "runtime.pack_size=1", *extra, rounds=2)
+    four, packs = _trained(config, tmp_path, "four", "runtime.pack_size=4", *extra, rounds=2)
+    assert packs == [4, 4]
+    torch.testing.assert_close(four.global_params, one.global_params, **TOLERANCE)
+    torch.testing.assert_close(four.global_buffers, one.global_buffers, **TOLERANCE)
+    if fedbn:
+        states = [(one.store.get(c, dict), four.store.get(c, dict)) for c in range(6)]
+        assert sum(1 for a, _ in states if a) >= 4  # clients that trained hold their own BatchNorm
+        for a, b in states:
+            assert a.keys() == b.keys()
+            for key in a:
+                torch.testing.assert_close(b[key], a[key], **TOLERANCE)
+
+
+def test_unequal_clients_take_exactly_their_own_steps():
+    """Clients of 7, 23 and 40 samples (1, 3 and 4 batches of 10 an epoch, two of them partial), two
+    epochs, momentum, weight decay, crop-and-flip augmentation: each client of the pack ends with the
+    model, BatchNorm statistics and loss sum of its own `train_client`."""
+    from distfl.data.datasets import random_crop_flip
+    from distfl.federation.local import ClientRun, FlatModel, local_steps, train_client
+    from distfl.federation.pack import PackStep, train_pack
+    from distfl.models import build_model
+    from distfl.schema import ModelConfig
+
+    torch.manual_seed(0)
+    flat = FlatModel(build_model(ModelConfig(name="resnet20"), (3, 8, 8), 4))
+    data = SimpleNamespace(train_x=torch.randn(70, 3, 8, 8), train_y=torch.randint(0, 4, (70,)),
+                           augment=random_crop_flip)
+    indices = [torch.arange(0, 7), torch.arange(7, 30), torch.arange(30, 70)]
+    train_cfg = SimpleNamespace(lr=0.05, weight_decay=0.01, momentum=0.9, batch_size=10, local_epochs=2)
+    algorithm = SimpleNamespace(seed=5, begin_client=lambda run, worker: None,
+                                before_forward=lambda w, run: None, correct_gradient=lambda w, g, run: None,
+                                local_loss=lambda model, x, y, run: model.loss(model(x), y))
+    start_p, start_b = flat.params.clone(), flat.buffers.clone()
+
+    def runs():
+        return [ClientRun(client_id=c, round_idx=2, num_samples=len(i), weight=1.0,
+                          steps=local_steps(len(i), 10, 2), global_params=start_p) for c, i in enumerate(indices)]
+
+    packed = []
+    for run in train_pack(flat, PackStep(flat), data, indices, runs(), train_cfg, algorithm, start_b):
+        packed.append((flat.params.clone(), flat.buffers.clone(), run.loss_sum))
+    assert [r.steps for r in runs()] == [2, 6, 8]
+    for run, idx, (params, buffers, loss_sum) in zip(runs(), indices, packed):
+        flat.load(start_p, start_b)
+        train_client(flat, data, idx, run, train_cfg, algorithm)
+        assert (flat.params - start_p).abs().max() > 1e-3
+        torch.testing.assert_close(params, flat.params, **TOLERANCE)
+        torch.testing.assert_close(buffers, flat.buffers, **TOLERANCE)
+        torch.testing.assert_close(loss_sum, run.loss_sum, rtol=1e-5, atol=0)
+
+
+def test_packs_do_not_depend_on_the_world_size():
+    """The cohort is cut into the same packs, in cohort order, for any world size; whole packs are dealt."""
+    from distfl.federation.population import place_packs
+
+    sizes = np.random.default_rng(0).integers(1, 100, size=40)
+    cohort = sorted(np.random.default_rng(1).choice(40, size=11, replace=False).tolist())
+    expected = [cohort[0:4], cohort[4:8], cohort[8:11]]
+    for world in (1, 2, 3, 5):
+        ranks = place_packs(cohort, sizes, world, 4)
+        assert len(ranks) == world
+        assert sorted(p for r in ranks for p in r) == expected
+    assert place_packs(cohort, sizes, 1, 4) == [expected]
+
+
+def test_pack_size_4_one_rank_equals_two_ranks(tmp_path):
+    """Bit-identical final model on 1 and 2 gloo processes at pack_size=4 (three packs: 4, 4, 2), for
+    FedAvg and for SCAFFOLD with its client state on disk; and pack_size=4 is a different computation
+    from pack_size=1 on this CNN (so agreement across ranks is not one-at-a-time training in disguise)."""
+    config = write_config(tmp_path / "c.yaml", **CNN)
+    for name, extra in (("fedavg", []), ("scaffold", ["runtime.client_state=disk"])):
+        args = [f"algorithm.name={name}", "runtime.pack_size=4", *extra]
+        one = train_ok(config, f"output.dir={tmp_path / name / 'one'}", *args)
+        two = train_ok(config, f"output.dir={tmp_path / name / 'two'}", *args, nproc=2)
+        assert two["world_size"] == 2
+        assert one["model_sha256"] == two["model_sha256"]
+    single = train_ok(config, f"output.dir={tmp_path / 'single'}", "algorithm.name=scaffold",
+                      "runtime.client_state=disk", "runtime.pack_size=1")
+    assert single["model_sha256"] != one["model_sha256"]
+
+
+def test_pack_resume_equals_uninterrupted(tmp_path):
+    """SCAFFOLD at pack_size=4, stopped after round 2 and resumed to round 4 on 2 ranks: same model."""
+    config = write_config(tmp_path / "c.yaml", **CNN)
+    args = ["algorithm.name=scaffold", "runtime.client_state=disk", "runtime.pack_size=4"]
+    through = train_ok(config, f"output.dir={tmp_path / 'through'}", *args)
+    train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, "train.rounds=2")
+    resumed = train_ok(None, "train.rounds=4", resume=str(tmp_path / "stopped"), nproc=2)
+    assert resumed["model_sha256"] == through["model_sha256"]
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["algorithm.name=scaffold"], "runtime.client_state=disk"),
+    (["aggregation.fedbn=true", "model.name=resnet20", "data.synthetic_channels=3"], "runtime.client_state=disk"),
+    (["runtime.placement=sticky"], "runtime.pack_size=1"),
+    (["algorithm.name=fedadc", "algorithm.kd_lambda=0.5"], "algorithm.name=fedadc cannot train clients in packs"),
+    (["runtime.pack_size=-1"], "runtime.pack_size must be >= 0"),
+])
+def test_unpackable_configs_are_refused_before_any_work(tmp_path, small_config, overrides, expected):
+    out = tmp_path / "run"
+    proc = run_cli(["train", small_config, f"output.dir={out}", "runtime.pack_size=4", *overrides])
+    assert proc.returncode != 0
+    assert expected in proc.stderr + proc.stdout
+    assert not out.exists()
+
+
+def test_a_plugin_method_with_its_own_loss_is_refused():
+    """A method that overrides local_loss (which a pack does not call) names itself and pack_size=1."""
+    from distfl.algorithms.base import Algorithm
+    from distfl.federation.pack import check_packable
+
+    class Distilling(Algorithm):
+        def local_loss(self, model, x, y, run):
+            return model.loss(model(x), y) * 2
+
+    cfg = SimpleNamespace(algorithm=SimpleNamespace(name="my_method"))
+    method = Distilling.__new__(Distilling)
+    with pytest.raises(ConfigError, match="algorithm.name=my_method .*local_loss.*runtime.pack_size=1"):
+        check_packable(cfg, method, 4, sticky=False)
+    check_packable(cfg, method, 1, sticky=False)  # one at a time: fine
+
+
+def test_auto_pack_size_is_one_at_a_time_on_cpu():
+    from distfl.federation.pack import resolve_pack_size
+
+    assert resolve_pack_size(0, torch.device("cpu")) == 1
+    assert resolve_pack_size(8, torch.device("cpu")) == 8
