@@ -9,7 +9,7 @@ from distfl.errors import ConfigError
 from distfl.models import MODELS, build_model
 from distfl.schema import CHOICES, ModelConfig
 
-NAMES = ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp"]
+NAMES = ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "pfl_cnn"]
 SPHEREFED_MODELS = ["vgg13", "senet18", "mobilenetv2"]  # tested in test_spherefed_models.py
 COMBOS = [((1, 28, 28), 10), ((3, 32, 32), 10), ((3, 32, 32), 100)]
 
@@ -63,6 +63,7 @@ def test_no_dropout_and_no_inplace(name):
     # Option-A (parameter-free) shortcuts. The brief's 272,474 is the option-B (1x1 conv + BN) count.
     ("resnet20", (3, 32, 32), 10, 269_722),
     ("mlp", (1, 8, 8), 10, 8_970),
+    ("pfl_cnn", (3, 32, 32), 10, 1_626_442),  # 896 + 18,496 + 12,544 * 128 + 128 + 1,290
 ])
 def test_parameter_counts(name, shape, num_classes, expected):
     assert n_params(build(name, shape, num_classes)) == expected

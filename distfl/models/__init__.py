@@ -17,6 +17,7 @@ No model contains dropout or in-place activations.
 | vgg13       | kuangliu VGG13, 5 max-pools, BN or GN (SphereFed) | 9,416,010 (3x32x32)                | 9,462,180 (3x32x32)  |
 | senet18     | ResNet-18 + SE (ratio 16), BN or GN (SphereFed)   | 11,263,042 (3x32x32)               | 11,309,212 (3x32x32) |
 | mobilenetv2 | CIFAR MobileNetV2, d = 1280, BN or GN (SphereFed) | 2,237,770 (3x32x32)                | 2,353,060 (3x32x32)  |
+| pfl_cnn     | pfl-research's CIFAR-10 simple CNN (bench)        | 1,626,442 (3x32x32)                |                      |
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from distfl.models.cifar_cnn import build_cifar_cnn
 from distfl.models.lenet import build_lenet5
 from distfl.models.mlp import build_mlp
 from distfl.models.mobilenetv2 import build_mobilenetv2
+from distfl.models.pfl_cnn import build_pfl_cnn
 from distfl.models.resnet import build_resnet18
 from distfl.models.resnet_cifar import build_resnet20
 from distfl.models.senet import build_senet18
@@ -50,6 +52,7 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
     "vgg13": lambda cfg, shape, k: build_vgg13(shape, k, cfg.norm, cfg.gn_groups),
     "senet18": lambda cfg, shape, k: build_senet18(shape, k, cfg.norm, cfg.gn_groups),
     "mobilenetv2": lambda cfg, shape, k: build_mobilenetv2(shape, k, cfg.norm, cfg.gn_groups),
+    "pfl_cnn": lambda cfg, shape, k: build_pfl_cnn(shape, k),
 }
 
 
