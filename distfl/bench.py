@@ -144,13 +144,13 @@ def fresh_model(cfg, data) -> torch.nn.Module:
 class InProcess:
     """One Trainer (world size 1) whose rounds are timed, reset to its initial state before each run."""
 
-    def __init__(self, rounds: int, run_dir: str):
+    def __init__(self, rounds: int, run_dir: str, overrides: list[str] | None = None):
         from . import dist
         from .config import load_config
         from .federation.runner import Trainer
 
         self.rounds = rounds
-        self.cfg = load_config(None, workload_overrides(rounds, run_dir))
+        self.cfg = load_config(None, overrides or workload_overrides(rounds, run_dir))
         self.ctx = dist.init(self.cfg.runtime.device, self.cfg.runtime.threads)
         self.trainer = Trainer(self.cfg, self.ctx)
         tr = self.trainer
@@ -574,18 +574,24 @@ def _raise_on_sigterm(signum, frame):
 
 
 def main_methods(args) -> int:
-    """`--suite ffc|tct`: the cost of a paper method's extra phase (distfl/bench_methods.py)."""
-    from . import bench_methods
+    """`--suite ffc|tct`: the cost of a paper method's extra phase (distfl/bench_methods.py);
+    `--suite cross-device`: packs of clients (distfl/bench_cross_device.py)."""
+    from . import bench_cross_device, bench_methods
 
-    repeats = 1 if getattr(args, "quick", False) else int(args.repeats)
+    quick = getattr(args, "quick", False)
+    repeats = 1 if quick else int(args.repeats)
     suite = args.suite
     out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
-    res = getattr(bench_methods, f"bench_{suite}")(repeats, log)
+    if suite == "cross-device":
+        res = bench_cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log)
+    else:
+        res = getattr(bench_methods, f"bench_{suite}")(repeats, log)
     res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                machine={"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None})
-    table = getattr(bench_methods, f"{suite}_markdown")(res)
+    table = getattr(bench_cross_device if suite == "cross-device" else bench_methods,
+                    f"{suite.replace('-', '_')}_markdown")(res)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     out.with_suffix(".md").write_text(table)

@@ -13,7 +13,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl train --resume RUN_DIR [key=value ...]
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...]
-       distfl bench [--suite runtime|ffc|tct] [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl bench [--suite runtime|ffc|tct|cross-device] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR]
@@ -160,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=10, help="FL rounds per measurement")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
-    p.add_argument("--suite", choices=["runtime", "ffc", "tct"], default="runtime",
+    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device"], default="runtime",
                    help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
-                        "extra phases against a training round (written to bench/<suite>.json)")
+                        "extra phases against a training round; cross-device: seconds per round one client "
+                        "at a time versus packs (runtime.pack_size) (written to bench/<suite>.json)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("sweep", help="run a grid of configs x seeds, here or on Slurm (docs/sweeps.md)")
     p.add_argument("config", help="base YAML config (its output.dir is the sweep directory); then fixed overrides")

@@ -1,0 +1,84 @@
+"""`distfl bench --suite cross-device`: seconds per round, one client at a time versus packs.
+
+The shape of pfl-research's CIFAR-10 cross-device benchmark: 1,000 clients x 50 samples, 50 clients
+a round, 1 local epoch, batch 10, local lr 0.1, server lr 1 (FedAvg), its simple CNN (`pfl_cnn`:
+conv32-conv64-maxpool-fc128), on synthetic 3x32x32 data of that shape (CIFAR-10 is not available
+here; the cost of a round does not depend on the pixel values).
+
+For each pack size, one in-process Trainer (world size 1, `runtime.device`: cuda when available,
+else cpu) runs one untimed warm-up round, then `rounds` timed calls of `run_round` from the same
+initial model, `repeats` times, the pack sizes interleaved (the order alternates between repeats).
+Evaluation and checkpoints are outside the timing. Also recorded: how far each packed run's final
+model is from the one-at-a-time one (float rounding; README "Client packs").
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+
+import torch
+
+WORKLOAD = [
+    "seed=0", "data.dataset=synthetic", "data.synthetic_train=50000", "data.synthetic_test=1000",
+    "data.synthetic_classes=10", "data.synthetic_image_size=32", "data.synthetic_channels=3",
+    "partition.scheme=iid", "partition.num_clients=1000", "model.name=pfl_cnn", "algorithm.name=fedavg",
+    "server.optimizer=sgd", "server.lr=1.0", "train.clients_per_round=50", "train.local_epochs=1",
+    "train.batch_size=10", "train.lr=0.1", "runtime.threads=1",
+]
+PACK_SIZES = (1, 10, 50)
+# pfl-research 0.6 on the same shape: what we could and could not run (see bench/cross-device.md).
+PFL_RESEARCH = "not measured"
+
+
+def bench_cross_device(rounds: int, repeats: int, log) -> dict:
+    from .bench import HARNESS, InProcess
+    from .federation.local import local_steps
+
+    with tempfile.TemporaryDirectory(prefix="distfl_bench_xdev_") as tmp:
+        runs = {}
+        for p in PACK_SIZES:
+            overrides = WORKLOAD + HARNESS + [f"train.rounds={rounds}", f"runtime.pack_size={p}",
+                                              f"output.dir={tmp}/pack{p}"]
+            runs[p] = InProcess(rounds, f"{tmp}/pack{p}", overrides)
+            log(f"pack_size={p}: warm-up round (untimed)")
+            runs[p].time_fl(1)
+        per_round = {p: [] for p in PACK_SIZES}
+        for rep in range(repeats):
+            for p in PACK_SIZES if rep % 2 == 0 else reversed(PACK_SIZES):
+                res = runs[p].time_fl(rounds)
+                per_round[p].append(statistics.mean(res["round_s"]))
+                log(f"repeat {rep + 1}/{repeats}: pack_size={p}: {per_round[p][-1]:.3f} s/round")
+        reference = runs[1].trainer.global_params
+        diff = {p: float((runs[p].trainer.global_params - reference).abs().max()) for p in PACK_SIZES}
+        device = str(runs[1].trainer.device)
+        train = runs[1].cfg.train
+        steps = rounds * train.clients_per_round * local_steps(50, train.batch_size, train.local_epochs)
+    median = {p: statistics.median(v) for p, v in per_round.items()}
+    return {
+        "workload": WORKLOAD, "rounds": rounds, "repeats": repeats, "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "s_per_round": {str(p): v for p, v in per_round.items()},
+        "median_s_per_round": {str(p): v for p, v in median.items()},
+        "ms_per_client_step": {str(p): 1000 * median[p] * rounds / steps for p in PACK_SIZES},
+        "speedup_vs_pack_1": {str(p): median[1] / median[p] for p in PACK_SIZES},
+        "max_abs_diff_vs_pack_1": {str(p): v for p, v in diff.items()},
+        "pfl_research_0.6": PFL_RESEARCH,
+    }
+
+
+def cross_device_markdown(res: dict) -> str:
+    lines = [
+        f"# distfl bench --suite cross-device ({res['date']})", "",
+        "pfl-research's CIFAR-10 shape: 1,000 clients x 50 samples, 50 a round, 1 epoch, batch 10, lr 0.1, "
+        "server lr 1, pfl_cnn; synthetic 3x32x32 data.", "",
+        f"Command: `{res['command']}`. Device: {res['device']}, {res['torch_threads']} thread(s); "
+        f"{res['rounds']} rounds x {res['repeats']} repeat(s), medians; load average {res['machine']['loadavg']}.",
+        "",
+        "| pack_size | s / round | ms / client step | speed-up vs pack_size=1 | max abs diff of the final model vs pack_size=1 |",
+        "|---|---|---|---|---|",
+    ]
+    for p in res["median_s_per_round"]:
+        lines.append(f"| {p} | {res['median_s_per_round'][p]:.3f} | {res['ms_per_client_step'][p]:.3f} | "
+                     f"{res['speedup_vs_pack_1'][p]:.2f}x | {res['max_abs_diff_vs_pack_1'][p]:.2e} |")
+    lines += ["", f"pfl-research 0.6 on the same shape: {res['pfl_research_0.6']}.", ""]
+    return "\n".join(lines)
