@@ -25,7 +25,7 @@ WORKLOAD = [
     "server.optimizer=sgd", "server.lr=1.0", "train.clients_per_round=50", "train.local_epochs=1",
     "train.batch_size=10", "train.lr=0.1", "runtime.threads=1",
 ]
-PACK_SIZES = (1, 10, 50)
+PACK_SIZES = (1, 10)
 # pfl-research 0.6 on the same shape: what we could and could not run (see bench/cross-device.md).
 PFL_RESEARCH = "not measured"
 
