@@ -52,7 +52,8 @@ def bench_cross_device(rounds: int, repeats: int, log) -> dict:
         diff = {p: float((runs[p].trainer.global_params - reference).abs().max()) for p in PACK_SIZES}
         device = str(runs[1].trainer.device)
         train = runs[1].cfg.train
-        steps = rounds * train.clients_per_round * local_steps(50, train.batch_size, train.local_epochs)
+        per_client = int(runs[1].trainer.population.sizes.max())  # iid: every client holds the same
+        steps = rounds * train.clients_per_round * local_steps(per_client, train.batch_size, train.local_epochs)
     median = {p: statistics.median(v) for p, v in per_round.items()}
     return {
         "workload": WORKLOAD, "rounds": rounds, "repeats": repeats, "device": device,

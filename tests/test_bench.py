@@ -106,3 +106,24 @@ def test_bench_quick(tmp_path):
     # No subprocess outlives the bench, and its temp dir is gone.
     assert not Path(res["tmp_dir"]).exists()
     assert _processes_mentioning(res["tmp_dir"]) == []
+
+
+def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
+    """`--suite cross-device` on a shrunken workload: every pack size timed, the packed model within
+    float rounding of the one-at-a-time one, JSON and markdown written."""
+    import distfl.bench
+    import distfl.bench_cross_device as xdev
+
+    small = [o for o in xdev.WORKLOAD if not o.startswith(("data.synthetic_train", "data.synthetic_image_size",
+                                                             "partition.num_clients", "train.clients_per_round"))]
+    monkeypatch.setattr(xdev, "WORKLOAD", small + ["data.synthetic_train=200", "data.synthetic_image_size=8",
+                                                   "partition.num_clients=20", "train.clients_per_round=10"])
+    out = tmp_path / "cross-device.json"
+    args = argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=False, suite="cross-device")
+    assert distfl.bench.main(args) == 0
+    res = json.loads(out.read_text())
+    assert set(res["median_s_per_round"]) == {str(p) for p in xdev.PACK_SIZES} and len(xdev.PACK_SIZES) > 1
+    assert all(v > 0 for v in res["median_s_per_round"].values())
+    assert res["max_abs_diff_vs_pack_1"]["1"] == 0.0
+    assert all(v < 1e-4 for v in res["max_abs_diff_vs_pack_1"].values())
+    assert "| 10 |" in out.with_suffix(".md").read_text()
