@@ -9,12 +9,18 @@ For each pack size, one in-process Trainer (world size 1, `runtime.device`: cuda
 else cpu) runs one untimed warm-up round, then `rounds` timed calls of `run_round` from the same
 initial model, `repeats` times, the pack sizes interleaved (the order alternates between repeats).
 Evaluation and checkpoints are outside the timing. Also recorded: how far each packed run's final
-model is from the one-at-a-time one (float rounding; README "Client packs").
+model is from the one-at-a-time one (float rounding; README "Client packs"), and, when
+DISTFL_PFL_PYTHON names a Python with pfl==0.6.0, pfl-research's seconds per round on the same shape
+(bench/pfl_research_cross_device.py, run after distfl's runs, on pfl's default device).
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -26,8 +32,22 @@ WORKLOAD = [
     "train.batch_size=10", "train.lr=0.1", "runtime.threads=1",
 ]
 PACK_SIZES = (1, 10)
-# pfl-research 0.6 on the same shape: what we could and could not run (see bench/cross-device.md).
-PFL_RESEARCH = "not measured"
+# pfl-research 0.6 cannot live in distfl's environment; a Python that has it (pip install pfl==0.6.0,
+# with torch) named here runs bench/pfl_research_cross_device.py on the same shape, after distfl's runs.
+PFL_PYTHON_ENV = "DISTFL_PFL_PYTHON"
+
+
+def pfl_research(rounds: int, log) -> dict | str:
+    python = os.environ.get(PFL_PYTHON_ENV)
+    if not python:
+        return f"not measured (set {PFL_PYTHON_ENV} to a Python with pfl==0.6.0 and torch installed)"
+    script = Path(__file__).resolve().parent.parent / "bench" / "pfl_research_cross_device.py"
+    log(f"pfl-research 0.6: {python} {script.name} --rounds {rounds}")
+    proc = subprocess.run([python, str(script), "--rounds", str(rounds)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        return f"not measured ({script.name} failed: {proc.stderr.strip().splitlines()[-1:]})"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def bench_cross_device(rounds: int, repeats: int, log) -> dict:
@@ -63,7 +83,7 @@ def bench_cross_device(rounds: int, repeats: int, log) -> dict:
         "ms_per_client_step": {str(p): 1000 * median[p] * rounds / steps for p in PACK_SIZES},
         "speedup_vs_pack_1": {str(p): median[1] / median[p] for p in PACK_SIZES},
         "max_abs_diff_vs_pack_1": {str(p): v for p, v in diff.items()},
-        "pfl_research_0.6": PFL_RESEARCH,
+        "pfl_research_0.6": pfl_research(rounds, log),
     }
 
 
@@ -81,5 +101,9 @@ def cross_device_markdown(res: dict) -> str:
     for p in res["median_s_per_round"]:
         lines.append(f"| {p} | {res['median_s_per_round'][p]:.3f} | {res['ms_per_client_step'][p]:.3f} | "
                      f"{res['speedup_vs_pack_1'][p]:.2f}x | {res['max_abs_diff_vs_pack_1'][p]:.2e} |")
-    lines += ["", f"pfl-research 0.6 on the same shape: {res['pfl_research_0.6']}.", ""]
+    pfl = res["pfl_research_0.6"]
+    if isinstance(pfl, dict):
+        pfl = (f"{pfl['s_per_round']:.3f} s / round ({pfl['rounds']} rounds after a warm-up round, "
+               f"1 thread, torch {pfl['torch']}; bench/pfl_research_cross_device.py)")
+    lines += ["", f"pfl-research 0.6 on the same shape: {pfl}.", ""]
     return "\n".join(lines)
