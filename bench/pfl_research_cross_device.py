@@ -4,8 +4,10 @@ Run with a Python that has `pfl==0.6.0` (and torch) installed, not distfl's venv
     python bench/pfl_research_cross_device.py --rounds 3
 Same shape: 1,000 users x 50 synthetic 3x32x32 samples, 50 users a round, 1 local epoch, batch 10,
 local SGD lr 0.1, central SGD lr 1 (FedAvg), the same CNN as distfl's pfl_cnn (no dropout), one
-intra-op thread, pfl's default device (cuda when available). Seconds per round = (time of 1 + R rounds - time of 1 round) / R, each a fresh
-`FederatedAveraging().run`, so set-up and the first round's warm-up are excluded.
+intra-op thread, pfl's default device (cuda when available). Seconds per round = (time of 1 + R
+rounds - time of 1 round) / R, each a fresh `FederatedAveraging().run`, so set-up and the first
+round's warm-up are excluded. `distfl bench --suite cross-device` runs this script itself when
+DISTFL_PFL_PYTHON names the Python to run it with.
 """
 import argparse
 import json

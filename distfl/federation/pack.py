@@ -31,8 +31,9 @@ from .local import ClientRun, FlatModel, local_batches
 from .population import client_seed
 
 # runtime.pack_size=0 (auto) by device type. CPU: a vmap pack measured 1.05-1.5x slower per client step
-# than one at a time (SimpleCNN, batch 10-32). CUDA: not measured yet (no GPU session so far), so auto
-# keeps one at a time there too until a measurement picks the size.
+# than one at a time (SimpleCNN, batch 10-32), and 3.3x slower for pfl_cnn at batch 10, pack 10
+# (bench/cross-device.md). CUDA: not measured yet (no GPU session so far), so auto keeps one at a time
+# there too until a measurement picks the size.
 AUTO_PACK_SIZE = {"cpu": 1, "cuda": 1}
 
 
