@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,14 +14,17 @@ from conftest import SMALL, metrics, run_cli, summary, train_ok, write_config
 from distfl.config import load_config
 from distfl.errors import ConfigError, DataError, DistflError
 
-METHODS = '''
-"""Two methods outside distfl."""
-from dataclasses import dataclass, field
+REPO_DOCS = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
-import torch
 
-import distfl
+def guide_block(module: str) -> str:
+    """The code block of docs/extending.md marked as mylab/<module>: the guide's example is what we run."""
+    text = REPO_DOCS.read_text()
+    marker = f"<!-- tests/test_plugins.py runs this block as mylab/{module} -->\n```python\n"
+    return text[text.index(marker) + len(marker):].split("```", 1)[0]
 
+
+METHODS = guide_block("methods.py") + '''
 
 @dataclass
 class ProxOptions:
@@ -36,86 +39,34 @@ class Prox(distfl.Algorithm):
         g.add_(w - run.global_params, alpha=self.options.mu)
 
 
-@dataclass
-class DampedOptions:
-    beta: float = field(default=0.5, metadata={"range": "[0, 1]"})
-    mode: str = field(default="visits", metadata={"choices": ["visits", "none"]})
-
-
-class Damped(distfl.Algorithm):
-    """A client that trained k times before takes steps 1 / (1 + beta k) as long; the server sums the
-    cohort's visits in its own segment and scales its step up by 1 + beta * mean visits."""
-    stateful = True
-    Options = DampedOptions
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen = 0
-
-    def init_client_state(self):
-        return {"visits": torch.zeros((), dtype=torch.int64)}
-
-    def _beta(self):
-        return self.options.beta if self.options.mode == "visits" else 0.0
-
-    def correct_gradient(self, w, g, run):
-        g.mul_(1.0 / (1.0 + self._beta() * int(run.state["visits"])))
-
-    def segments(self):
-        return super().segments() + [distfl.Segment("visits", 1, kind="int")]
-
-    def client_statistics(self, run, worker, stats):
-        super().client_statistics(run, worker, stats)
-        stats.add("visits", run.state["visits"])
-        run.state["visits"] = run.state["visits"] + 1
-
-    def server_direction(self, params, reduced):
-        visits, clients = int(reduced["visits"][0]), int(reduced["clients"][0])
-        self.seen += visits
-        self.round_metrics["mean_visits"] = visits / clients
-        return super().server_direction(params, reduced) * (1.0 + self._beta() * visits / clients)
-
-    def server_state(self):
-        return {**super().server_state(), "seen": torch.tensor(self.seen)}
-
-    def load_server_state(self, state):
-        super().load_server_state(state)
-        self.seen = int(state["seen"])
-
-
 class NotAMethod:
     pass
 '''
 
-MODELS = '''
-from torch import nn
-
-
-def build(input_shape, num_classes):
-    c, h, w = input_shape
-    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 24), nn.BatchNorm1d(24), nn.ReLU(),
-                         nn.Linear(24, num_classes))
-'''
+MODELS = guide_block("models.py")
 
 ENTRY_POINTS = '''
 [distfl.algorithms]
-labprox = labfl.methods:Prox
-labdamped = labfl.methods:Damped
+labprox = mylab.methods:Prox
+labdamped = mylab.methods:Damped
+
+[distfl.models]
+labnet = mylab.models:build
 '''
 
 
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory):
-    """The package `labfl` (methods, a model) with an installed-looking dist-info, the npz dataset and a
+    """The package `mylab` (methods, a model) with an installed-looking dist-info, the npz dataset and a
     partition file written by our own small writer; on sys.path for this module's in-process runs."""
     root = tmp_path_factory.mktemp("plugin")
-    (root / "labfl").mkdir()
-    (root / "labfl" / "__init__.py").write_text("")
-    (root / "labfl" / "methods.py").write_text(METHODS)
-    (root / "labfl" / "models.py").write_text(MODELS)
-    info = root / "labfl-0.1.dist-info"
+    (root / "mylab").mkdir()
+    (root / "mylab" / "__init__.py").write_text("")
+    (root / "mylab" / "methods.py").write_text(METHODS)
+    (root / "mylab" / "models.py").write_text(MODELS)
+    info = root / "mylab-0.1.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: labfl\nVersion: 0.1\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mylab\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(ENTRY_POINTS)
 
     rng = np.random.RandomState(7)
@@ -135,7 +86,7 @@ def plugin_dir(tmp_path_factory):
     sys.path.insert(0, str(root))
     yield root
     sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "labfl" or m.startswith("labfl.")]:
+    for name in [m for m in sys.modules if m == "mylab" or m.startswith("mylab.")]:
         del sys.modules[name]
 
 
@@ -145,9 +96,9 @@ def own_config(tmp_path, plugin_dir):
         tmp_path / "own.yaml",
         data={"dataset": "files", "path": str(plugin_dir / "data.npz")},
         partition={"scheme": "file", "path": str(plugin_dir / "split.npz"), "num_clients": 8},
-        model={"name": "labfl.models:build", "head": "sphere"},
+        model={"name": "mylab.models:build", "head": "sphere"},
         aggregation={"fedbn": True},
-        algorithm={"name": "labfl.methods:Damped", "options": {"beta": 0.5}},
+        algorithm={"name": "mylab.methods:Damped", "options": {"beta": 0.5}},
         train={"rounds": 6, "clients_per_round": 3, "lr": 0.1, "batch_size": 16})
 
 
@@ -157,7 +108,7 @@ def test_correct_gradient_plugin_equals_builtin_fedprox(tmp_path, small_config, 
     prox = ["algorithm.options.mu=0.1", "train.momentum=0.9"]
     builtin = train_ok(small_config, f"output.dir={tmp_path / 'builtin'}", "algorithm.name=fedprox",
                        "algorithm.mu=0.1", "train.momentum=0.9")
-    path = train_ok(small_config, f"output.dir={tmp_path / 'path'}", "algorithm.name=labfl.methods:Prox", *prox)
+    path = train_ok(small_config, f"output.dir={tmp_path / 'path'}", "algorithm.name=mylab.methods:Prox", *prox)
     entry = train_ok(small_config, f"output.dir={tmp_path / 'entry'}", "algorithm.name=labprox", *prox,
                      nproc=2, paths=[plugin_dir])
     train_ok(small_config, f"output.dir={tmp_path / 'resumed'}", "algorithm.name=labprox", *prox, "train.rounds=3")
@@ -170,10 +121,11 @@ def test_correct_gradient_plugin_equals_builtin_fedprox(tmp_path, small_config, 
 
 def test_own_method_model_data_and_split_one_rank_two_ranks_resumed(tmp_path, plugin_dir):
     """A stateful plugin method with its own segment, a plugin model with FedBN and the sphere head, an npz
-    dataset and a partition file: 1 rank == 2 ranks == stopped at round 3 and resumed."""
+    dataset and a partition file: 1 rank == 2 ranks (the model by its entry-point name there) == stopped
+    at round 3 and resumed."""
     config = own_config(tmp_path, plugin_dir)
     one = train_ok(config, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(config, f"output.dir={tmp_path / 'two'}", nproc=2, paths=[plugin_dir])
+    two = train_ok(config, f"output.dir={tmp_path / 'two'}", "model.name=labnet", nproc=2, paths=[plugin_dir])
     train_ok(config, f"output.dir={tmp_path / 'resumed'}", "train.rounds=3")
     resumed = train_ok(config, "train.rounds=6", resume=str(tmp_path / "resumed"))
     assert two["world_size"] == 2
@@ -209,7 +161,7 @@ def test_partition_file_is_used_as_it_is(tmp_path, plugin_dir):
 
 def test_sweep_over_a_plugin_option(tmp_path, plugin_dir):
     """`--grid algorithm.options.beta=...`: two points, each the same model as a plain run with that option."""
-    config = write_config(tmp_path / "sweep.yaml", algorithm={"name": "labfl.methods:Damped"},
+    config = write_config(tmp_path / "sweep.yaml", algorithm={"name": "mylab.methods:Damped"},
                           output={"dir": str(tmp_path / "sweep"), "progress": "none", "tensorboard": False})
     proc = run_cli(["sweep", config, "--grid", "algorithm.options.beta=0.0,0.9"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -223,26 +175,26 @@ def test_sweep_over_a_plugin_option(tmp_path, plugin_dir):
 
 
 def test_print_config_shows_plugin_options_with_defaults(tmp_path, plugin_dir):
-    proc = run_cli(["train", write_config(tmp_path / "c.yaml"), "algorithm.name=labfl.methods:Damped",
+    proc = run_cli(["train", write_config(tmp_path / "c.yaml"), "algorithm.name=mylab.methods:Damped",
                     "algorithm.options.beta=0.25", "--print-config"])
     assert proc.returncode == 0, proc.stderr
     assert "  options:\n    beta: 0.25\n    mode: visits\n" in proc.stdout
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    (["algorithm.name=labfl.nope:X"], "algorithm.name='labfl.nope:X': cannot import module 'labfl.nope'"),
-    (["algorithm.name=labfl.methods:Nope"], "algorithm.name='labfl.methods:Nope': module 'labfl.methods' has no attribute 'Nope'"),
-    (["algorithm.name=labfl.methods:NotAMethod"], "not a subclass of distfl.Algorithm"),
+    (["algorithm.name=mylab.nope:X"], "algorithm.name='mylab.nope:X': cannot import module 'mylab.nope'"),
+    (["algorithm.name=mylab.methods:Nope"], "algorithm.name='mylab.methods:Nope': module 'mylab.methods' has no attribute 'Nope'"),
+    (["algorithm.name=mylab.methods:NotAMethod"], "not a subclass of distfl.Algorithm"),
     (["algorithm.name=labprx"], "algorithm.name: unknown choice 'labprx'; did you mean 'labprox'?"),
-    (["algorithm.name=labfl.methods:Damped", "algorithm.options.bta=0.5"],
+    (["algorithm.name=mylab.methods:Damped", "algorithm.options.bta=0.5"],
      "unknown key 'algorithm.options.bta'; did you mean 'algorithm.options.beta'? valid keys in 'algorithm.options' "
-     "for labfl.methods:Damped: beta, mode"),
-    (["algorithm.name=labfl.methods:Damped", "algorithm.options.beta=high"], "algorithm.options.beta must be a number"),
-    (["algorithm.name=labfl.methods:Damped", "algorithm.options.beta=2"], "algorithm.options.beta must be in [0, 1], got 2.0"),
-    (["algorithm.name=labfl.methods:Damped", "algorithm.options.mode=vists"],
+     "for mylab.methods:Damped: beta, mode"),
+    (["algorithm.name=mylab.methods:Damped", "algorithm.options.beta=high"], "algorithm.options.beta must be a number"),
+    (["algorithm.name=mylab.methods:Damped", "algorithm.options.beta=2"], "algorithm.options.beta must be in [0, 1], got 2.0"),
+    (["algorithm.name=mylab.methods:Damped", "algorithm.options.mode=vists"],
      "algorithm.options.mode: unknown choice 'vists'; did you mean 'visits'?"),
     (["algorithm.options.mu=0.1"], "algorithm.options.mu: algorithm.name=fedavg declares no options"),
-    (["model.name=labfl.models:nope"], "model.name='labfl.models:nope': module 'labfl.models' has no attribute"),
+    (["model.name=mylab.models:nope"], "model.name='mylab.models:nope': module 'mylab.models' has no attribute"),
     (["data.dataset=files"], "data.dataset=files needs data.path"),
     (["partition.scheme=file", "partition.path=/nonexistent/split.npz"], "partition.path: /nonexistent/split.npz does not exist"),
 ])
