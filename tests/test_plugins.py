@@ -43,7 +43,17 @@ class NotAMethod:
     pass
 '''
 
-MODELS = guide_block("models.py")
+MODELS = guide_block("models.py") + '''
+
+def classifier(input_shape, num_classes):
+    import distfl
+
+    return distfl.Classifier(nn.Sequential(nn.Flatten(), nn.Linear(50, 16), nn.ReLU()), 16, num_classes)
+
+
+def plain(input_shape, num_classes):
+    return nn.Linear(50, num_classes)
+'''
 
 ENTRY_POINTS = '''
 [distfl.algorithms]
@@ -285,3 +295,27 @@ def test_cli_help_and_version():
                    proc.stdout.split("\n\n")[0].removeprefix("usage: ").splitlines() if line.lstrip().startswith("distfl"))
     proc = run_cli(["--version"], subprocess_=True)
     assert proc.returncode == 0 and proc.stdout.strip() == f"distfl {distfl.__version__}"
+
+
+def test_plugin_models_become_classifiers_with_any_head(plugin_dir):
+    import torch
+
+    from distfl.models import Classifier, build_model
+    from distfl.models.heads import FixedHead
+    from distfl.schema import ModelConfig
+    from mylab.models import build
+
+    torch.manual_seed(0)
+    raw = build((2, 5, 5), 6).eval()
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mylab.models:build"), (2, 5, 5), 6).eval()
+    x = torch.randn(3, 2, 5, 5)
+    assert torch.equal(model(x), raw(x))  # features = all but the last layer, head = the user's own Linear
+    assert isinstance(model.head, torch.nn.Linear) and model.feature_dim == 24
+
+    sphere = build_model(ModelConfig(name="mylab.models:build", head="sphere"), (2, 5, 5), 6)
+    assert isinstance(sphere.head, FixedHead) and sphere.feature_norm and sphere.loss_kind == "mse"
+    assert sphere(x).shape == (3, 6)
+    assert isinstance(build_model(ModelConfig(name="mylab.models:classifier"), (2, 5, 5), 6), Classifier)
+    with pytest.raises(ConfigError, match="model.name=mylab.models:plain returned Linear; return a distfl.Classifier"):
+        build_model(ModelConfig(name="mylab.models:plain"), (2, 5, 5), 6)
