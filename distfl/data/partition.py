@@ -258,12 +258,10 @@ def file_client_count(path: str) -> int:
             keys = set(f.files)
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read partition.path {path} as an .npz file: {e}") from None
-    expected = {f"client_{i}" for i in range(len(keys))}
-    if not keys or keys != expected:
-        odd = sorted(keys - expected)[:3] or sorted(expected - keys)[:3]
+    if not keys or keys != {f"client_{i}" for i in range(len(keys))}:
+        listing = ", ".join(sorted(keys)[:5]) + (", ..." if len(keys) > 5 else "")
         raise DataError(f"partition.path {path} must hold arrays named client_0 .. client_{{N-1}} and nothing else "
-                        f"(as `distfl partition --out` writes); found {len(keys)} arrays, e.g. not expected or "
-                        f"missing: {', '.join(odd) or 'none'}")
+                        f"(as `distfl partition --out` writes); it holds {len(keys)}: {listing or 'none'}")
     return len(keys)
 
 
@@ -277,7 +275,8 @@ def _from_file(labels, cfg, num_classes, rng):
         if part.ndim != 1 or not np.issubdtype(part.dtype, np.integer):
             raise DataError(f"partition.path {cfg.path}: client_{i} must be a 1-D integer index array, "
                             f"got shape {part.shape} of {part.dtype}")
-        if len(part) and (part.min() < 0 or part.max() >= len(labels)):
-            raise DataError(f"partition.path {cfg.path}: client_{i} holds index {int(part.max())} or {int(part.min())}, "
-                            f"outside the training set's 0..{len(labels) - 1}")
+        outside = part[(part < 0) | (part >= len(labels))]
+        if len(outside):
+            raise DataError(f"partition.path {cfg.path}: client_{i} holds index {int(outside[0])}, outside the "
+                            f"training set's 0..{len(labels) - 1}")
     return parts
