@@ -7,6 +7,7 @@ hook interface), `distfl.Segment` (a named statistic in the round's one all_redu
 """
 
 __version__ = "0.1.0"
+__all__ = ["Algorithm", "Classifier", "Segment", "__version__"]
 
 _PUBLIC = {"Algorithm": "distfl.algorithms.base", "Segment": "distfl.federation.aggregate",
            "Classifier": "distfl.models.base"}

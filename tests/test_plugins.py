@@ -131,11 +131,12 @@ def test_correct_gradient_plugin_equals_builtin_fedprox(tmp_path, small_config, 
 
 def test_own_method_model_data_and_split_one_rank_two_ranks_resumed(tmp_path, plugin_dir):
     """A stateful plugin method with its own segment, a plugin model with FedBN and the sphere head, an npz
-    dataset and a partition file: 1 rank == 2 ranks (the model by its entry-point name there) == stopped
-    at round 3 and resumed."""
+    dataset and a partition file: 1 rank == 2 ranks (the model by its entry-point name there, client state
+    on disk and balanced placement) == stopped at round 3 and resumed."""
     config = own_config(tmp_path, plugin_dir)
     one = train_ok(config, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(config, f"output.dir={tmp_path / 'two'}", "model.name=labnet", nproc=2, paths=[plugin_dir])
+    two = train_ok(config, f"output.dir={tmp_path / 'two'}", "model.name=labnet", "runtime.client_state=disk",
+                   nproc=2, paths=[plugin_dir])
     train_ok(config, f"output.dir={tmp_path / 'resumed'}", "train.rounds=3")
     resumed = train_ok(config, "train.rounds=6", resume=str(tmp_path / "resumed"))
     assert two["world_size"] == 2
@@ -170,11 +171,14 @@ def test_partition_file_is_used_as_it_is(tmp_path, plugin_dir):
 
 
 def test_sweep_over_a_plugin_option(tmp_path, plugin_dir):
-    """`--grid algorithm.options.beta=...`: two points, each the same model as a plain run with that option."""
-    config = write_config(tmp_path / "sweep.yaml", algorithm={"name": "mylab.methods:Damped"},
-                          output={"dir": str(tmp_path / "sweep"), "progress": "none", "tensorboard": False})
-    proc = run_cli(["sweep", config, "--grid", "algorithm.options.beta=0.0,0.9"])
+    """`--grid algorithm.options.beta=...` over the researcher's own method, model, data and split: two
+    points, each the same model as a plain run with that option; run again, both are skipped."""
+    config = own_config(tmp_path, plugin_dir)
+    sweep = ["sweep", config, f"output.dir={tmp_path / 'sweep'}", "--grid", "algorithm.options.beta=0.0,0.9"]
+    proc = run_cli(sweep)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    again = run_cli(sweep)
+    assert again.returncode == 0 and "running 0 here" in again.stdout, again.stdout + again.stderr
     shas = {}
     for beta in ("0.0", "0.9"):
         point = summary(tmp_path / "sweep" / f"algorithm.options.beta={beta}" / "seed=3")
