@@ -484,10 +484,18 @@ def _algorithm_options(name: str, options: dict) -> dict:
             raise ConfigError(f"{key} must be set: {name} gives it no default")
         if "choices" in f.metadata and value not in f.metadata["choices"]:
             raise _choice_error(key, value, list(f.metadata["choices"]))
-        if "range" in f.metadata and not _in_range(value, f.metadata["range"]):
+        if "range" in f.metadata and not _plugin_in_range(name, f.name, value, f.metadata["range"]):
             raise _range_error(key, value, f.metadata["range"])
         out[f.name] = value
     return out
+
+
+def _plugin_in_range(name: str, option: str, value, spec) -> bool:
+    try:
+        return _in_range(value, spec)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name}: Options.{option} has metadata range {spec!r}; valid forms: \">= x\", "
+                          "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\"") from None
 
 
 def _check_files(v: dict) -> None:
