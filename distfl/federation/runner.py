@@ -325,8 +325,9 @@ class Trainer:
             self._run_phases(logger)
             self.progress["wall_s"] = wall_before + time.time() - session_start
             last = self.progress["last_eval"] or {}
-            logger.log_hparams(config_to_dict(cfg), {"final_test_acc": last.get("test_acc"), "final_test_loss":
-                               last.get("test_loss"), "best_test_acc": self.progress["best_test_acc"]}, self.step)
+            final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
+                     "best_test_acc": self.progress["best_test_acc"]}
+            logger.log_hparams(config_to_dict(cfg), final, self.step)
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
