@@ -12,7 +12,7 @@ from .errors import ConfigError, DistflError, Interrupted
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl train --resume RUN_DIR [key=value ...]
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
-       distfl partition CONFIG [key=value ...]
+       distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl bench [--suite runtime|ffc|tct] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
@@ -86,8 +86,10 @@ def cmd_calibrate(args) -> int:
 def cmd_partition(args) -> int:
     from .config import load_config
     from .data.datasets import load_dataset
-    from .data.partition import describe, partition
+    from .data.partition import describe, partition, save_partition
 
+    if args.out is not None:
+        _check_npz_out(args.out)
     cfg = load_config(args.config, args.overrides)
     data = load_dataset(cfg.data, cfg.seed)
     labels = data.train_y.numpy()
@@ -95,7 +97,20 @@ def cmd_partition(args) -> int:
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
           f"{cfg.partition.num_clients} clients, seed {cfg.seed}")
     print(describe(parts, labels, data.num_classes))
+    if args.out is not None:
+        save_partition(parts, args.out)
+        print(f"wrote {len(parts)} clients' training-set indices to {args.out} (client_0 .. client_{len(parts) - 1})")
     return 0
+
+
+def _check_npz_out(out: str) -> None:
+    """Fail on an unusable --out path before any work."""
+    if not out.endswith(".npz"):
+        raise ConfigError(f"--out {out}: the partition is written as a NumPy .npz file; give a path ending in .npz")
+    parent = Path(out).resolve().parent
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(f"--out {out}: cannot write there ({existing} is not a writable directory)")
 
 
 def cmd_bench(args) -> int:
@@ -170,8 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run directory with a checkpoint; then calibration.* overrides")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_calibrate)
-    p = sub.add_parser("partition", help="print per-client sizes and class histograms")
+    p = sub.add_parser("partition", help="print per-client sizes and class histograms; --out saves the split")
     p.add_argument("config")
+    p.add_argument("--out", metavar="FILE.npz",
+                   help="also write the partition: one int64 array of training-set indices per client, "
+                        "named client_<id>, in the order training uses")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")

@@ -82,7 +82,7 @@ RANGES = {
     "partition.classes_per_client": ">= 1",
     "partition.shards_per_client": ">= 1",
     "partition.min_size": ">= 0",
-    "partition.max_attempts": ">= 1",
+    "partition.max_attempts": ">= 0",
     "partition.imbalance_ratio": "(0, 1]",
     "partition.subsample": "(0, 1]",
     "model.gn_groups": ">= 1",

@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from distfl.data.partition import describe, partition
+from conftest import run_cli
+from distfl.data.partition import describe, partition, save_partition
 from distfl.errors import DataError
 from distfl.schema import CHOICES, PartitionConfig
 
@@ -183,8 +184,33 @@ def test_quantity_sizes_vary_labels_iid():
 
 def test_quantity_impossible_raises():
     cfg = PartitionConfig(scheme="quantity", num_clients=50, alpha=0.01, min_size=1000, max_attempts=5)
-    with pytest.raises(DataError, match="alpha=0.01.*min_size=1000"):
+    with pytest.raises(DataError, match="alpha=0.01.*min_size=1000.*max_attempts=5 attempts; raise partition.max_attempts"):
         partition(LABELS, cfg, 10, seed=0)
+
+
+def test_quantity_niid_bench_setting_passes_with_the_default_cap():
+    # NIID-Bench's iid-diff-quantity at 100 clients, alpha 0.5, min_size 10 on 60,000 samples accepts about
+    # one Dirichlet draw in 70,000; seed 16 happens to accept draw 2,475, past the old cap of 1,000.
+    cfg = PartitionConfig(scheme="quantity", num_clients=100, alpha=0.5, min_size=10)
+    assert cfg.max_attempts == 0  # the scheme's default
+    parts = partition(LABELS, cfg, 10, seed=16)
+    assert min(len(p) for p in parts) >= 10
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(LABELS)))
+    # It takes the first acceptable draw, as NIID-Bench does: exactly 2,475 draws are needed.
+    exact = partition(LABELS, PartitionConfig(scheme="quantity", num_clients=100, alpha=0.5, max_attempts=2475), 10, 16)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, exact))
+    cfg_short = PartitionConfig(scheme="quantity", num_clients=100, alpha=0.5, max_attempts=2474)
+    with pytest.raises(DataError, match="max_attempts=2474 attempts; raise partition.max_attempts"):
+        partition(LABELS, cfg_short, 10, 16)
+
+
+def test_resampling_error_names_the_default_cap():
+    # Tiny, so 1,000 attempts are quick: alpha 1e-6 gives one client (all but) the whole class, never 15 and 15.
+    labels = np.zeros(30, dtype=np.int64)
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=2, alpha=1e-6, min_size=15)
+    with pytest.raises(DataError, match=r"max_attempts=1000 \(the default\) attempts; raise partition.max_attempts "
+                                        r"\(0 = this scheme's default, 1000\)"):
+        partition(labels, cfg, 1, seed=0)
 
 
 def test_empty_client_raises():
@@ -269,3 +295,45 @@ def test_describe_many_classes_shows_top5():
     hist = np.bincount(labels[parts[0]], minlength=100)
     c, n = top[0].split(":")
     assert hist[int(c)] == int(n) == hist.max()
+
+
+def test_partition_cli_writes_the_split_training_uses(small_config, tmp_path):
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    out = tmp_path / "sub" / "split.npz"
+    overrides = ["partition.scheme=n_classes", "partition.num_clients=7"]
+    proc = run_cli(["partition", small_config, "--out", out, *overrides])
+    assert proc.returncode == 0, proc.stderr
+    assert f"to {out}" in proc.stdout
+
+    with np.load(out) as saved:
+        assert sorted(saved.files) == sorted(f"client_{i}" for i in range(7))
+        arrays = [saved[f"client_{i}"] for i in range(7)]
+    assert all(a.dtype == np.int64 for a in arrays)
+    trainer = Trainer(load_config(str(small_config), [*overrides, f"output.dir={tmp_path / 'run'}"]),
+                      dist.init("cpu", 1))
+    used = trainer.population.indices
+    assert len(used) == 7
+    assert all(np.array_equal(a, u) for a, u in zip(arrays, used))  # same indices, same order
+    assert np.array_equal(np.sort(np.concatenate(arrays)), np.arange(len(trainer.data.train_y)))
+
+
+def test_partition_cli_rejects_a_bad_out_before_any_work(small_config, tmp_path):
+    proc = run_cli(["partition", small_config, "--out", tmp_path / "split.txt"])
+    assert proc.returncode == 2
+    assert "--out" in proc.stderr and ".npz" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == [small_config]
+
+
+def test_save_partition_leaves_nothing_half_written(tmp_path, monkeypatch):
+    def fail_midway(f, **arrays):
+        f.write(b"PK partial")
+        raise OSError("disk full")
+
+    out = tmp_path / "split.npz"
+    monkeypatch.setattr(np, "savez", fail_midway)
+    with pytest.raises(OSError, match="disk full"):
+        save_partition([np.arange(3)], str(out))
+    assert list(tmp_path.iterdir()) == []

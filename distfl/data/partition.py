@@ -10,6 +10,7 @@ checks them against its client sets on the real Fashion-MNIST labels).
 """
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -74,11 +75,26 @@ def _check_min_size(n, cfg):
         raise DataError(f"partition.alpha must be > 0, got {cfg.alpha}")
 
 
+# Redraws before a dirichlet or quantity partition gives up, where partition.max_attempts is 0 (its default).
+# quantity at NIID-Bench's 100 clients, alpha 0.5, min_size 10 on 60,000 samples accepts about one Dirichlet
+# draw in 70,000 (README "Partitions"); 2,000,000 draws all fail there with probability about e^-28, and
+# take tens of seconds where a setting is impossible. A dirichlet attempt splits every class (milliseconds);
+# NIID-Bench's settings need fewer than 10.
+DEFAULT_MAX_ATTEMPTS = {"dirichlet": 1000, "quantity": 2_000_000}
+
+
+def _max_attempts(cfg):
+    return cfg.max_attempts or DEFAULT_MAX_ATTEMPTS[cfg.scheme]
+
+
 def _resampling_failed(cfg):
+    default = DEFAULT_MAX_ATTEMPTS[cfg.scheme]
+    cap = f"max_attempts={_max_attempts(cfg)}" + (" (the default)" if cfg.max_attempts == 0 else "")
     return DataError(
         f"{cfg.scheme} partition (alpha={cfg.alpha}, num_clients={cfg.num_clients}) could not give every client "
-        f"at least min_size={cfg.min_size} samples in max_attempts={cfg.max_attempts} attempts; raise "
-        f"partition.alpha, lower partition.num_clients, or lower partition.min_size"
+        f"at least min_size={cfg.min_size} samples in {cap} attempts; raise partition.max_attempts "
+        f"(0 = this scheme's default, {default}), raise partition.alpha, lower partition.num_clients, or lower "
+        f"partition.min_size"
     )
 
 
@@ -97,7 +113,7 @@ def _dirichlet(labels, cfg, num_classes, rng):
     # N/K samples excluded; the whole split is redrawn until every client has min_size samples.
     n, k = len(labels), cfg.num_clients
     _check_min_size(n, cfg)
-    for _ in range(cfg.max_attempts):
+    for _ in range(_max_attempts(cfg)):
         idx_batch = [[] for _ in range(k)]
         for c in range(num_classes):
             idx_c = np.where(labels == c)[0]
@@ -168,7 +184,7 @@ def _quantity(labels, cfg, num_classes, rng):
     n, k = len(labels), cfg.num_clients
     _check_min_size(n, cfg)
     idx = rng.permutation(n)
-    for _ in range(cfg.max_attempts):
+    for _ in range(_max_attempts(cfg)):
         q = _dirichlet_draw(rng, cfg.alpha, k)
         q = q / q.sum()
         if np.min(q * n) >= cfg.min_size:
@@ -226,6 +242,21 @@ def longtail_client(labels, num_classes, subsample, imbalance_ratio, base_seed, 
     part = np.concatenate(keep).astype(np.int64)
     rng.shuffle(part)
     return part
+
+
+def save_partition(parts: list[np.ndarray], path: str) -> None:
+    """Write `parts` as an .npz of int64 arrays `client_0` .. `client_<N-1>` (training-set indices, in
+    the order `partition` returns them), atomically: a failed write leaves no partial file at `path`."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:  # a file object: np.savez adds no suffix
+            np.savez(f, **{f"client_{i}": np.asarray(p, dtype=np.int64) for i, p in enumerate(parts)})
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def describe(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> str:
