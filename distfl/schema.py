@@ -29,7 +29,7 @@ class PartitionConfig:
     num_clients: int = 100  # total clients in the population
     path: str = ""  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
-    classes_per_client: int = 2  # n_classes: distinct labels per client (NIID-Bench #C)
+    classes_per_client: int = 2  # n_classes: distinct labels per client (NIID-Bench #C; its draws, so its client sets)
     shards_per_client: int = 2  # shards: label-sorted shards per client (McMahan et al.)
     min_size: int = 10  # dirichlet, quantity: resample until every client has this many samples
     max_attempts: int = 0  # dirichlet, quantity: redraws before giving up with an error; 0 = the scheme's default (dirichlet 1000, quantity 2000000: NIID-Bench's 100 clients at alpha 0.5 need ~70,000)
