@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, train_ok
 from distfl.data.partition import describe, partition, save_partition
 from distfl.errors import DataError
 from distfl.schema import CHOICES, PartitionConfig
@@ -318,6 +318,13 @@ def test_partition_cli_writes_the_split_training_uses(small_config, tmp_path):
     assert len(used) == 7
     assert all(np.array_equal(a, u) for a, u in zip(arrays, used))  # same indices, same order
     assert np.array_equal(np.sort(np.concatenate(arrays)), np.arange(len(trainer.data.train_y)))
+
+    # Reused through partition.scheme=file, the saved split trains the very same model.
+    short = ["train.rounds=2", "checkpoint.every=0"]
+    direct = train_ok(small_config, *overrides, *short, f"output.dir={tmp_path / 'direct'}")
+    reused = train_ok(small_config, "partition.scheme=file", f"partition.path={out}", "partition.num_clients=7",
+                      *short, f"output.dir={tmp_path / 'reused'}")
+    assert reused["model_sha256"] == direct["model_sha256"]
 
 
 def test_partition_cli_rejects_a_bad_out_before_any_work(small_config, tmp_path):
