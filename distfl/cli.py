@@ -107,6 +107,8 @@ def _check_npz_out(out: str) -> None:
     """Fail on an unusable --out path before any work."""
     if not out.endswith(".npz"):
         raise ConfigError(f"--out {out}: the partition is written as a NumPy .npz file; give a path ending in .npz")
+    if Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file path ending in .npz")
     parent = Path(out).resolve().parent
     existing = next(p for p in (parent, *parent.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK):

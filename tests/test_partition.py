@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, train_ok
+from distfl.data.datasets import DEBIAN_FMNIST_DIR
 from distfl.data.partition import describe, partition, save_partition
 from distfl.errors import DataError
 from distfl.schema import CHOICES, PartitionConfig
@@ -227,7 +228,7 @@ def test_bad_labels_raise():
 
 # NIID-Bench's own client sets on the real FMNIST training labels; tests/fixtures/README.md says how they were made.
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "niid_bench_fmnist.json")
-FMNIST_TRAIN_LABELS = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
+FMNIST_TRAIN_LABELS = os.path.join(DEBIAN_FMNIST_DIR, "train-labels-idx1-ubyte.gz")
 with open(FIXTURE) as _f:
     NIID_BENCH_CASES = json.load(_f)["cases"]
 
@@ -332,6 +333,9 @@ def test_partition_cli_rejects_a_bad_out_before_any_work(small_config, tmp_path)
     assert proc.returncode == 2
     assert "--out" in proc.stderr and ".npz" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == "" and list(tmp_path.iterdir()) == [small_config]
+    (tmp_path / "dir.npz").mkdir()
+    proc = run_cli(["partition", small_config, "--out", tmp_path / "dir.npz"])
+    assert proc.returncode == 2 and "is a directory" in proc.stderr and proc.stdout == ""
 
 
 def test_save_partition_leaves_nothing_half_written(tmp_path, monkeypatch):
