@@ -205,6 +205,29 @@ def test_quantity_niid_bench_setting_passes_with_the_default_cap():
         partition(LABELS, cfg_short, 10, 16)
 
 
+def niid_bench_quantity(n, k, alpha, seed, min_size=10):
+    """NIID-Bench's iid-diff-quantity loop, one draw at a time, then distfl's shuffle of each client's list."""
+    rng = np.random.RandomState(seed)
+    idx = rng.permutation(n)
+    while True:
+        q = rng.dirichlet(np.repeat(alpha, k))
+        q = q / q.sum()
+        if np.min(q * n) >= min_size:
+            break
+    parts = np.split(idx, (np.cumsum(q) * n).astype(int)[:-1])
+    for part in parts:
+        rng.shuffle(part)
+    return parts
+
+
+@pytest.mark.parametrize("k, alpha, seed", [(100, 0.5, 16), (10, 0.1, 3), (10, 1.0, 0), (1, 0.5, 0)])
+def test_quantity_batched_draws_equal_one_at_a_time(k, alpha, seed):
+    # (100, 0.5, 16) accepts draw 2,475, in the second batch; the rest accept within the first.
+    parts = partition(LABELS, PartitionConfig(scheme="quantity", num_clients=k, alpha=alpha), 10, seed)
+    expected = niid_bench_quantity(len(LABELS), k, alpha, seed)
+    assert len(parts) == k and all(np.array_equal(a, b) for a, b in zip(parts, expected))
+
+
 def test_resampling_error_names_the_default_cap():
     # Tiny, so 1,000 attempts are quick: alpha 1e-6 gives one client (all but) the whole class, never 15 and 15.
     labels = np.zeros(30, dtype=np.int64)

@@ -78,8 +78,8 @@ def _check_min_size(n, cfg):
 # Redraws before a dirichlet or quantity partition gives up, where partition.max_attempts is 0 (its default).
 # quantity at NIID-Bench's 100 clients, alpha 0.5, min_size 10 on 60,000 samples accepts about one Dirichlet
 # draw in 70,000 (README "Partitions"); 2,000,000 draws all fail there with probability about e^-28, and
-# take tens of seconds where a setting is impossible. A dirichlet attempt splits every class (milliseconds);
-# NIID-Bench's settings need fewer than 10.
+# cost about 12 s of CPU where a setting is impossible. A dirichlet attempt splits every class
+# (milliseconds); NIID-Bench's settings need fewer than 10.
 DEFAULT_MAX_ATTEMPTS = {"dirichlet": 1000, "quantity": 2_000_000}
 
 
@@ -184,13 +184,38 @@ def _quantity(labels, cfg, num_classes, rng):
     n, k = len(labels), cfg.num_clients
     _check_min_size(n, cfg)
     idx = rng.permutation(n)
-    for _ in range(_max_attempts(cfg)):
-        q = _dirichlet_draw(rng, cfg.alpha, k)
-        q = q / q.sum()
-        if np.min(q * n) >= cfg.min_size:
-            cuts = (np.cumsum(q) * n).astype(int)[:-1]
-            return np.split(idx, cuts)
-    raise _resampling_failed(cfg)
+    q = _first_accepted_draw(rng, cfg.alpha, k, n, cfg.min_size, _max_attempts(cfg))
+    if q is None:
+        raise _resampling_failed(cfg)
+    cuts = (np.cumsum(q) * n).astype(int)[:-1]
+    return np.split(idx, cuts)
+
+
+_BATCH_VALUES = 1 << 17  # Dirichlet variates drawn at once by _first_accepted_draw
+
+
+def _first_accepted_draw(rng, alpha, k, n, min_size, cap):
+    """The first of up to `cap` normalised Dir_k(alpha) draws q with min(q * n) >= min_size, or None.
+
+    The same draws and the same stream as drawing one at a time (NIID-Bench's loop), with rng left just
+    after the accepted draw, but about 7x cheaper: the legacy sampler gives the same numbers row by row,
+    so draws are made in batches and, once one is accepted, the batch is replayed up to it. A draw whose
+    gamma variates all underflow (NaN, tiny alpha) is rejected.
+    """
+    alphas = np.repeat(alpha, k)
+    batch = max(1, _BATCH_VALUES // k)
+    drawn = 0
+    while drawn < cap:
+        state = rng.get_state()
+        q = rng.dirichlet(alphas, size=min(batch, cap - drawn))
+        q = q / q.sum(axis=1, keepdims=True)
+        accepted = np.flatnonzero(np.min(q * n, axis=1) >= min_size)  # NaN compares False
+        if len(accepted):
+            rng.set_state(state)
+            rng.dirichlet(alphas, size=accepted[0] + 1)  # leave rng just after the accepted draw
+            return q[accepted[0]]
+        drawn += len(q)
+    return None
 
 
 _LONGTAIL_STREAM = 3  # SeedSequence stream of the per-client longtail draws
