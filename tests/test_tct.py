@@ -51,7 +51,9 @@ def test_closed_form_stage2_equals_iterative(tmp_path):
     closed = train_ok(tct_config(tmp_path, rounds=3), f"output.dir={tmp_path / 'closed'}")
     loop = train_ok(tct_config(tmp_path, rounds=3, local_solver="iterative"), f"output.dir={tmp_path / 'loop'}")
     a, b = psi(tmp_path / "closed"), psi(tmp_path / "loop")
-    assert float((a - b).norm() / b.norm()) < 1e-4
+    # The two local solvers agree to ~1e-14 relative in float64; each client's model is then rounded to
+    # 2^-40 before the exact sum, which can differ by one unit per client and round at a rounding boundary.
+    assert float((a - b).abs().max()) <= 3 * 12 * 2.0**-40 and float(b.abs().max()) > 1e-2  # 3 rounds, 12 clients
     assert closed["final_test_acc"] == loop["final_test_acc"]
 
 
