@@ -171,10 +171,20 @@ def test_solver_fallback_is_the_minimum_norm_least_squares_solution():
     assert torch.equal(wt, torch.zeros(4, 2, dtype=torch.float64))
 
 
-def test_fixed_point_keeps_every_sum_exact_and_fine():
-    assert fixed_point_bits(6000, 10) == 45  # FMNIST, 10 clients: units of 2^-45
-    bits = fixed_point_bits(10**6, 1000)
-    assert 2.0**bits * 10**6 * 1000 < 2.0**62
+@pytest.mark.parametrize("n,clients", [(6000, 10), (10**6, 1000), (1, 1)])
+def test_fixed_point_unit_sums_the_largest_entries_exactly(n, clients):
+    """Every entry of A_k and B_k is at most n_k (products of unit-vector coordinates). At the unit FFC
+    picks, `clients` such entries of either sign pass the int64 buffer's overflow guard and sum exactly,
+    and one unit is kept."""
+    from distfl import dist
+    from distfl.federation.aggregate import Segment, StatBuffer
+
+    bits = fixed_point_bits(n, clients)
+    stats = StatBuffer([Segment("a", 3, frac_bits=bits)], torch.device("cpu"), clients)
+    for _ in range(clients):
+        stats.add("a", torch.tensor([float(n), -float(n), 2.0**-bits], dtype=torch.float64))
+    stats.reduce(dist.init("cpu", 1), name="test")
+    assert stats.view("a").tolist() == [clients * n * 2**bits, -clients * n * 2**bits, clients]
 
 
 def test_crash_during_calibration_resumes_without_retraining(tmp_path, monkeypatch):

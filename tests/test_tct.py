@@ -108,17 +108,6 @@ def test_memory_is_stated_and_refused_with_advice(tmp_path):
         and "smaller tct.p" in proc.stderr
 
 
-def test_fmnist_features_fit_this_machine_by_default():
-    """Features for all of Fashion-MNIST with the defaults (SimpleCNN: every one of its 44,426 coordinates,
-    float32) plus the cached decompositions, against a 24 GB machine."""
-    from distfl.algorithms.tct import memory_plan
-    from distfl.schema import TCTConfig
-
-    plan = memory_plan([6000] * 10, 10000, 44426, 10, TCTConfig())
-    assert plan["total"] < 0.8 * 24 * 2**30
-    assert plan["features"] == 70000 * 44426 * 4
-
-
 def test_bad_input_is_refused(tmp_path):
     config = tct_config(tmp_path)
     for override, message in [("tct.stage1=fedavgg", "did you mean 'fedavg'"),

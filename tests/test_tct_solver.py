@@ -145,16 +145,17 @@ def test_huge_M_reaches_fixed_point_without_looping():
     assert rel(solver.closed_form(psi0, h, eta, 10**9), star) < 1e-6
 
 
-def test_decomposition_cached_and_memory_bytes():
+def test_decomposition_is_computed_once(monkeypatch):
     Z, Y, g = problem(30, 50, seed=9)
     solver = LocalLeastSquares(Z, Y)
-    assert solver.memory_bytes() == 0
     psi0, h = start(solver, g)
-    solver.closed_form(psi0, h, 1e-3, 10)
-    U = solver._U
-    assert solver.memory_bytes() == 8 * (30 * 30 + 30 + 51 * 4)
-    solver.closed_form(psi0, 2 * h, 1e-3, 20)
-    assert solver._U is U
+    calls = []
+    eigh = torch.linalg.eigh
+    monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: calls.append(1) or eigh(*a, **k))
+    first = solver.closed_form(psi0, h, 1e-3, 10)
+    second = solver.closed_form(psi0, 2 * h, 1e-3, 20)
+    assert len(calls) == 1
+    assert rel(second, solver.iterative(psi0, 2 * h, 1e-3, 20)) < 1e-12 and not torch.equal(first, second)
 
 
 def test_argument_checks():
