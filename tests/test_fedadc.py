@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, summary, train_ok, write_config
+from conftest import REPO, record_client_models, summary, train_ok, write_config
 from distfl.algorithms.fedadc import confidence, kd_loss, self_confidence_targets
 from distfl.errors import ConfigError
 
@@ -27,19 +27,6 @@ def _trainer(config, tmp_path, name, overrides):
     return Trainer(cfg, dist.init("cpu", 1))
 
 
-def _record_clients(trainer):
-    """Wrap client_statistics to record (client model, weight) of every client of a round."""
-    seen = []
-    inner = trainer.algorithm.client_statistics
-
-    def recording(run, worker, stats):
-        seen.append((worker.params.detach().clone(), run.weight))
-        inner(run, worker, stats)
-
-    trainer.algorithm.client_statistics = recording
-    return seen
-
-
 FEDADC = ["algorithm.name=fedadc", "algorithm.beta_local=0.8", "algorithm.beta_global=0.8"]
 
 
@@ -48,7 +35,7 @@ FEDADC = ["algorithm.name=fedadc", "algorithm.beta_local=0.8", "algorithm.beta_g
 def test_equal_betas_server_model_is_the_average_of_client_models(tmp_path, small_config, variant, weighting):
     trainer = _trainer(small_config, tmp_path, "adc", [*FEDADC, f"algorithm.variant={variant}",
                                                        f"algorithm.weighting={weighting}"])
-    seen = _record_clients(trainer)
+    seen = record_client_models(trainer)
     for t in range(1, 5):
         theta = trainer.global_params.clone()
         seen.clear()
@@ -71,7 +58,7 @@ def test_unequal_betas_follow_the_server_rule(tmp_path, small_config):
     bl, bg, alpha = 0.5, 0.9, 0.7
     trainer = _trainer(small_config, tmp_path, "adc", ["algorithm.name=fedadc", f"algorithm.beta_local={bl}",
                                                        f"algorithm.beta_global={bg}", f"algorithm.server_alpha={alpha}"])
-    seen = _record_clients(trainer)
+    seen = record_client_models(trainer)
     for t in range(1, 4):
         theta, m = trainer.global_params.double(), trainer.algorithm.m.double()
         seen.clear()

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import metrics, run_cli, train_ok, write_config
+from conftest import metrics, record_client_models, run_cli, train_ok, write_config
 from distfl.algorithms.gma import agreement_mask
 
 
@@ -38,19 +38,6 @@ def _trainer(config, tmp_path, overrides):
     return Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / 'r'}"]), dist.init("cpu", 1))
 
 
-def _record_client_models(trainer) -> list:
-    """Record (client model after local training, aggregation weight) of every client of a round."""
-    seen = []
-    inner = trainer.algorithm.client_statistics
-
-    def recording(run, worker, stats):
-        seen.append((worker.params.detach().clone(), run.weight))
-        inner(run, worker, stats)
-
-    trainer.algorithm.client_statistics = recording
-    return seen
-
-
 def gma_server_step(theta, clients, tau, server, moments):
     """Algorithm 1 of the GMA paper (Algorithm 2 for FedAdam, mask on the final adaptive step), float64:
     A = |sum_n sign(w_n - theta)| / |C|, mask = 1 where A >= tau else A, Delta = sum_n p_n (w_n - theta)."""
@@ -74,7 +61,7 @@ def test_round_equals_algorithm_1_recomputed_from_the_client_models(tmp_path, sm
     tau = 0.4
     trainer = _trainer(small_config, tmp_path, ["aggregation.mask=gma", f"aggregation.tau={tau}",
                                                 *(f"server.{k}={v}" for k, v in server.items())])
-    clients = _record_client_models(trainer)
+    clients = record_client_models(trainer)
     numel = trainer.global_params.numel()
     moments = {"z": torch.zeros(numel, dtype=torch.float64), "v": torch.full((numel,), 1e-6, dtype=torch.float64)}
     for t in (1, 2, 3):

@@ -20,6 +20,8 @@ round loop. This phase is everything after it (Algorithm 2):
    closed form (distfl/tct/solver.py) unless `tct.local_solver: iterative`.
 Stage 2 is checkpointed every `checkpoint.every` rounds with the client controls; a resumed run
 recomputes (memory) or reopens (disk) the features, re-applies the saved statistics and continues.
+Disk files are normalised in place, so each one's marker records whether, and with which statistics,
+it was normalised; a resumed run never normalises a file twice (`_extract`).
 
 Choices where the paper is silent (docs/algorithms/tct.md): the head keeps C outputs and logit 0 is
 differentiated (the released code uses a 1-output head; same distribution), the gradient is over every
@@ -171,22 +173,6 @@ class TCTPhase(Phase):
         self.disk[name] = (marker, key, array)
         return out
 
-    def _normalise_all(self, mean: torch.Tensor, std: torch.Tensor, stats_key: str) -> None:
-        """Normalise every feature matrix in place, except disk files that already are. A disk file loses
-        its marker while it is being rewritten, so a crash half-way makes it extracted again."""
-        named = [*((f"client_{k}", z) for k, z in self.train_z.items()), ("test", self.test_z)]
-        for name, z in named:
-            if name in self.normalised:
-                continue
-            if name in self.disk:
-                self.disk[name][0].unlink(missing_ok=True)
-            self._normalise(z, mean, std)
-            if name in self.disk:
-                marker, key, array = self.disk[name]
-                if len(z):
-                    array.flush()
-                checkpoint.atomic_write_text(f"normalised {key} {stats_key}\n", marker)
-
     # ---- 2. normalise --------------------------------------------------------------------------------
     def _statistics(self, trainer) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-coordinate mean and standard deviation over all training samples, one all_reduce."""
@@ -216,6 +202,22 @@ class TCTPhase(Phase):
             block = z[start : start + 4096]
             m, s = mean.to(block.device), std.to(block.device)
             block.copy_(((block.to(torch.float64) - m) / s).to(block.dtype))
+
+    def _normalise_all(self, mean: torch.Tensor, std: torch.Tensor, stats_key: str) -> None:
+        """Normalise every feature matrix in place, except disk files that already are. A disk file loses
+        its marker while it is being rewritten, so a crash half-way makes it extracted again."""
+        named = [*((f"client_{k}", z) for k, z in self.train_z.items()), ("test", self.test_z)]
+        for name, z in named:
+            if name in self.normalised:
+                continue
+            if name in self.disk:
+                self.disk[name][0].unlink(missing_ok=True)
+            self._normalise(z, mean, std)
+            if name in self.disk:
+                marker, key, array = self.disk[name]
+                if len(z):
+                    array.flush()
+                checkpoint.atomic_write_text(f"normalised {key} {stats_key}\n", marker)
 
     # ---- 3. train: federated least squares ------------------------------------------------------------
     def run(self, trainer, logger) -> dict:
