@@ -67,6 +67,20 @@ def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None =
     return summary(Path(out_dir))
 
 
+def record_client_models(trainer) -> list:
+    """Wrap the algorithm's client_statistics to record (client model after local training, aggregation
+    weight) of every client of a round, in the order the clients ran."""
+    seen = []
+    inner = trainer.algorithm.client_statistics
+
+    def recording(run, worker, stats):
+        seen.append((worker.params.detach().clone(), run.weight))
+        inner(run, worker, stats)
+
+    trainer.algorithm.client_statistics = recording
+    return seen
+
+
 def summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
