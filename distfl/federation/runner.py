@@ -30,12 +30,15 @@ from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
-from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
+from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .population import Population, place
 from .state import ClientStateStore
 
+
+
+NONFINITE_PARAMS = "non-finite local model parameters"
 
 
 def run_has_output(run_dir: Path) -> bool:
@@ -210,7 +213,10 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         mine = place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]
-        stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.segments(), self.device, len(cohort))
+        largest = max((int(self.population.sizes[k]) for k in cohort), default=1)
+        stats = StatBuffer(round_segments(self.algorithm.segments(), largest, cfg.train.local_epochs),
+                           self.device, len(cohort))
+        refused: dict[str, int] = {}  # statistic -> clients of this rank whose value was out of its range
         for client_id in mine:
             n = int(self.population.sizes[client_id])
             run = ClientRun(
@@ -223,7 +229,7 @@ class Trainer:
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
             train_client(self.worker, self.data, self.client_indices[client_id], run, cfg.train, self.algorithm)
-            self._contribute(run, stats)
+            self._contribute(run, stats, refused)
         stats.add("stop", int(self.stop_requested))
         reduced = stats.reduce(ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
@@ -231,8 +237,8 @@ class Trainer:
         self.stop_agreed = int(reduced["stop"][0]) > 0
         bad = int(reduced["nonfinite"][0])
         if bad:
-            raise DivergenceError(f"round {round_idx}: {bad} client(s) produced a non-finite loss or update "
-                                  "(NaN/inf or too large); lower train.lr or server.lr")
+            raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: "
+                                  f"{self._out_of_range(stats, refused)}; lower train.lr or server.lr")
         self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
@@ -241,22 +247,37 @@ class Trainer:
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, **self.algorithm.round_metrics}
 
-    def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
-        """Add a client's statistics, or count it as non-finite (every rank still joins the reduce)."""
-        ok = bool(torch.isfinite(run.loss_sum)) and bool(torch.isfinite(self.worker.params).all())
-        if ok:
-            try:
-                self.algorithm.client_statistics(run, self.worker, stats)
-                stats.add("loss_sum", run.loss_sum)
-            except Unrepresentable:
-                ok = False
-        if not ok:
+    def _contribute(self, run: ClientRun, stats: StatBuffer, refused: dict[str, int]) -> None:
+        """Add a client's statistics, or count it as non-finite under the statistic that was out of
+        range (every rank still joins the reduce)."""
+        try:
+            stats.add("loss_sum", run.loss_sum)
+            if not bool(torch.isfinite(self.worker.params).all()):
+                raise Unrepresentable(NONFINITE_PARAMS, "non-finite local model")
+            self.algorithm.client_statistics(run, self.worker, stats)
+        except Unrepresentable as exc:
+            refused[exc.segment] = refused.get(exc.segment, 0) + 1
             stats.add("nonfinite", 1)
             return
         stats.add("samples", run.num_samples * self.cfg.train.local_epochs)
         stats.add("clients", 1)
         if self.store is not None:
             self.store.put(run.client_id, run.state)
+
+    def _out_of_range(self, stats: StatBuffer, refused: dict[str, int]) -> str:
+        """Which statistics were out of range, summed over ranks. Only on the way to stopping the run,
+        so the healthy round keeps its single all_reduce."""
+        names = [NONFINITE_PARAMS] + [n for n in stats.segments if n in stats.limits]
+        counts = torch.tensor([refused.get(n, 0) for n in names], dtype=torch.int64, device=self.device)
+        dist.all_reduce_sum(counts, self.ctx, name="divergence")
+        parts = []
+        for name, count in zip(names, counts.tolist()):
+            if count and name == NONFINITE_PARAMS:
+                parts.append(f"{NONFINITE_PARAMS} in {count} client(s)")
+            elif count:
+                parts.append(f"statistic {name} out of range (NaN/inf or |value| above "
+                             f"{stats.limits[name]:.3g}) in {count} client(s)")
+        return "; ".join(parts)
 
     # ---- evaluation ----------------------------------------------------------------------------
     @torch.no_grad()
