@@ -439,13 +439,14 @@ def _train_in_process(config: dict, state: str, stop: dict) -> dict:
     from .federation.runner import Trainer
 
     cfg = config_from_dict(config, source=str(Path(config["output"]["dir"]) / "config.yaml"))
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
     try:
-        trainer = Trainer(cfg, ctx, resume=state == "resume", overwrite=state == "overwrite")
-        stop["trainer"] = trainer
-        if stop["signal"] is not None:
-            trainer.request_stop()  # agreed with the other ranks after the first round
-        return trainer.run()
+        with dist.deterministic_ops():
+            trainer = Trainer(cfg, ctx, resume=state == "resume", overwrite=state == "overwrite")
+            stop["trainer"] = trainer
+            if stop["signal"] is not None:
+                trainer.request_stop()  # agreed with the other ranks after the first round
+            return trainer.run()
     finally:
         stop["trainer"] = None
         dist.shutdown(ctx)

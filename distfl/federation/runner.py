@@ -69,6 +69,11 @@ class Trainer:
         self.worker = FlatModel(model_factory())
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
+        # Ranks with different torch builds (or kernels) can draw different initial weights from the same
+        # seed, and would then drift apart silently: stop before training instead.
+        dist.check_same_on_all_ranks(
+            dist.fingerprint(self.global_params) ^ dist.fingerprint(self.global_buffers), ctx,
+            f"the initial model (this rank: torch {torch.__version__} on {self.device.type})")
         # A fixed head (model.head=sphere|fixed_random) is built from model.head_seed; prove every
         # rank built the same one before any training relies on it.
         for tensor in self.worker.frozen:
@@ -90,6 +95,7 @@ class Trainer:
         self.phase_results: dict = {}
         self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
         self.step = 0
+        self.resume_warnings: list[str] = []
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
         if resume:
             self._restore()
@@ -133,6 +139,7 @@ class Trainer:
                 f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
                 f"only {', '.join(RESUMABLE_KEYS)} may change on resume")
         self._check_phases_on_resume(state)
+        self.resume_warnings = lost_guarantees(state.get("runtime"), self.runtime_identity())
         self.global_params.copy_(state["params"])
         self.global_buffers.copy_(state["buffers"])
         for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
@@ -200,6 +207,7 @@ class Trainer:
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "world_size": self.ctx.world_size,
+                "runtime": self.runtime_identity(),
                 # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
                 "rng": "keyed",
             }
@@ -207,6 +215,12 @@ class Trainer:
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
             checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect)
+
+    def runtime_identity(self) -> dict:
+        """What, beside the config, must match for a resumed run to stay bit-identical to one run
+        through (recorded in every checkpoint)."""
+        return {"device": self.device.type, "threads": self.cfg.runtime.threads,
+                "deterministic": self.cfg.runtime.deterministic, "torch": str(torch.__version__)}
 
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
@@ -311,6 +325,8 @@ class Trainer:
             logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
         elif self.start_round > 1:
             logger.info(f"resuming {self.run_dir} at round {self.start_round}")
+        for warning in self.resume_warnings:
+            logger.info(f"warning: {warning}")
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
                     f"{self.ctx.world_size} process(es) on {self.device}; writing {self.run_dir}")
@@ -427,11 +443,26 @@ class Trainer:
 
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank."""
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
     try:
-        return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
+        with dist.deterministic_ops():
+            return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
     finally:
         dist.shutdown(ctx)
+
+
+def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
+    """Warnings for a resume whose runtime differs from the checkpoint's: the run goes on, but is no
+    longer bit-identical to one that ran through."""
+    if saved is None:  # a checkpoint from before distfl recorded its runtime
+        return []
+    why = {"device": "kernels differ between device types",
+           "threads": "intra-op threads change a kernel's reduction order",
+           "deterministic": "nondeterministic kernels may now run",
+           "torch": "kernels differ between torch builds"}
+    return [f"runtime {key} was {saved[key]} when checkpointed and is {now[key]} now; {why[key]}, so this run is "
+            "no longer bit-identical to one run through without the stop (nor reproducible from its config)"
+            for key in why if key in saved and saved[key] != now[key]]
 
 
 def _to_cpu(obj):
