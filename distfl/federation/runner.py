@@ -356,6 +356,9 @@ class Trainer:
                         or self.stop_agreed:
                     self._save_checkpoint("round", t)
                 if self.stop_agreed and t < cfg.train.rounds:
+                    # Rank 0 commits the checkpoint after the others are done with it; no rank exits
+                    # before, since a launcher (torchrun) may end the other ranks when one exits.
+                    dist.barrier(self.ctx)
                     logger.info(f"stop signal: checkpoint written after round {t}; continue with "
                                 f"`distfl train --resume {self.run_dir}`")
                     raise Interrupted(f"interrupted after round {t} (checkpointed)")
