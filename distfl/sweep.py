@@ -639,13 +639,17 @@ def _run_point_in_process(point: Point, out) -> int:
 
 
 def _run_point_subprocess(cmd: list[str], out) -> int:
-    """Run one point under torchrun; a SIGTERM/SIGUSR1 to the sweep becomes a SIGTERM to torchrun, which
-    passes it to its ranks (a SIGUSR1 would end torchrun itself without stopping the ranks)."""
+    """Run one point under torchrun; a SIGTERM/SIGUSR1 to the sweep becomes a SIGUSR1 to each rank.
+    Not to torchrun: its agent answers a SIGTERM by killing the ranks 30 s later, which loses the
+    checkpoint of a longer round (and a SIGUSR1 would end torchrun itself)."""
     proc = subprocess.Popen(cmd, env=_child_env())
 
     def forward(signum, frame):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        for rank in _children(proc.pid):
+            try:
+                os.kill(rank, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
@@ -658,6 +662,17 @@ def _run_point_subprocess(cmd: list[str], out) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc), those of every thread."""
+    pids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            pids += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the thread or the process has ended
+            pass
+    return pids
 
 
 def _final_report(sweep: Sweep, out=None, failed=()) -> int:
