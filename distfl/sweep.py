@@ -643,8 +643,10 @@ def _run_point_subprocess(cmd: list[str], out) -> int:
     Not to torchrun: its agent answers a SIGTERM by killing the ranks 30 s later, which loses the
     checkpoint of a longer round (and a SIGUSR1 would end torchrun itself)."""
     proc = subprocess.Popen(cmd, env=_child_env())
+    signalled = []
 
     def forward(signum, frame):
+        signalled.append(signum)
         for rank in _children(proc.pid):
             try:
                 os.kill(rank, signal.SIGUSR1)
@@ -655,7 +657,9 @@ def _run_point_subprocess(cmd: list[str], out) -> int:
     try:
         while True:
             try:
-                return proc.wait()
+                code = proc.wait()
+                # The ranks exit 3 after the checkpoint; torchrun reports any rank's non-zero exit as 1.
+                return 3 if signalled and code != 0 else code
             except KeyboardInterrupt:  # the ranks got the SIGINT too; let them finish dying
                 proc.wait()
                 return 130

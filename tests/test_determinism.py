@@ -2,14 +2,13 @@
 runtime says which guarantee it loses, and an op with no deterministic kernel stops the run by name."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO, run_cli, train_ok, write_config
+from conftest import REPO, env_with_sitecustomize, run_cli, train_ok, write_config
 from distfl import dist
 from distfl.errors import ConfigError
 
@@ -29,11 +28,9 @@ if os.environ.get("RANK") == "1":
 
 
 def test_ranks_with_different_initial_models_stop_at_start(tmp_path):
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(PERTURB_RANK_1)
     cfg = write_config(tmp_path / "small.yaml")
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
+    env = env_with_sitecustomize(tmp_path, PERTURB_RANK_1)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "-m", "distfl", "train", str(cfg), f"output.dir={run}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, metrics, run_cli, summary, train_ok, write_config
+from conftest import REPO, metrics, run_cli, slow_first_round, summary, train_ok, wait_for_marks, write_config
 from distfl.dist import expand_hostlist, slurm_environment, slurm_port
 from distfl.sweep import slurm_active_jobs, wait_for_jobs
 
@@ -201,49 +201,23 @@ def test_sbatch_template_runs_and_continues(slurm_cluster, tmp_path):
         p.read_text() for p in tmp_path.glob("slurm-*.out"))
 
 
-# Loaded at start-up from PYTHONPATH by every Python of the job: in each rank (RANK is set by torchrun),
-# round 1 takes 40 s, and marks its start so the test signals the job mid-round.
-SLOW_FIRST_ROUND = """
-import os
-if "RANK" in os.environ and "SLOW_ROUND_MARKS" in os.environ:
-    import time
-    from pathlib import Path
-    from distfl.federation import runner
-
-    _run_round = runner.Trainer.run_round
-
-    def run_round(self, round_idx):
-        if round_idx == 1:
-            (Path(os.environ["SLOW_ROUND_MARKS"]) / f"rank{os.environ['RANK']}").touch()
-            time.sleep(40)
-        return _run_round(self, round_idx)
-
-    runner.Trainer.run_round = run_round
-"""
-
 
 def test_sbatch_time_limit_signal_checkpoints_a_round_longer_than_30s(slurm_cluster, tmp_path):
     """The USR1 that `--signal=B:USR1@180` sends the batch script ahead of the time limit, arriving with
     more than 30 s of the round left (torchrun's agent kills its ranks 30 s after a SIGTERM): every rank
     checkpoints that round, the job requeues itself and resumes after it, and ends with the model of
     an uninterrupted run."""
-    site, marks = tmp_path / "site", tmp_path / "marks"
-    site.mkdir(), marks.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_FIRST_ROUND)
     cfg = write_config(tmp_path / "c.yaml", train={"rounds": 2}, checkpoint={"every": 0}, eval={"every": 2})
     through = train_ok(cfg, f"output.dir={tmp_path / 'through'}")
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "PYTHON": sys.executable,
-           "NPROC_PER_NODE": "2", "SLOW_ROUND_MARKS": str(marks)}
+    env, marks = slow_first_round(tmp_path)
+    env.update(PYTHON=sys.executable, NPROC_PER_NODE="2")
     run = tmp_path / "run"
     proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--cpus-per-task=2", "--time=10",
                            f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm" / "train.sbatch"), str(cfg),
                            f"output.dir={run}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(marks.iterdir())) < 2:
-        time.sleep(0.2)
-    assert len(list(marks.iterdir())) == 2, "the ranks never started round 1"
+    wait_for_marks(marks, 2)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)  # what --signal=B:USR1 does
     _wait([job])
 
