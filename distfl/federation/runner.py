@@ -3,8 +3,9 @@ checkpoint. The same code runs as one plain process or as every rank of a torchr
 
 What is guaranteed (and tested): for a fixed config, the final model (`model_sha256`) is bit-identical
 on 1 or N processes, for any placement of clients on ranks, and when a run is stopped and resumed
-from a checkpoint, provided every process uses the same device type, the same torch build and the
-same `runtime.threads`. Why it holds:
+from a checkpoint, provided every process uses the same device type, the same torch build, the same
+CPU kernel dispatch (ISA level) and the same `runtime.threads`, with `runtime.deterministic` on (see the
+README, Reproducibility). Why it holds:
   - cohorts come from (seed, round), every client's randomness from (seed, round, client);
   - a client's local training is the same sequence of kernels wherever it runs (same thread count);
   - the sums over clients are exact integer sums (federation/aggregate.py), so order cannot matter;
