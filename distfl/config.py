@@ -47,7 +47,7 @@ class ConfigWarning(UserWarning):
 # TCT run directory whose stage 1 is done. The runner refuses them once the phase has begun.
 PHASE_KEYS = ("calibration.", "tct.")
 RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
-                  "runtime.device", "runtime.threads", *PHASE_KEYS)
+                  "runtime.device", "runtime.threads", "runtime.deterministic", *PHASE_KEYS)
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""

@@ -149,6 +149,7 @@ class CheckpointConfig:
 class RuntimeConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda
     threads: int = 1  # intra-op CPU threads per process; results are bit-identical only for equal values
+    deterministic: bool = True  # require deterministic kernels (an op without one stops the run, naming it); false runs such ops with a warning and gives up bit-identity
     client_state: str = "memory"  # where per-client state lives: memory | disk (under the run dir)
     placement: str = "auto"  # clients -> ranks: auto (sticky for stateful methods in memory, else balanced) | balanced | sticky
 

@@ -92,3 +92,49 @@ def metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture
 def small_config(tmp_path) -> Path:
     return write_config(tmp_path / "small.yaml")
+
+
+def env_with_sitecustomize(tmp_path: Path, code: str, **extra: str) -> dict:
+    """An environment in which every Python (the launcher's, each rank's) runs `code` at start-up: a
+    sitecustomize.py on PYTHONPATH, before the repository. For faults that only a real process shows."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(code)
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1", **extra}
+
+
+# In each rank (RANK is set by torchrun), round 1 takes 40 s, longer than the 30 s torchrun's agent
+# grants its ranks after a SIGTERM, and marks its start in $SLOW_ROUND_MARKS.
+SLOW_FIRST_ROUND = """
+import os
+if "RANK" in os.environ and "SLOW_ROUND_MARKS" in os.environ:
+    import time
+    from pathlib import Path
+    from distfl.federation import runner
+
+    _run_round = runner.Trainer.run_round
+
+    def run_round(self, round_idx):
+        if round_idx == 1:
+            (Path(os.environ["SLOW_ROUND_MARKS"]) / f"rank{os.environ['RANK']}").touch()
+            time.sleep(40)
+        return _run_round(self, round_idx)
+
+    runner.Trainer.run_round = run_round
+"""
+
+
+def slow_first_round(tmp_path: Path) -> tuple[dict, Path]:
+    """(environment, marks folder) for runs whose round 1 takes 40 s on every rank."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return env_with_sitecustomize(tmp_path, SLOW_FIRST_ROUND, SLOW_ROUND_MARKS=str(marks)), marks
+
+
+def wait_for_marks(marks: Path, count: int, timeout_s: float = 240) -> None:
+    import time
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and len(list(marks.iterdir())) < count:
+        time.sleep(0.2)
+    assert len(list(marks.iterdir())) == count, f"only {len(list(marks.iterdir()))} of {count} ranks started round 1"

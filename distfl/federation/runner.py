@@ -3,8 +3,9 @@ checkpoint. The same code runs as one plain process or as every rank of a torchr
 
 What is guaranteed (and tested): for a fixed config, the final model (`model_sha256`) is bit-identical
 on 1 or N processes, for any placement of clients on ranks, and when a run is stopped and resumed
-from a checkpoint, provided every process uses the same device type, the same torch build and the
-same `runtime.threads`. Why it holds:
+from a checkpoint, provided every process uses the same device type, the same torch build, the same
+CPU kernel dispatch (ISA level) and the same `runtime.threads`, with `runtime.deterministic` on (see the
+README, Reproducibility). Why it holds:
   - cohorts come from (seed, round), every client's randomness from (seed, round, client);
   - a client's local training is the same sequence of kernels wherever it runs (same thread count);
   - the sums over clients are exact integer sums (federation/aggregate.py), so order cannot matter;
@@ -30,12 +31,15 @@ from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
-from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
+from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .population import Population, place
 from .state import ClientStateStore
 
+
+
+NONFINITE_PARAMS = "non-finite local model parameters"
 
 
 def run_has_output(run_dir: Path) -> bool:
@@ -66,6 +70,11 @@ class Trainer:
         self.worker = FlatModel(model_factory())
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
+        # Ranks with different torch builds (or kernels) can draw different initial weights from the same
+        # seed, and would then drift apart silently: stop before training instead.
+        dist.check_same_on_all_ranks(
+            dist.fingerprint(self.global_params) ^ dist.fingerprint(self.global_buffers), ctx,
+            f"the initial model (this rank: torch {torch.__version__} on {self.device.type})")
         # A fixed head (model.head=sphere|fixed_random) is built from model.head_seed; prove every
         # rank built the same one before any training relies on it.
         for tensor in self.worker.frozen:
@@ -87,6 +96,7 @@ class Trainer:
         self.phase_results: dict = {}
         self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
         self.step = 0
+        self.resume_warnings: list[str] = []
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
         if resume:
             self._restore()
@@ -130,6 +140,7 @@ class Trainer:
                 f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
                 f"only {', '.join(RESUMABLE_KEYS)} may change on resume")
         self._check_phases_on_resume(state)
+        self.resume_warnings = lost_guarantees(state.get("runtime"), self.runtime_identity())
         self.global_params.copy_(state["params"])
         self.global_buffers.copy_(state["buffers"])
         for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
@@ -197,6 +208,7 @@ class Trainer:
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "world_size": self.ctx.world_size,
+                "runtime": self.runtime_identity(),
                 # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
                 "rng": "keyed",
             }
@@ -205,12 +217,21 @@ class Trainer:
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
             checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect)
 
+    def runtime_identity(self) -> dict:
+        """What, beside the config, must match for a resumed run to stay bit-identical to one run
+        through (recorded in every checkpoint)."""
+        return {"device": self.device.type, "threads": self.cfg.runtime.threads,
+                "deterministic": self.cfg.runtime.deterministic, "torch": str(torch.__version__)}
+
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         mine = place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]
-        stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.segments(), self.device, len(cohort))
+        largest = max((int(self.population.sizes[k]) for k in cohort), default=1)
+        stats = StatBuffer(round_segments(self.algorithm.segments(), largest, cfg.train.local_epochs),
+                           self.device, len(cohort))
+        refused: dict[str, int] = {}  # statistic -> clients of this rank whose value was out of its range
         for client_id in mine:
             n = int(self.population.sizes[client_id])
             run = ClientRun(
@@ -223,7 +244,7 @@ class Trainer:
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
             train_client(self.worker, self.data, self.client_indices[client_id], run, cfg.train, self.algorithm)
-            self._contribute(run, stats)
+            self._contribute(run, stats, refused)
         stats.add("stop", int(self.stop_requested))
         reduced = stats.reduce(ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
@@ -231,8 +252,8 @@ class Trainer:
         self.stop_agreed = int(reduced["stop"][0]) > 0
         bad = int(reduced["nonfinite"][0])
         if bad:
-            raise DivergenceError(f"round {round_idx}: {bad} client(s) produced a non-finite loss or update "
-                                  "(NaN/inf or too large); lower train.lr or server.lr")
+            raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: "
+                                  f"{self._out_of_range(stats, refused)}; lower train.lr or server.lr")
         self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
@@ -241,22 +262,37 @@ class Trainer:
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, **self.algorithm.round_metrics}
 
-    def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
-        """Add a client's statistics, or count it as non-finite (every rank still joins the reduce)."""
-        ok = bool(torch.isfinite(run.loss_sum)) and bool(torch.isfinite(self.worker.params).all())
-        if ok:
-            try:
-                self.algorithm.client_statistics(run, self.worker, stats)
-                stats.add("loss_sum", run.loss_sum)
-            except Unrepresentable:
-                ok = False
-        if not ok:
+    def _contribute(self, run: ClientRun, stats: StatBuffer, refused: dict[str, int]) -> None:
+        """Add a client's statistics, or count it as non-finite under the statistic that was out of
+        range (every rank still joins the reduce)."""
+        try:
+            stats.add("loss_sum", run.loss_sum)
+            if not bool(torch.isfinite(self.worker.params).all()):
+                raise Unrepresentable(NONFINITE_PARAMS, "non-finite local model")
+            self.algorithm.client_statistics(run, self.worker, stats)
+        except Unrepresentable as exc:
+            refused[exc.segment] = refused.get(exc.segment, 0) + 1
             stats.add("nonfinite", 1)
             return
         stats.add("samples", run.num_samples * self.cfg.train.local_epochs)
         stats.add("clients", 1)
         if self.store is not None:
             self.store.put(run.client_id, run.state)
+
+    def _out_of_range(self, stats: StatBuffer, refused: dict[str, int]) -> str:
+        """Which statistics were out of range, summed over ranks. Only on the way to stopping the run,
+        so the healthy round keeps its single all_reduce."""
+        names = [NONFINITE_PARAMS] + [n for n in stats.segments if n in stats.limits]
+        counts = torch.tensor([refused.get(n, 0) for n in names], dtype=torch.int64, device=self.device)
+        dist.all_reduce_sum(counts, self.ctx, name="divergence")
+        parts = []
+        for name, count in zip(names, counts.tolist()):
+            if count and name == NONFINITE_PARAMS:
+                parts.append(f"{NONFINITE_PARAMS} in {count} client(s)")
+            elif count:
+                parts.append(f"statistic {name} out of range (NaN/inf or |value| above "
+                             f"{stats.limits[name]:.3g}) in {count} client(s)")
+        return "; ".join(parts)
 
     # ---- evaluation ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -290,6 +326,8 @@ class Trainer:
             logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
         elif self.start_round > 1:
             logger.info(f"resuming {self.run_dir} at round {self.start_round}")
+        for warning in self.resume_warnings:
+            logger.info(f"warning: {warning}")
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
                     f"{self.ctx.world_size} process(es) on {self.device}; writing {self.run_dir}")
@@ -319,6 +357,9 @@ class Trainer:
                         or self.stop_agreed:
                     self._save_checkpoint("round", t)
                 if self.stop_agreed and t < cfg.train.rounds:
+                    # Rank 0 commits the checkpoint after the others are done with it; no rank exits
+                    # before, since a launcher (torchrun) may end the other ranks when one exits.
+                    dist.barrier(self.ctx)
                     logger.info(f"stop signal: checkpoint written after round {t}; continue with "
                                 f"`distfl train --resume {self.run_dir}`")
                     raise Interrupted(f"interrupted after round {t} (checkpointed)")
@@ -410,11 +451,26 @@ class Trainer:
 
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank."""
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
     try:
-        return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
+        with dist.deterministic_ops():
+            return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
     finally:
         dist.shutdown(ctx)
+
+
+def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
+    """Warnings for a resume whose runtime differs from the checkpoint's: the run goes on, but is no
+    longer bit-identical to one that ran through."""
+    if saved is None:  # a checkpoint from before distfl recorded its runtime
+        return []
+    why = {"device": "kernels differ between device types",
+           "threads": "intra-op threads change a kernel's reduction order",
+           "deterministic": "nondeterministic kernels may now run",
+           "torch": "kernels differ between torch builds"}
+    return [f"runtime {key} was {saved[key]} when checkpointed and is {now[key]} now; {why[key]}, so this run is "
+            "no longer bit-identical to one run through without the stop (nor reproducible from its config)"
+            for key in why if key in saved and saved[key] != now[key]]
 
 
 def _to_cpu(obj):
