@@ -88,6 +88,7 @@ class Trainer:
         self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
         self.step = 0
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
+        self.resumed_from, self.skipped, self.lock = None, [], None
         if resume:
             self._restore()
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
@@ -97,14 +98,20 @@ class Trainer:
     def _prepare_run_dir(self, resume: bool) -> None:
         if not resume and run_has_output(self.run_dir):  # --overwrite was given
             dist.barrier(self.ctx)  # every rank has checked before rank 0 deletes
-            if self.ctx.is_main:
+        if self.ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            # Held until this Trainer is closed (or its process dies): a second run here is refused.
+            self.lock = checkpoint.lock_run_dir(self.run_dir)
+            if not resume and run_has_output(self.run_dir):  # --overwrite was given
                 for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
                     path = self.run_dir / name
                     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        if self.ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.store is not None:
+                self.store.create()
             checkpoint.atomic_write_text(dump_config(self.cfg), self.run_dir / "config.yaml")
         dist.barrier(self.ctx)
+        if self.ctx.is_main and self.skipped:
+            checkpoint.set_aside(self.run_dir, [name for name, _ in self.skipped], self.resumed_from)
 
     def _sticky_placement(self) -> bool:
         placement, store = self.cfg.runtime.placement, self.cfg.runtime.client_state
@@ -122,8 +129,10 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _restore(self) -> None:
-        path = checkpoint.latest(self.run_dir)
-        state = checkpoint.load(path, self.device)
+        path, state, skipped = checkpoint.newest_good(self.run_dir, self.device)
+        # Every rank must resume from the same checkpoint (they differ if output.dir is not shared).
+        dist.check_same_on_all_ranks(int(state.get("step", state["round"])), self.ctx, "the checkpoint resumed from")
+        self.resumed_from, self.skipped = path.name, skipped
         changed = resume_blockers(state["config"], config_to_dict(self.cfg))
         if changed:
             raise CheckpointError(
@@ -178,10 +187,13 @@ class Trainer:
         if self.ctx.is_main:
             checkpoint.begin(self.run_dir, name)
         dist.barrier(self.ctx)
+        written = 0
         if self.store is not None:
-            self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
-                                        self.ctx.is_main)
-        dist.barrier(self.ctx)
+            written = self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
+                                                  self.ctx.is_main)
+        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer.
+        clients = int(dist.all_reduce_sum(torch.tensor([written], dtype=torch.int64, device=self.device),
+                                          self.ctx, "checkpoint")[0])
         if self.ctx.is_main:
             state = {
                 "round": min(step, self.cfg.train.rounds),
@@ -203,7 +215,7 @@ class Trainer:
             # With phases after training, the last training round's checkpoint is never pruned: a phase
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
-            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect)
+            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect, clients)
 
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
@@ -286,6 +298,10 @@ class Trainer:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
                            resume_step=self.step)
+        for name, why in self.skipped:
+            logger.info(f"skipped checkpoint {name}: {why}")
+        if self.skipped:
+            logger.info(f"resuming from {self.resumed_from}, the newest good checkpoint")
         if self.start_round > cfg.train.rounds:
             logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
         elif self.start_round > 1:
@@ -379,6 +395,12 @@ class Trainer:
         agreed through the round's all_reduce). Safe to call from a signal handler."""
         self.stop_requested = True
 
+    def close(self) -> None:
+        """Release the run directory's lock."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
     def _summary(self, status: str, error: str | None) -> dict:
         self.worker.load(self.global_params, self.global_buffers)
         last = self.progress["last_eval"] or {}
@@ -407,9 +429,13 @@ class Trainer:
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank."""
     ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
+    trainer = None
     try:
-        return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
+        trainer = Trainer(cfg, ctx, resume=resume, overwrite=overwrite)
+        return trainer.run()
     finally:
+        if trainer is not None:
+            trainer.close()
         dist.shutdown(ctx)
 
 
