@@ -2,7 +2,7 @@
 
 Layout:  RUN_DIR/checkpoints/round_000010/{state.pt, clients/<id>.pt, manifest.json}
          RUN_DIR/checkpoints/ffc_000011/...   (a phase after training: LABEL_STEP)
-         RUN_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
+         RUN_DIR/checkpoints/latest        (the name of the newest committed checkpoint; resume scans them all)
 Names are LABEL_STEP: the step counts training rounds, then goes on through the phases that follow
 them (calibration, TCT's stages), so checkpoints order by step whatever their label.
 A checkpoint is assembled in a temporary directory and renamed into place only when every rank has
@@ -41,24 +41,23 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _replace_durably(tmp: Path, path: Path) -> None:
+def atomic_write_text(text: str, path: Path) -> None:
+    """Write, fsync, rename, fsync the directory: after a crash, the old text or the new, whole."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
     fsync(tmp)
     os.replace(tmp, path)
     fsync(path.parent)
 
 
-def atomic_write_text(text: str, path: Path) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    _replace_durably(tmp, path)
-
-
 def atomic_torch_save(obj, path: Path) -> None:
+    """Write and rename, without fsync: client state files are made durable when a checkpoint that
+    holds them is committed (`commit` fsyncs each), and are restored from that checkpoint on resume."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     torch.save(obj, tmp)
-    _replace_durably(tmp, path)
+    os.replace(tmp, path)
 
 
 def load_tensors(path: Path, device=None):
