@@ -17,6 +17,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR]
+       distfl --version
 Run under torchrun for several ranks:  torchrun --nproc_per_node=2 -m distfl train CONFIG"""
 
 
@@ -137,9 +138,27 @@ def cmd_report(args) -> int:
     return report_main(args.paths, out_dir=args.out)
 
 
+def _command_usage(command: str) -> str:
+    """The lines of USAGE for one command (with their continuation lines), for its own --help."""
+    lines, keep = [], False
+    for line in USAGE.splitlines():
+        if line.strip().startswith("distfl "):
+            keep = line.strip().startswith(f"distfl {command} ")
+            line = " " * len("usage: ") + line.strip()
+        elif not line.startswith(" "):
+            keep = False
+        if keep:
+            lines.append(line)
+    return "\n".join(lines).strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="distfl", usage=USAGE)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"distfl {__version__}")
+    # prog: a command's own --help shows `distfl COMMAND`, not the whole USAGE glued in front.
+    sub = parser.add_subparsers(dest="command", required=True, prog="distfl")
     p = sub.add_parser("train", help="train (or resume) one run")
     p.add_argument("config", nargs="?", help="YAML config file; then dotted overrides, e.g. train.rounds=50")
     p.set_defaults(overrides=[])
@@ -185,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where to write report.md, report.csv and the plots (default: "
                                  "SWEEP_DIR/report, or ./report for several paths)")
     p.set_defaults(func=cmd_report)
+    for command, p in sub.choices.items():
+        p.usage = _command_usage(command)
+        if p.get_default("overrides") is not None:
+            p.epilog = ("key=value: dotted config overrides, anywhere after the command, e.g. train.rounds=50 "
+                        "algorithm.options.beta=0.5 (every key: docs/config.md)")
     return parser
 
 

@@ -2,7 +2,8 @@
 
 metrics.jsonl has one JSON object per round, with `round` first. On resume, rows after the checkpoint's
 round are dropped (they are recomputed), so the file never holds a round twice; TensorBoard does the
-same through `purge_step`.
+same through `purge_step`. At the end of a run, its flattened config and final metrics go to TensorBoard's
+HParams plugin, so the runs of a sweep can be compared in the HParams view.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from .checkpoint import atomic_write_text
+from .config import flatten_dict
 from .errors import CheckpointError
 
 # metrics.jsonl key -> TensorBoard tag
@@ -90,6 +92,21 @@ class RunLogger:
             for key, value in row.items():
                 if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.writer.add_scalar(f"{row['phase']}/{key}", value, row["round"])
+
+    def log_hparams(self, config: dict, final: dict, step: int) -> None:
+        """The run's config (dotted keys) and its final metrics (`hparams/<name>` scalars at `step`)."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+                  for k, v in flatten_dict(config).items()}
+        metrics = {f"hparams/{k}": float(v) for k, v in final.items() if v is not None}
+        writer = self.writer.file_writer  # the hparams summaries go into the run's own event file
+        for summary in hparams(values, metrics):
+            writer.add_summary(summary)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, step)
 
     def _progress(self, row: dict) -> None:
         t = row["round"]

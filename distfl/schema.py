@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DataConfig:
-    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path)
     root: str = "./data"  # where to look for (and download) the dataset files
+    path: str = ""  # files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
     augment: str = "auto"  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
     synthetic_train: int = 2000  # synthetic: training samples
@@ -24,8 +25,9 @@ class DataConfig:
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path)
     num_clients: int = 100  # total clients in the population
+    path: str = ""  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
     classes_per_client: int = 2  # n_classes: distinct labels per client (NIID-Bench #C)
     shards_per_client: int = 2  # shards: label-sorted shards per client (McMahan et al.)
@@ -37,7 +39,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2
+    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2, or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
@@ -50,7 +52,8 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
     alpha: float = 0.01  # feddyn: dynamic regulariser weight
@@ -170,10 +173,11 @@ class Config:
 
 # Valid values of the string keys that name a choice. config.py validates against these and suggests
 # the closest one for a typo; the modules that implement the choices check they cover them in tests.
+# algorithm.name and model.name also take plugins (PLUGIN_KEYS): an import path or an entry-point name.
 CHOICES = {
-    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic"],
+    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files"],
     "data.augment": ["auto", "none", "crop_flip"],
-    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail"],
+    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
     "train.cohort": ["random", "sequential"],
     "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2"],
     "model.norm": ["bn", "gn"],
@@ -219,6 +223,8 @@ APPLIES_ONLY_TO = {
     "aggregation.tau": ("aggregation.mask", ["gma"]),
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
+    "partition.path": ("partition.scheme", ["file"]),
+    "data.path": ("data.dataset", ["files"]),
     "partition.classes_per_client": ("partition.scheme", ["n_classes"]),
     "partition.shards_per_client": ("partition.scheme", ["shards"]),
     "partition.imbalance_ratio": ("partition.scheme", ["longtail"]),
@@ -238,5 +244,7 @@ APPLIES_ONLY_TO = {
     "calibration.clients": ("calibration.method", ["ffc"]),
     "calibration.batch_size": ("calibration.method", ["ffc"]),
 }
+
+PLUGIN_KEYS = ("algorithm.name", "model.name")
 
 NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}

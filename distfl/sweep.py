@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
+from .config import OPTIONS_KEY, config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
 from .errors import ConfigError, DistflError, Interrupted
 
 try:  # submitit is a dependency; without it only the Slurm executor is unavailable
@@ -118,6 +118,8 @@ def _value_text(value, where: str) -> str:
 
 def _check_grid_key(key: str, where: str) -> None:
     keys = config_keys()
+    if key.startswith(OPTIONS_KEY + ".") and key != OPTIONS_KEY + ".":
+        return  # a plugin method's option: each point's config checks it against the method's Options
     if key in keys:
         if key == "seed":
             raise ConfigError(f"{where}: give seeds with --seeds 0,1,2 (or `seeds:` in the sweep block), "

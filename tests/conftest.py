@@ -38,9 +38,11 @@ def write_config(path: Path, base: dict = SMALL, **sections) -> Path:
     return path
 
 
-def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bool = False):
+def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bool = False, paths=()):
     """`distfl ARGS`. nproc == 1: in this process (fast; no torch import); nproc > 1 or subprocess_:
-    a fresh process, under torchrun (gloo on CPU) for nproc > 1. Returns a CompletedProcess."""
+    a fresh process, under torchrun (gloo on CPU) for nproc > 1. Returns a CompletedProcess.
+    `paths`: more PYTHONPATH entries for the subprocesses (an out-of-tree plugin package); an in-process
+    run sees what is on sys.path."""
     if nproc == 1 and not subprocess_:
         from distfl.cli import main
 
@@ -53,13 +55,13 @@ def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bo
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "distfl", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, paths)]), "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None = None) -> dict:
+def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None = None, paths=()) -> dict:
     args = ["train", "--resume", resume, *overrides] if resume else ["train", str(config), *overrides]
-    proc = run_cli(args, nproc=nproc)
+    proc = run_cli(args, nproc=nproc, paths=paths)
     assert proc.returncode == 0, f"distfl {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     out_dir = resume or next(o.split("=", 1)[1] for o in overrides if o.startswith("output.dir="))
     return summary(Path(out_dir))

@@ -9,6 +9,10 @@ A round, as the runtime runs it (federation/runner.py):
 
 `FedAvg`-style defaults live here: the weighted model delta and the BatchNorm buffers are summed, and
 the server optimizer (FedOpt) is applied to the averaged delta. A method overrides only what differs.
+
+This class is public API, exported as `distfl.Algorithm`: a method in the user's own package subclasses
+it and is named by `algorithm.name: package.module:ClassName` (docs/extending.md). The hooks' names and
+signatures below are kept stable.
 """
 from __future__ import annotations
 
@@ -24,6 +28,10 @@ from .gma import agreement_mask
 class Algorithm:
     name = "base"
     stateful = False  # True: keeps per-client state between rounds (client state store)
+    # A plugin method's options: a dataclass of bool/int/float/str fields (metadata "range" or "choices"
+    # are checked like built-in keys'); `algorithm.options` is validated against it, and the method reads
+    # the values as `self.options`.
+    Options = None
 
     def __init__(self, cfg, population, worker, device: torch.device, model_factory=None):
         """`worker` is the rank's FlatModel (its layout: `param_slices`, `buffer_slices`);
@@ -36,6 +44,7 @@ class Algorithm:
         self.layout = worker
         self.device = device
         self.model_factory = model_factory
+        self.options = self.Options(**cfg.algorithm.options) if self.Options is not None else None
         self.server_opt = build_server_optimizer(cfg.server, self.num_params, device)
         self.round_metrics: dict[str, float] = {}  # set by server_update; logged per round (TensorBoard)
         self.gma = cfg.aggregation.mask == "gma"

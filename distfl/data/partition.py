@@ -29,6 +29,7 @@ def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: 
         "shards": _shards,
         "quantity": _quantity,
         "longtail": _longtail,
+        "file": _from_file,
     }
     if cfg.scheme not in schemes:
         raise DataError(f"unknown partition.scheme {cfg.scheme!r}; valid: {', '.join(schemes)}")
@@ -44,7 +45,8 @@ def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: 
                 f"partition scheme {cfg.scheme!r} left client {client} with no samples "
                 f"({len(labels)} samples, {cfg.num_clients} clients); use fewer clients or another scheme"
             )
-        rng.shuffle(part)  # NIID-Bench shuffles each client's list
+        if cfg.scheme != "file":  # a split from a file is used as it is
+            rng.shuffle(part)  # NIID-Bench shuffles each client's list
         out.append(part)
     return out
 
@@ -247,3 +249,34 @@ def describe(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> s
         f"{sizes.min()}/{np.median(sizes):g}/{sizes.max()}; mean classes per client {present.mean():.2f}"
     )
     return "\n".join(lines)
+
+
+def file_client_count(path: str) -> int:
+    """How many clients the partition file at `path` holds (its keys must be client_0 .. client_{N-1})."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            keys = set(f.files)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read partition.path {path} as an .npz file: {e}") from None
+    if not keys or keys != {f"client_{i}" for i in range(len(keys))}:
+        listing = ", ".join(sorted(keys)[:5]) + (", ..." if len(keys) > 5 else "")
+        raise DataError(f"partition.path {path} must hold arrays named client_0 .. client_{{N-1}} and nothing else "
+                        f"(as `distfl partition --out` writes); it holds {len(keys)}: {listing or 'none'}")
+    return len(keys)
+
+
+def _from_file(labels, cfg, num_classes, rng):
+    # One int64 index array into the training split per client, e.g. LEAF's writer split or another
+    # framework's partition; `distfl partition --out` writes this format.
+    file_client_count(cfg.path)
+    with np.load(cfg.path, allow_pickle=False) as f:
+        parts = [f[f"client_{i}"] for i in range(cfg.num_clients)]
+    for i, part in enumerate(parts):
+        if part.ndim != 1 or not np.issubdtype(part.dtype, np.integer):
+            raise DataError(f"partition.path {cfg.path}: client_{i} must be a 1-D integer index array, "
+                            f"got shape {part.shape} of {part.dtype}")
+        outside = part[(part < 0) | (part >= len(labels))]
+        if len(outside):
+            raise DataError(f"partition.path {cfg.path}: client_{i} holds index {int(outside[0])}, outside the "
+                            f"training set's 0..{len(labels) - 1}")
+    return parts

@@ -340,6 +340,10 @@ class Trainer:
                     raise Interrupted(f"interrupted after round {t} (checkpointed)")
             self._run_phases(logger)
             self.progress["wall_s"] = wall_before + time.time() - session_start
+            last = self.progress["last_eval"] or {}
+            final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
+                     "best_test_acc": self.progress["best_test_acc"]}
+            logger.log_hparams(config_to_dict(cfg), final, self.step)
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")

@@ -17,6 +17,9 @@ No model contains dropout or in-place activations.
 | vgg13       | kuangliu VGG13, 5 max-pools, BN or GN (SphereFed) | 9,416,010 (3x32x32)                | 9,462,180 (3x32x32)  |
 | senet18     | ResNet-18 + SE (ratio 16), BN or GN (SphereFed)   | 11,263,042 (3x32x32)               | 11,309,212 (3x32x32) |
 | mobilenetv2 | CIFAR MobileNetV2, d = 1280, BN or GN (SphereFed) | 2,237,770 (3x32x32)                | 2,353,060 (3x32x32)  |
+
+`model.name: package.module:build` (or a name registered in the entry-point group `distfl.models`) calls
+the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return.
 """
 from __future__ import annotations
 
@@ -60,7 +63,15 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
     the model's conv stack.
     """
     if cfg.name not in MODELS:
-        raise ConfigError(f"model.name must be one of {', '.join(MODELS)} (got {cfg.name!r})")
+        from distfl.plugins import load_plugin
+
+        try:
+            builder = load_plugin("model.name", cfg.name)
+        except KeyError:
+            raise ConfigError(f"model.name must be one of {', '.join(MODELS)} or an import path "
+                              f"package.module:build (got {cfg.name!r})") from None
+    else:
+        builder = None
     try:
         shape = tuple(int(s) for s in input_shape)
     except (TypeError, ValueError):
@@ -69,6 +80,30 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         raise ConfigError(f"input shape must be (channels, height, width) with positive sizes (got {input_shape!r})")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"the number of classes must be a positive integer (got {num_classes!r})")
-    model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
+    if builder is None:
+        model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
+    else:
+        model = as_classifier(builder(shape, num_classes), cfg.name, num_classes)
     model.set_head(cfg.head, cfg.head_seed, cfg.loss, cfg.feature_norm, cfg.mse_reduction)
     return model
+
+
+def as_classifier(module: nn.Module, name: str, num_classes: int) -> Classifier:
+    """A plugin model as a `Classifier`, so that `model.head` (sphere, fixed_random) and FedBN apply.
+
+    A `Classifier` is used as it is; an `nn.Sequential` ending in `nn.Linear` becomes `features` (all
+    but the last layer) and `head` (that layer, with its initial weights).
+    """
+    if isinstance(module, Classifier):
+        return module
+    if isinstance(module, nn.Sequential) and len(module) > 1 and isinstance(module[-1], nn.Linear):
+        head = module[-1]
+        if head.out_features != num_classes or head.bias is None:
+            raise ConfigError(f"model.name={name}: the last layer must be nn.Linear(d, {num_classes}) with a bias, "
+                              f"got {head}")
+        model = Classifier(module[:-1], head.in_features, num_classes)
+        model.head = head
+        return model
+    raise ConfigError(f"model.name={name} returned {type(module).__name__}; return a distfl.Classifier("
+                      "features, feature_dim, num_classes) or an nn.Sequential whose last layer is the "
+                      "nn.Linear classifier (docs/extending.md)")
