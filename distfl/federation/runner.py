@@ -52,6 +52,9 @@ class Trainer:
             raise ConfigError(
                 f"output.dir {self.run_dir} already holds a run; continue it with "
                 f"`distfl train --resume {self.run_dir}`, pick another output.dir, or pass --overwrite")
+        # Rank 0 holds RUN_DIR/.lock until this Trainer is closed or its process dies: a second run in
+        # the directory is refused, before any work if the directory exists (else once it is created).
+        self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
 
         self.data = load_dataset(cfg.data, cfg.seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
@@ -88,7 +91,7 @@ class Trainer:
         self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
         self.step = 0
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
-        self.resumed_from, self.skipped, self.lock = None, [], None
+        self.resumed_from, self.skipped = None, []
         if resume:
             self._restore()
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
@@ -100,8 +103,7 @@ class Trainer:
             dist.barrier(self.ctx)  # every rank has checked before rank 0 deletes
         if self.ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            # Held until this Trainer is closed (or its process dies): a second run here is refused.
-            self.lock = checkpoint.lock_run_dir(self.run_dir)
+            self.lock = self.lock or checkpoint.lock_run_dir(self.run_dir)
             if not resume and run_has_output(self.run_dir):  # --overwrite was given
                 for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
                     path = self.run_dir / name
