@@ -11,6 +11,8 @@ import dataclasses
 import difflib
 import io
 import math
+import re
+import struct
 import sys
 import tokenize
 import typing
@@ -125,6 +127,11 @@ RANGES = {
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",
 }
+
+# The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,
+# torch's generators 64.
+SEED_MAX = {"seed": 2**32 - 1, "model.head_seed": 2**64 - 1, "tct.coordinate_seed": 2**64 - 1,
+            "tct.head_seed": 2**64 - 1}
 
 
 # --- schema introspection ---------------------------------------------------------------------------
@@ -249,7 +256,7 @@ def _split_override(item: str) -> tuple[str, str]:
 def _parse_override_value(key: str, text: str):
     """Parse like YAML, so `train.lr=1e-3`, `seed=3` and `data.download=false` work."""
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=ConfigLoader)
     except yaml.YAMLError:
         value = text
     # A string key keeps its text even when it reads as another YAML type: output.dir=2024.
@@ -398,9 +405,50 @@ def _read_yaml(path: str):
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=ConfigLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"cannot parse config file {path} as YAML: {e}") from None
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """`yaml.safe_load` without YAML 1.1's surprises, for config files and override values.
+
+    - Only `true`/`false` are booleans, only plain decimals are integers (`1:30`, `0x10`, `010` stay
+      strings, so an integer key refuses them instead of reading 90, 16 or 8), `1e-3` is a float, and
+      dates stay strings; `yes`, `no`, `on` and `off` are strings.
+    - Aliases (`*name`) are refused: a few lines of nested aliases expand to billions of nodes.
+    - A key given twice in one mapping is refused instead of the last one silently winning.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"found the alias *{event.anchor}: YAML anchors and aliases are not accepted "
+                "in distfl configs; write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1}); "
+                    "give each key once", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+ConfigLoader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in [
+    ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    ("int", r"[-+]?(?:0|[1-9][0-9_]*)", "-+0123456789"),
+    ("float", r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+              r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)", "-+0123456789."),
+    ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+]:
+    ConfigLoader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"), list(_first))
 
 
 # --- validation -------------------------------------------------------------------------------------
@@ -529,6 +577,15 @@ def validate(cfg: Config) -> None:
     for key, spec in RANGES.items():
         if not _in_range(v[key], spec):
             raise _range_error(key, v[key], spec)
+    for key, largest in SEED_MAX.items():
+        if v[key] > largest:
+            raise ConfigError(f"{key} must be at most {largest} (numpy and torch refuse larger seeds), "
+                              f"got {v[key]}")
+    if not v["output.dir"].strip() or "\0" in v["output.dir"]:
+        raise ConfigError(f"output.dir must name a directory (not empty, no NUL character), got {v['output.dir']!r}")
+    if not 0 < _float32(v["server.eps"] ** 2) < math.inf:
+        raise ConfigError(f"server.eps={v['server.eps']!r}: its square, the optimizer's initial second moment, "
+                          "is 0 or inf in float32; use a value between 1e-22 and 1e19")
     cfg.algorithm.options = _algorithm_options(v["algorithm.name"], v[OPTIONS_KEY])
     _check_files(v)
 
@@ -554,6 +611,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"partition.classes_per_client ({v['partition.classes_per_client']}) > number of classes "
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
+
+
+def _float32(x: float) -> float:
+    """`x` rounded to float32 (0 below its smallest subnormal, inf above its largest value)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.inf
 
 
 def _warn_inapplicable(cfg: Config, explicit: frozenset[str]) -> None:
@@ -644,7 +709,7 @@ def config_reference_markdown() -> str:
             if key in CHOICES:
                 valid = ", ".join(CHOICES[key])
             elif key in RANGES:
-                valid = _range_text(RANGES[key])
+                valid = _range_text(RANGES[key]) + (f", <= {SEED_MAX[key]}" if key in SEED_MAX else "")
             else:
                 valid = ""
             description = comments[key]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .checkpoint import atomic_write_text
 from .config import flatten_dict
+from .errors import CheckpointError
 
 # metrics.jsonl key -> TensorBoard tag
 TB_TAGS = {
@@ -53,8 +54,18 @@ class RunLogger:
     def _truncate_after(self, last_round: int) -> None:
         if not self.metrics_path.exists():
             return
-        rows = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["round"] <= last_round]
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        rows = []
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                if number == len(lines):  # a kill cut the last write short; that round is recomputed
+                    break
+                raise CheckpointError(f"{self.metrics_path} line {number} is not JSON: {line[:80]!r}; "
+                                      "repair or remove that line to resume") from None
+            if row["round"] <= last_round:
+                rows.append(line)
         atomic_write_text("".join(row + "\n" for row in rows), self.metrics_path)
 
     def log_round(self, row: dict, extra_scalars: dict | None = None) -> None:

@@ -450,6 +450,8 @@ def _train_in_process(config: dict, state: str, stop: dict) -> dict:
                 trainer.request_stop()  # agreed with the other ranks after the first round
             return trainer.run()
     finally:
+        if stop["trainer"] is not None:
+            stop["trainer"].close()  # release the run directory's lock now, not when collected
         stop["trainer"] = None
         dist.shutdown(ctx)
 

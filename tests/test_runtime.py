@@ -108,13 +108,17 @@ def test_resume_rejects_changes_that_alter_the_run(tmp_path, small_config):
 
 
 def test_corrupt_checkpoint_is_refused(tmp_path, small_config):
+    """With every checkpoint bad, resume stops, naming each one and its bad file.
+    (With an older good one, it resumes from that: tests/test_checkpoint.py.)"""
     run = tmp_path / "run"
     train_ok(small_config, f"output.dir={run}", "train.rounds=4")
-    state = run / "checkpoints" / "round_000004" / "state.pt"
-    state.write_bytes(state.read_bytes()[:100])
+    for name in ("round_000002", "round_000004"):
+        state = run / "checkpoints" / name / "state.pt"
+        state.write_bytes(state.read_bytes()[:100])
     proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
     assert proc.returncode == 2
-    assert "corrupt" in proc.stderr and "state.pt" in proc.stderr and "round_000002" in proc.stderr
+    assert "no checkpoint" in proc.stderr and "state.pt does not match" in proc.stderr
+    assert "round_000002" in proc.stderr and "round_000004" in proc.stderr
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_config):

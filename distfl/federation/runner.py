@@ -56,6 +56,9 @@ class Trainer:
             raise ConfigError(
                 f"output.dir {self.run_dir} already holds a run; continue it with "
                 f"`distfl train --resume {self.run_dir}`, pick another output.dir, or pass --overwrite")
+        # Rank 0 holds RUN_DIR/.lock until this Trainer is closed or its process dies: a second run in
+        # the directory is refused, before any work if the directory exists (else once it is created).
+        self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
 
         self.data = load_dataset(cfg.data, cfg.seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
@@ -98,6 +101,7 @@ class Trainer:
         self.step = 0
         self.resume_warnings: list[str] = []
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
+        self.resumed_from, self.skipped = None, []
         if resume:
             self._restore()
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
@@ -107,14 +111,19 @@ class Trainer:
     def _prepare_run_dir(self, resume: bool) -> None:
         if not resume and run_has_output(self.run_dir):  # --overwrite was given
             dist.barrier(self.ctx)  # every rank has checked before rank 0 deletes
-            if self.ctx.is_main:
+        if self.ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.lock = self.lock or checkpoint.lock_run_dir(self.run_dir)
+            if not resume and run_has_output(self.run_dir):  # --overwrite was given
                 for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
                     path = self.run_dir / name
                     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        if self.ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.store is not None:
+                self.store.create()
             checkpoint.atomic_write_text(dump_config(self.cfg), self.run_dir / "config.yaml")
         dist.barrier(self.ctx)
+        if self.ctx.is_main and self.skipped:
+            checkpoint.set_aside(self.run_dir, [name for name, _ in self.skipped], self.resumed_from)
 
     def _sticky_placement(self) -> bool:
         placement, store = self.cfg.runtime.placement, self.cfg.runtime.client_state
@@ -132,8 +141,10 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _restore(self) -> None:
-        path = checkpoint.latest(self.run_dir)
-        state = checkpoint.load(path, self.device)
+        path, state, skipped = checkpoint.newest_good(self.run_dir, self.device)
+        # Every rank must resume from the same checkpoint (they differ if output.dir is not shared).
+        dist.check_same_on_all_ranks(int(state.get("step", state["round"])), self.ctx, "the checkpoint resumed from")
+        self.resumed_from, self.skipped = path.name, skipped
         changed = resume_blockers(state["config"], config_to_dict(self.cfg))
         if changed:
             raise CheckpointError(
@@ -189,10 +200,13 @@ class Trainer:
         if self.ctx.is_main:
             checkpoint.begin(self.run_dir, name)
         dist.barrier(self.ctx)
+        written = 0
         if self.store is not None:
-            self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
-                                        self.ctx.is_main)
-        dist.barrier(self.ctx)
+            written = self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
+                                                  self.ctx.is_main)
+        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer.
+        clients = int(dist.all_reduce_sum(torch.tensor([written], dtype=torch.int64, device=self.device),
+                                          self.ctx, "checkpoint")[0])
         if self.ctx.is_main:
             state = {
                 "round": min(step, self.cfg.train.rounds),
@@ -215,7 +229,7 @@ class Trainer:
             # With phases after training, the last training round's checkpoint is never pruned: a phase
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
-            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect)
+            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect, clients)
 
     def runtime_identity(self) -> dict:
         """What, beside the config, must match for a resumed run to stay bit-identical to one run
@@ -322,6 +336,10 @@ class Trainer:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
                            resume_step=self.step)
+        for name, why in self.skipped:
+            logger.info(f"skipped checkpoint {name}: {why}")
+        if self.skipped:
+            logger.info(f"resuming from {self.resumed_from}, the newest good checkpoint")
         if self.start_round > cfg.train.rounds:
             logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
         elif self.start_round > 1:
@@ -424,6 +442,12 @@ class Trainer:
         agreed through the round's all_reduce). Safe to call from a signal handler."""
         self.stop_requested = True
 
+    def close(self) -> None:
+        """Release the run directory's lock."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
     def _summary(self, status: str, error: str | None) -> dict:
         self.worker.load(self.global_params, self.global_buffers)
         last = self.progress["last_eval"] or {}
@@ -452,10 +476,14 @@ class Trainer:
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank."""
     ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
+    trainer = None
     try:
         with dist.deterministic_ops():
-            return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
+            trainer = Trainer(cfg, ctx, resume=resume, overwrite=overwrite)
+            return trainer.run()
     finally:
+        if trainer is not None:
+            trainer.close()
         dist.shutdown(ctx)
 
 
