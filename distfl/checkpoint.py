@@ -213,10 +213,10 @@ def lock_run_dir(run_dir: Path):
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            handle.close()  # a filesystem without locks (e.g. Lustre mounted without -o flock)
+            # A filesystem without locks (e.g. Lustre mounted without -o flock): run, unlocked.
             print(f"warning: cannot lock {path} ({exc.strerror}); nothing stops a second run in {run_dir}",
                   file=sys.stderr, flush=True)
-            return None
+            return handle
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()

@@ -233,3 +233,16 @@ def test_a_second_run_in_a_running_directory_is_refused(tmp_path):
     third = run_cli(["train", str(cfg), f"output.dir={run}", "train.rounds=2", "--overwrite"])
     assert third.returncode == 0, third.stderr
     assert summary(run)["rounds"] == 2
+
+
+def test_a_filesystem_without_locks_warns_and_runs(tmp_path, monkeypatch, capsys):
+    """flock unsupported (ENOLCK, e.g. Lustre without -o flock): a warning, not a refusal."""
+    import errno
+
+    def no_locks(handle, flags):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks)
+    handle = checkpoint.lock_run_dir(tmp_path)
+    handle.close()
+    assert "cannot lock" in capsys.readouterr().err
