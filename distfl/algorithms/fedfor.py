@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..federation.schedule import round_lr
 from .base import Algorithm
 
 
@@ -40,9 +41,12 @@ class FedFOR(Algorithm):
         boundary = self.cfg.algorithm.fedfor_boundary
         if boundary not in ("ge", "gt"):
             raise ConfigError(f"algorithm.fedfor_boundary must be ge or gt, got {boundary!r}")
+        normalize = self.cfg.algorithm.fedfor_normalize
+        if normalize not in ("steps", "none"):
+            raise ConfigError(f"algorithm.fedfor_normalize must be steps or none, got {normalize!r}")
         self.alpha = alpha
         self.boundary = boundary
-        self.scale = alpha / self.cfg.train.lr  # the paper's alpha / eta (P2): an active step moves alpha * g
+        self.normalize = normalize
         self.prev = torch.zeros(self.num_params, device=self.device)  # W^{t-2}: the global model one round back
         self.has_prev = False  # False until the first server update (round 1 trains plain FedAvg)
         self._g = None  # cached g = W^{t-2} - W^{t-1} of the round in `_g_round`
@@ -62,7 +66,14 @@ class FedFOR(Algorithm):
         d = self.direction(run)
         active = torch.sub(w, run.global_params).mul_(d)  # g_i * s_i
         active = active.ge_(0) if self.boundary == "ge" else active.gt_(0)  # 1.0 / 0.0 in place
-        g.addcmul_(d, active, value=self.scale)
+        scale = self.scale(run)
+        g.addcmul_(d, active, value=scale)
+
+    def scale(self, run) -> float:
+        """The penalty weight alpha / eta (P2: an active step moves alpha * g whatever the round's lr eta is),
+        divided by the client's local steps under fedfor_normalize=steps (then alpha * g / steps)."""
+        lr = round_lr(self.cfg.train, run.round_idx, self.cfg.train.rounds)
+        return self.alpha / (lr * (run.steps if self.normalize == "steps" else 1))
 
     # ---- server side ---------------------------------------------------------------------------
     def server_update(self, params, buffers, reduced):

@@ -34,6 +34,7 @@ from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .population import Population, place
+from .schedule import round_lr
 from .state import ClientStateStore
 
 
@@ -233,13 +234,15 @@ class Trainer:
         if bad:
             raise DivergenceError(f"round {round_idx}: {bad} client(s) produced a non-finite loss or update "
                                   "(NaN/inf or too large); lower train.lr or server.lr")
+        server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
         self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
-                "bytes_reduced": stats.nbytes, **self.algorithm.round_metrics}
+                "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
+                "server_lr": server_lr, **self.algorithm.round_metrics}
 
     def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
         """Add a client's statistics, or count it as non-finite (every rank still joins the reduce)."""
