@@ -37,7 +37,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2
+    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
@@ -186,7 +186,7 @@ CHOICES = {
     "data.augment": ["auto", "none", "crop_flip"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail"],
     "train.cohort": ["random", "sequential"],
-    "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2"],
+    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2"],
     "model.norm": ["bn", "gn"],
     "model.head": ["linear", "sphere", "fixed_random"],
     "model.loss": ["auto", "ce", "mse"],
