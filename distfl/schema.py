@@ -62,7 +62,7 @@ class AlgorithmConfig:
     kd_temperature: float = 1.0  # fedadc with kd_lambda > 0: softmax temperature of teacher and student
     fedfor_alpha: float = 5.0  # fedfor: penalty weight alpha; the loss term is alpha / train.lr * U(...)
     fedfor_boundary: str = "ge"  # fedfor: penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
-    fedfor_normalize: str = "none"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
+    fedfor_normalize: str = "steps"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
 
 
 @dataclass
