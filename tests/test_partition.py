@@ -1,3 +1,8 @@
+import gzip
+import hashlib
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -191,6 +196,51 @@ def test_empty_client_raises():
 def test_bad_labels_raise():
     with pytest.raises(DataError):
         partition(np.array([0, 1, 10]), PartitionConfig(scheme="iid", num_clients=1), 10, seed=0)
+
+
+# NIID-Bench's own client sets on the real FMNIST training labels; tests/fixtures/README.md says how they were made.
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "niid_bench_fmnist.json")
+FMNIST_TRAIN_LABELS = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"
+with open(FIXTURE) as _f:
+    NIID_BENCH_CASES = json.load(_f)["cases"]
+
+
+def niid_bench_config(case):
+    """The distfl partition config of one NIID-Bench fixture case."""
+    name, k = case["niid_bench_partition"], case["n_parties"]
+    if name == "homo":
+        return PartitionConfig(scheme="iid", num_clients=k)
+    if name == "noniid-labeldir":
+        return PartitionConfig(scheme="dirichlet", num_clients=k, alpha=case["beta"])
+    assert name.startswith("noniid-#label"), name
+    return PartitionConfig(scheme="n_classes", num_clients=k, classes_per_client=int(name[len("noniid-#label"):]))
+
+
+@pytest.fixture(scope="module")
+def fmnist_train_labels():
+    if not os.path.exists(FMNIST_TRAIN_LABELS):
+        pytest.skip(f"real Fashion-MNIST labels not installed ({FMNIST_TRAIN_LABELS})")
+    with gzip.open(FMNIST_TRAIN_LABELS, "rb") as f:
+        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)  # IDX1: 8-byte header
+    assert len(labels) == 60000
+    return labels
+
+
+def test_niid_bench_fixture_covers_every_scheme():
+    names = {c["niid_bench_partition"] for c in NIID_BENCH_CASES}
+    assert {"homo", "noniid-labeldir", "noniid-#label1", "noniid-#label2", "noniid-#label3"} <= names
+    assert len(NIID_BENCH_CASES) == 34
+
+
+@pytest.mark.parametrize(
+    "case", NIID_BENCH_CASES,
+    ids=[f"{c['niid_bench_partition']}-{c['n_parties']}-beta{c['beta']}-seed{c['seed']}" for c in NIID_BENCH_CASES])
+def test_reproduces_niid_bench_client_sets(case, fmnist_train_labels):
+    # Exact client index sets (orders differ: NIID-Bench shuffles only its Dirichlet clients' lists).
+    parts = partition(fmnist_train_labels, niid_bench_config(case), 10, case["seed"])
+    assert [len(p) for p in parts] == case["client_sizes"]
+    digests = [hashlib.sha256(np.sort(p).astype(np.int64).tobytes()).hexdigest() for p in parts]
+    assert digests == case["client_sha256_sorted_int64"]
 
 
 def test_describe_matches_parts():

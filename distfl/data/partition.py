@@ -1,11 +1,16 @@
 """Split a dataset's training indices among clients.
 
 `partition` is a pure function of (labels, config, num_classes, seed): every rank computes the same split
-without communicating. All randomness comes from one `np.random.RandomState(seed)`, the legacy NumPy RNG
-that NIID-Bench (Li et al. 2021, "Federated Learning on Non-IID Data Silos") uses; where a scheme follows
-NIID-Bench, the draws are made in the same order as its `partition_data`.
+without communicating. The randomness comes from one `np.random.RandomState(seed)`, the legacy NumPy RNG
+that NIID-Bench (Li et al. 2021, "Federated Learning on Non-IID Data Silos") uses, and, for `n_classes`
+only, Python's `random.Random(seed)`, with which NIID-Bench draws each client's classes. Where a scheme
+follows NIID-Bench, the draws are made in the same order as its `partition_data` seeded by
+`np.random.seed(seed); random.seed(seed)`, so the client sets are NIID-Bench's (tests/test_partition.py
+checks them against its client sets on the real Fashion-MNIST labels).
 """
 from __future__ import annotations
+
+import random
 
 import numpy as np
 
@@ -34,7 +39,10 @@ def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: 
         raise DataError(f"unknown partition.scheme {cfg.scheme!r}; valid: {', '.join(schemes)}")
 
     rng = np.random.RandomState(seed)
-    parts = schemes[cfg.scheme](labels, cfg, num_classes, rng)
+    if cfg.scheme == "n_classes":
+        parts = _n_classes(labels, cfg, num_classes, rng, random.Random(seed))
+    else:
+        parts = schemes[cfg.scheme](labels, cfg, num_classes, rng)
 
     out = []
     for client, part in enumerate(parts):
@@ -107,9 +115,11 @@ def _dirichlet(labels, cfg, num_classes, rng):
     raise _resampling_failed(cfg)
 
 
-def _n_classes(labels, cfg, num_classes, rng):
+def _n_classes(labels, cfg, num_classes, rng, class_rng):
     # NIID-Bench "noniid-#label<C>": client i holds class i % num_classes and C-1 further distinct classes
     # drawn uniformly; each class is split evenly among the clients holding it, in client order.
+    # As in NIID-Bench, the classes are drawn first and with Python's `random` (class_rng), redrawing a class
+    # the client already holds; only then does numpy (rng) shuffle each class.
     k, c_per = cfg.num_clients, cfg.classes_per_client
     if not 1 <= c_per <= num_classes:
         raise DataError(
@@ -122,7 +132,7 @@ def _n_classes(labels, cfg, num_classes, rng):
             continue
         current = [i % num_classes]
         while len(current) < c_per:
-            c = rng.randint(0, num_classes)
+            c = class_rng.randint(0, num_classes - 1)  # inclusive bounds, unlike numpy's
             if c not in current:
                 current.append(c)
         held.append(current)
