@@ -2,6 +2,7 @@
 
     python experiments/fedfor/table.py            # markdown tables on stdout
     python experiments/fedfor/table.py --upto 30  # every run cut at round 30: one table per E, mean over seeds
+    python experiments/fedfor/table.py --readings # alpha 5 under each boundary x normalisation (results/readings)
 
 Per run: best test accuracy up to halfway and up to the last round (running max over evaluated rounds,
 the paper's "best validation accuracy up to round t"), ACCx = first evaluated round with accuracy >= x%,
@@ -110,7 +111,39 @@ def compare(upto: int) -> None:
         print("\n".join(lines))
 
 
+READINGS = [
+    ("paper", "longtail clients, the paper's batch 128, lr 0.01"),
+    ("user", "quickstart + #C=2 split (lr 0.1, batch 32)"),
+]
+
+
+def readings() -> None:
+    print("| setting | reading | outcome | test acc, rounds 4 / 8 / 12 | update norm, rounds 2 / 4 / 6 / last |")
+    print("|---|---|---|---|---|")
+    for prefix, setting in READINGS:
+        for reading, label in (("fedavg", "FedAvg"), ("ge_none", "ge, none (literal)"), ("gt_none", "gt, none"),
+                               ("ge_steps", "**ge, steps (default)**"), ("gt_steps", "gt, steps")):
+            tag = next((t for t in (f"readings/{prefix}_{reading}_v2", f"readings/{prefix}_{reading}")
+                        if (RESULTS / t / "metrics.jsonl").exists()), None)
+            if tag is None:
+                continue
+            d = RESULTS / tag
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            done = (d / "summary.json").exists() and json.loads((d / "summary.json").read_text())["status"] == "completed"
+            last = rows[-1]["round"] if rows else 0
+            outcome = "trains" if done else f"non-finite in round {last + 1}"
+            accs = {r["round"]: fmt_acc(r["test_acc"]) for r in rows if "test_acc" in r}
+            norms = {r["round"]: r.get("fedfor/prev_update_norm") for r in rows}
+            shown = [norms.get(t) for t in (2, 4, 6)] + [norms.get(last)]
+            norm_text = " / ".join("—" if n is None else f"{n:.3g}" for n in shown) if reading != "fedavg" else "—"
+            acc_text = " / ".join(accs.get(t, "—") for t in (4, 8, 12))
+            print(f"| {setting} | {label} | {outcome} | {acc_text} | {norm_text} |")
+
+
 def main() -> int:
+    if "--readings" in sys.argv:
+        readings()
+        return 0
     if "--upto" in sys.argv:
         compare(int(sys.argv[sys.argv.index("--upto") + 1]))
         return 0
