@@ -4,15 +4,17 @@ global update. Stateless clients; the server (replicated on every rank) keeps on
 Round t (1-based) sends W^{t-1} and, from round 2 on, W^{t-2}. With g = W^{t-2} - W^{t-1} (fixed for the
 round) and s = w - W^{t-1} (the client's current displacement), client k minimises (Eq. 7)
 
-    L_k(w) + (alpha / lr) * sum_i U(g_i * s_i),        U(x) = x if x >= 0 else 0,
+    L_k(w) + (alpha / (lr * tau)) * sum_i U(g_i * s_i),        U(x) = x if x >= 0 else 0,
 
-whose gradient adds, per coordinate,
+with tau the client's local steps this round (fedfor_normalize = steps, the default; tau = 1 under
+`none`, Eq. 7 as printed, which makes alpha = 5 a momentum of 5 on the global model and diverges), whose
+gradient adds, per coordinate,
 
-    (alpha / lr) * g_i * 1[g_i * s_i >= 0]     (fedfor_boundary = ge, the default)
-    (alpha / lr) * g_i * 1[g_i * s_i >  0]     (fedfor_boundary = gt)
+    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >= 0]     (fedfor_boundary = ge, the default)
+    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >  0]     (fedfor_boundary = gt)
 
 to the cross-entropy gradient (before weight decay and momentum; the paper uses neither). At the first
-local step s = 0, so under `ge` every coordinate with g_i != 0 gets the full step alpha * (W^{t-1} - W^{t-2})
+local step s = 0, so under `ge` every coordinate with g_i != 0 gets the step (alpha / tau) * (W^{t-1} - W^{t-2})
 (the Polyak-momentum "kick" of the paper's Sec. 3.3); under `gt` the penalty only fires once a coordinate
 has moved back towards W^{t-2}. Round 1 has no W^{t-2}: plain FedAvg local training.
 
