@@ -244,7 +244,7 @@ def test_paper_configs_parse_and_use_the_papers_optimiser():
 def test_defaults_train_on_a_two_class_fmnist_split(tmp_path):
     """A fresh user's run: the quickstart's settings on a #C=2 split of real Fashion-MNIST with only
     algorithm.name=fedfor. The paper's alpha = 5 under the old defaults (ge, no normalisation) threw
-    5x the last global update at every client and hit a non-finite loss by round 3; the default reading
+    5x the last global update at every client and hit a non-finite loss in round 2; the default reading
     must train, with the global update shrinking rather than growing 5x a round."""
     cfg = write_config(tmp_path / "c2.yaml", data={"dataset": "fmnist"},
                        partition={"scheme": "n_classes", "num_clients": 100, "classes_per_client": 2},
