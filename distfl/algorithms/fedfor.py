@@ -68,8 +68,7 @@ class FedFOR(Algorithm):
         d = self.direction(run)
         active = torch.sub(w, run.global_params).mul_(d)  # g_i * s_i
         active = active.ge_(0) if self.boundary == "ge" else active.gt_(0)  # 1.0 / 0.0 in place
-        scale = self.scale(run)
-        g.addcmul_(d, active, value=scale)
+        g.addcmul_(d, active, value=self.scale(run))
 
     def scale(self, run) -> float:
         """The penalty weight alpha / eta (P2: an active step moves alpha * g whatever the round's lr eta is),

@@ -33,7 +33,8 @@ class Scaffold(Algorithm):
     def client_statistics(self, run, worker, stats):
         super().client_statistics(run, worker, stats)
         c_i = run.state["c"]
-        c_new = c_i - self.c + (run.global_params - worker.params) / (run.steps * round_lr(self.cfg.train, run.round_idx, self.cfg.train.rounds))
+        lr = round_lr(self.cfg.train, run.round_idx, self.cfg.train.rounds)
+        c_new = c_i - self.c + (run.global_params - worker.params) / (run.steps * lr)
         stats.add("control_delta", c_new - c_i, 1.0 / len(self.population))
         run.state["c"] = c_new
 
