@@ -67,8 +67,10 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     saved, now = flatten_dict(saved), flatten_dict(now)
     # A key the saved run does not have (added to distfl later) had its default value there.
     defaults = flatten_dict(config_to_dict(Config()))
+    # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
+    fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
     return [k for k in now if k != "output.dir" and saved.get(k, defaults.get(k)) != now[k]
-            and not k.startswith(RESUMABLE_KEYS)]
+            and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
 
 
 # Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]" or "(0, 1]".
@@ -111,6 +113,10 @@ RANGES = {
     "aggregation.tau": "[0, 1]",
     "server.lr": "> 0",
     "server.momentum": "[0, 1)",
+    "server.lr_warmup_rounds": ">= 0",
+    "server.lr_min": ">= 0",
+    "server.lr_step_every": ">= 1",
+    "server.lr_gamma": "> 0",
     "server.beta1": "[0, 1)",
     "server.beta2": "[0, 1)",
     "server.eps": "> 0",
@@ -121,6 +127,10 @@ RANGES = {
     "train.lr": "> 0",
     "train.weight_decay": ">= 0",
     "train.momentum": "[0, 1)",
+    "train.lr_warmup_rounds": ">= 0",
+    "train.lr_min": ">= 0",
+    "train.lr_step_every": ">= 1",
+    "train.lr_gamma": "> 0",
     "eval.every": ">= 1",
     "eval.batch_size": ">= 1",
     "checkpoint.every": ">= 0",

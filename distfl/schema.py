@@ -39,7 +39,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2, or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
+    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2, or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
@@ -65,6 +65,7 @@ class AlgorithmConfig:
     kd_temperature: float = 1.0  # fedadc with kd_lambda > 0: softmax temperature of teacher and student
     fedfor_alpha: float = 5.0  # fedfor: penalty weight alpha; the loss term is alpha / train.lr * U(...)
     fedfor_boundary: str = "ge"  # fedfor: penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
+    fedfor_normalize: str = "steps"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
 
 
 @dataclass
@@ -108,6 +109,11 @@ class TCTConfig:
 class ServerConfig:
     optimizer: str = "sgd"  # sgd (FedAvgM with momentum > 0) | adam | yogi | adagrad (FedOpt, Reddi et al. 2021)
     lr: float = 1.0  # server learning rate applied to the averaged update
+    lr_schedule: str = "constant"  # server lr by round: constant | cosine (from lr to lr_min over the rounds after warm-up) | step (times lr_gamma every lr_step_every rounds)
+    lr_warmup_rounds: int = 0  # server lr: linear warm-up over the first this many rounds (lr * t / W in round t <= W), then the schedule
+    lr_min: float = 0.0  # server lr, cosine: the lr the cosine reaches after the last round
+    lr_step_every: int = 10  # server lr, step: rounds between decays
+    lr_gamma: float = 0.1  # server lr, step: factor applied at each decay
     momentum: float = 0.0  # sgd: server momentum (FedAvgM)
     beta1: float = 0.9  # adam, yogi, adagrad: first-moment decay (Reddi et al. use momentum in all three)
     beta2: float = 0.99  # adam, yogi: second-moment decay
@@ -122,6 +128,11 @@ class TrainConfig:
     local_epochs: int = 1  # passes over the client's data per round
     batch_size: int = 32  # local mini-batch size (the last partial batch of an epoch is kept)
     lr: float = 0.05  # local SGD learning rate
+    lr_schedule: str = "constant"  # local lr by round: constant | cosine (from lr to lr_min over the rounds after warm-up) | step (times lr_gamma every lr_step_every rounds)
+    lr_warmup_rounds: int = 0  # local lr: linear warm-up over the first this many rounds (lr * t / W in round t <= W), then the schedule
+    lr_min: float = 0.0  # local lr, cosine: the lr the cosine reaches after the last round
+    lr_step_every: int = 10  # local lr, step: rounds between decays
+    lr_gamma: float = 0.1  # local lr, step: factor applied at each decay
     weight_decay: float = 0.0  # local SGD weight decay (L2, coupled as in torch.optim.SGD)
     momentum: float = 0.0  # local SGD momentum, reset for every client and round
 
@@ -180,7 +191,7 @@ CHOICES = {
     "data.augment": ["auto", "none", "crop_flip"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
     "train.cohort": ["random", "sequential"],
-    "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2"],
+    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2"],
     "model.norm": ["bn", "gn"],
     "model.head": ["linear", "sphere", "fixed_random"],
     "model.loss": ["auto", "ce", "mse"],
@@ -198,10 +209,13 @@ CHOICES = {
     "tct.compute_dtype": ["float64", "float32"],
     "algorithm.variant": ["nesterov", "heavy_ball"],
     "algorithm.fedfor_boundary": ["ge", "gt"],
+    "algorithm.fedfor_normalize": ["steps", "none"],
     "aggregation.mask": ["none", "gma"],
     "aggregation.mask_applies_to": ["step", "update"],
     "algorithm.weighting": ["samples", "uniform"],
     "server.optimizer": ["sgd", "adam", "yogi", "adagrad"],
+    "server.lr_schedule": ["constant", "cosine", "step"],
+    "train.lr_schedule": ["constant", "cosine", "step"],
     "output.progress": ["auto", "bar", "log", "none"],
     "runtime.device": ["auto", "cpu", "cuda"],
     "runtime.client_state": ["memory", "disk"],
@@ -221,6 +235,7 @@ APPLIES_ONLY_TO = {
     "algorithm.kd_temperature": ("algorithm.name", ["fedadc"]),
     "algorithm.fedfor_alpha": ("algorithm.name", ["fedfor"]),
     "algorithm.fedfor_boundary": ("algorithm.name", ["fedfor"]),
+    "algorithm.fedfor_normalize": ("algorithm.name", ["fedfor"]),
     "aggregation.tau": ("aggregation.mask", ["gma"]),
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
@@ -243,6 +258,8 @@ APPLIES_ONLY_TO = {
         "normalize", "rounds", "local_steps", "lr", "solver", "local_solver", "compute_dtype", "chunk_size",
         "memory_limit_gb", "check_invariant")},
     "calibration.clients": ("calibration.method", ["ffc"]),
+    **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
+       for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
 }
 

@@ -179,7 +179,7 @@ def test_type_errors_in_yaml(tmp_path):
 def test_unknown_choice():
     msg = error(load_config, None, ["model.name=resnet19"])
     assert "model.name: unknown choice 'resnet19'; did you mean 'resnet18'?" in msg
-    assert "valid: simplecnn, lenet5, cifar_cnn, resnet18, resnet20, mlp" in msg
+    assert "valid: simplecnn, tct_cnn, lenet5, cifar_cnn, resnet18, resnet20, mlp" in msg
     msg = error(load_config, None, ["algorithm.name=xyz"])
     assert "did you mean" not in msg and "valid: fedavg, fedprox" in msg
 

@@ -9,7 +9,7 @@ from distfl.errors import ConfigError
 from distfl.models import build_model
 from distfl.schema import ModelConfig
 
-NAMES = ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp"]
+NAMES = ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp"]
 COMBOS = [((1, 28, 28), 10), ((3, 32, 32), 10), ((3, 32, 32), 100)]
 
 
@@ -50,6 +50,8 @@ def test_no_dropout_and_no_inplace(name):
 @pytest.mark.parametrize("name,shape,num_classes,expected", [
     ("simplecnn", (1, 28, 28), 10, 44_426),
     ("simplecnn", (3, 32, 32), 10, 62_006),  # flat = 400
+    ("tct_cnn", (1, 28, 28), 10, 454_922),  # > p = 100,000 (TCT keeps 100,000 eNTK coordinates)
+    ("tct_cnn", (1, 28, 28), 1, 453_761),  # the 1-output head of TCT's eNTK
     ("lenet5", (1, 28, 28), 10, 61_706),  # padded to the classic 32x32 geometry, flat = 400
     ("lenet5", (3, 32, 32), 10, 62_006),
     ("cifar_cnn", (3, 32, 32), 10, 1_156_202),
@@ -72,7 +74,7 @@ def test_flat_widths():
 
 
 def test_feature_dims():
-    dims = {"simplecnn": 84, "lenet5": 84, "cifar_cnn": 64, "resnet18": 512, "resnet20": 64, "mlp": 64}
+    dims = {"simplecnn": 84, "tct_cnn": 128, "lenet5": 84, "cifar_cnn": 64, "resnet18": 512, "resnet20": 64, "mlp": 64}
     for name, d in dims.items():
         assert build(name, (3, 32, 32), 10).feature_dim == d
     assert build("mlp", (1, 8, 8), 10, mlp_hidden=17).feature_dim == 17
@@ -137,7 +139,7 @@ def test_small_synthetic_inputs_work(name):
 
 
 def test_unknown_name_and_bad_arguments():
-    with pytest.raises(ConfigError, match="simplecnn, lenet5, cifar_cnn, resnet18, resnet20, mlp"):
+    with pytest.raises(ConfigError, match="simplecnn, tct_cnn, lenet5, cifar_cnn, resnet18, resnet20, mlp"):
         build_model(ModelConfig(name="vgg"), (3, 32, 32), 10)
     with pytest.raises(ConfigError, match="input shape"):
         build_model(ModelConfig(name="mlp"), (32, 32), 10)

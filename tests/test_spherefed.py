@@ -275,3 +275,26 @@ def test_ffc_feature_batch_size_does_not_change_the_result(tmp_path):
     # The features are a float32 forward pass, whose rounding depends on the batch shape: measured 1e-8.
     assert float((a - b).norm() / a.norm()) < 1e-6
     assert default["phases"]["ffc"]["samples"] == small["phases"]["ffc"]["samples"]
+
+
+def test_mse_sum_is_mean_at_c_times_the_lr(tmp_path):
+    """The MSE reduction over classes only rescales the gradient by C: training with `sum` at (lr, wd)
+    is training with `mean` at (C lr, wd / C), momentum included, up to float round-off. So no run can
+    prefer one reduction at a matched effective lr; the default `mean` is kept (torch's MSELoss)."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    def trained(name, *overrides):
+        cfg = load_config(str(sphere_config(tmp_path)), [f"output.dir={tmp_path / name}", "train.momentum=0.9",
+                                                          *overrides])
+        trainer = Trainer(cfg, dist.init("cpu", 1))
+        for t in (1, 2, 3):
+            trainer.run_round(t)
+        return trainer.global_params
+
+    total = trained("sum", "model.mse_reduction=sum", "train.lr=0.01", "train.weight_decay=1e-3")
+    mean = trained("mean", "model.mse_reduction=mean", "train.lr=0.1", "train.weight_decay=1e-4")
+    unmatched = trained("mean_same_lr", "model.mse_reduction=mean", "train.lr=0.01", "train.weight_decay=1e-3")
+    assert torch.allclose(total, mean, rtol=0, atol=1e-5)
+    assert (total - unmatched).abs().max() > 1e-2

@@ -100,6 +100,12 @@ class FedADC(Algorithm):
                 f"algorithm.name={name} has its own server step (algorithm.server_alpha, algorithm.beta_global), "
                 f"so server.optimizer must be sgd with server.lr=1 and server.momentum=0; got "
                 f"server.optimizer={s.optimizer}, server.lr={s.lr}, server.momentum={s.momentum}")
+        for section in ("train", "server"):
+            if getattr(cfg, section).lr_schedule != "constant" or getattr(cfg, section).lr_warmup_rounds:
+                raise ConfigError(
+                    f"algorithm.name={name} divides the averaged update by train.lr to recover its momentum, "
+                    f"so it needs a constant lr: {section}.lr_schedule must be constant and "
+                    f"{section}.lr_warmup_rounds 0")
         if float(cfg.train.momentum) > 0:
             raise ConfigError(
                 f"algorithm.name={name} uses plain local SGD (a local momentum buffer would absorb the embedded "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .population import client_seed
+from .schedule import round_lr
 
 
 class FlatModel:
@@ -101,7 +102,7 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
     model = flat.module
     model.train()
     w, g = flat.params, flat.grads
-    lr, wd, momentum = train_cfg.lr, train_cfg.weight_decay, train_cfg.momentum
+    lr, wd, momentum = round_lr(train_cfg, run.round_idx, train_cfg.rounds), train_cfg.weight_decay, train_cfg.momentum
     velocity = None
     loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
     n, batch = len(indices), train_cfg.batch_size

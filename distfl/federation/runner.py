@@ -35,6 +35,7 @@ from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .population import Population, place
+from .schedule import round_lr
 from .state import ClientStateStore
 
 
@@ -268,13 +269,15 @@ class Trainer:
         if bad:
             raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: "
                                   f"{self._out_of_range(stats, refused)}; lower train.lr or server.lr")
+        server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
         self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
-                "bytes_reduced": stats.nbytes, **self.algorithm.round_metrics}
+                "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
+                "server_lr": server_lr, **self.algorithm.round_metrics}
 
     def _contribute(self, run: ClientRun, stats: StatBuffer, refused: dict[str, int]) -> None:
         """Add a client's statistics, or count it as non-finite under the statistic that was out of

@@ -9,6 +9,7 @@ No model contains dropout or in-place activations.
 | name        | source                                            | params, 10 classes (default input) | params, 100 classes  |
 |-------------|---------------------------------------------------|------------------------------------|----------------------|
 | simplecnn   | NIID-Bench SimpleCNNMNIST (TCT, FMNIST)           | 44,426 (1x28x28)                   |                      |
+| tct_cnn     | TCT paper's FMNIST net: 2 conv+pool, 2 FC         | 454,922 (1x28x28)                  |                      |
 | lenet5      | classic LeNet-5, ReLU + max-pool (GMA)            | 61,706 (1x28x28)                   |                      |
 | cifar_cnn   | FedADC 4 conv + 4 FC, widths our choice           | 1,156,202 (3x32x32)                |                      |
 | resnet18    | CIFAR-stem ResNet-18, BN or GN (TCT, FedADC)      | 11,173,962 (3x32x32)               | 11,220,132 (3x32x32) |
@@ -37,6 +38,7 @@ from distfl.models.resnet import build_resnet18
 from distfl.models.resnet_cifar import build_resnet20
 from distfl.models.senet import build_senet18
 from distfl.models.simplecnn import build_simplecnn
+from distfl.models.tct_cnn import build_tct_cnn
 from distfl.models.vgg import build_vgg13
 from distfl.schema import ModelConfig
 
@@ -45,6 +47,7 @@ __all__ = ["Classifier", "MODELS", "build_model"]
 # name -> builder(cfg, input_shape, num_classes)
 MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]] = {
     "simplecnn": lambda cfg, shape, k: build_simplecnn(shape, k),
+    "tct_cnn": lambda cfg, shape, k: build_tct_cnn(shape, k),
     "lenet5": lambda cfg, shape, k: build_lenet5(shape, k),
     "cifar_cnn": lambda cfg, shape, k: build_cifar_cnn(shape, k),
     "resnet18": lambda cfg, shape, k: build_resnet18(shape, k, cfg.norm, cfg.gn_groups),
