@@ -183,3 +183,24 @@ def test_torch_func_grad(name):
 def test_cuda(name):
     model = build(name, (3, 32, 32), 10).cuda()
     assert model(torch.randn(2, 3, 32, 32, device="cuda")).shape == (2, 10)
+
+
+# Modules whose CUDA backward has no deterministic kernel (torch.use_deterministic_algorithms' list):
+# under runtime.deterministic=true a model holding one stops on CUDA, so built-in models avoid them.
+NONDETERMINISTIC_ON_CUDA = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.FractionalMaxPool2d, nn.MaxPool3d,
+                            nn.ReflectionPad2d, nn.ReplicationPad2d, nn.Upsample, nn.EmbeddingBag, nn.CTCLoss)
+
+
+@pytest.mark.parametrize("name", NAMES + ["vgg13", "senet18", "mobilenetv2"])
+def test_builtin_models_run_under_strict_cuda_determinism(name):
+    model = build(name, (3, 32, 32), 10)
+    bad = [n for n, m in model.named_modules() if isinstance(m, NONDETERMINISTIC_ON_CUDA)]
+    assert not bad, f"{name}: {bad} have no deterministic CUDA backward"
+
+
+def test_global_avg_pool_equals_adaptive_avg_pool():
+    from distfl.models.base import GlobalAvgPool
+
+    x = torch.randn(4, 8, 5, 7, dtype=torch.float64)
+    expected = nn.Flatten()(nn.AdaptiveAvgPool2d(1)(x))
+    assert torch.allclose(GlobalAvgPool()(x), expected, rtol=0, atol=1e-15)
