@@ -210,7 +210,7 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         mine = place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]
-        stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.segments(), self.device, len(cohort))
+        stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.round_segments(), self.device, len(cohort))
         for client_id in mine:
             n = int(self.population.sizes[client_id])
             run = ClientRun(
@@ -233,7 +233,7 @@ class Trainer:
         if bad:
             raise DivergenceError(f"round {round_idx}: {bad} client(s) produced a non-finite loss or update "
                                   "(NaN/inf or too large); lower train.lr or server.lr")
-        self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
+        self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
@@ -246,7 +246,7 @@ class Trainer:
         ok = bool(torch.isfinite(run.loss_sum)) and bool(torch.isfinite(self.worker.params).all())
         if ok:
             try:
-                self.algorithm.client_statistics(run, self.worker, stats)
+                self.algorithm.collect(run, self.worker, stats)
                 stats.add("loss_sum", run.loss_sum)
             except Unrepresentable:
                 ok = False
