@@ -101,17 +101,29 @@ def test_client_statistics_recomputed_independently_with_fedbn(tmp_path):
 
 
 def test_client_eval_one_rank_equals_two_ranks(tmp_path):
-    """Clients are evaluated on the rank that holds their BatchNorm; the counts are exact sums."""
+    """Clients are evaluated on the rank that holds their BatchNorm (memory, sticky) or on any rank
+    (disk, balanced placement); the counts are exact sums, so every statistic is the same."""
     cfg = _bn_config(tmp_path)
-    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
+    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}", "output.tensorboard=true")
     two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
-    rows_one, rows_two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    for a, b in zip(rows_one, rows_two):
-        assert {k: a[k] for k in STATISTICS + ("test_acc",)} == {k: b[k] for k in STATISTICS + ("test_acc",)}
-    assert one["final_client_acc"] == two["final_client_acc"] == {
-        key.removeprefix("client_acc_"): rows_one[-1][key] for key in STATISTICS}
+    disk = train_ok(cfg, f"output.dir={tmp_path / 'disk'}", "runtime.client_state=disk",
+                    "runtime.placement=balanced", nproc=2)
+    rows = {name: metrics(tmp_path / name) for name in ("one", "two", "disk")}
+    keys = STATISTICS + ("test_acc",)
+    assert [{k: r[k] for k in keys} for r in rows["one"]] == [{k: r[k] for k in keys} for r in rows["two"]] \
+        == [{k: r[k] for k in keys} for r in rows["disk"]]
+    assert one["final_client_acc"] == two["final_client_acc"] == disk["final_client_acc"] == {
+        key.removeprefix("client_acc_"): rows["one"][-1][key] for key in STATISTICS}
     assert two["collectives"]["calls"]["eval"] == 2  # still one all_reduce per evaluation
-    assert one["model_sha256"] == two["model_sha256"]
+    assert one["model_sha256"] == two["model_sha256"] == disk["model_sha256"]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "one" / "tb"))
+    events.Reload()
+    for key in STATISTICS:
+        logged = [(e.step, e.value) for e in events.Scalars(f"test/{key}")]
+        assert logged == [(r["round"], pytest.approx(r[key])) for r in rows["one"]]
 
 
 def test_client_eval_is_off_by_default(tmp_path, small_config):
