@@ -32,8 +32,7 @@ from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
-from .client_eval import STATISTICS as CLIENT_STATISTICS
-from .client_eval import accuracy_statistics, add_client_counts, client_segments
+from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .population import Population, place
