@@ -64,6 +64,10 @@ def _print_result(summary: dict, cfg) -> None:
         print(f"final test accuracy {100 * acc:.2f}% (best {100 * summary['best_test_acc']:.2f}% at round "
               f"{summary['best_round']}), {summary['rounds']} rounds in {summary['wall_s']:.1f}s; "
               f"summary: {Path(cfg.output.dir) / 'summary.json'}")
+        clients = summary.get("final_client_acc")
+        if clients:
+            print(f"per-client accuracy (eval.clients): mean {100 * clients['mean']:.2f}%, std "
+                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
 
 
 def cmd_calibrate(args) -> int:

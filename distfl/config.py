@@ -133,6 +133,7 @@ RANGES = {
     "train.lr_gamma": "> 0",
     "eval.every": ">= 1",
     "eval.batch_size": ">= 1",
+    "eval.client_test_size": ">= 0",
     "checkpoint.every": ">= 0",
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",

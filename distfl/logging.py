@@ -20,6 +20,10 @@ from .errors import CheckpointError
 TB_TAGS = {
     "test_acc": "test/accuracy",
     "test_loss": "test/loss",
+    "client_acc_mean": "test/client_acc_mean",
+    "client_acc_std": "test/client_acc_std",
+    "client_acc_min": "test/client_acc_min",
+    "client_acc_p10": "test/client_acc_p10",
     "train_loss": "train/loss",
     "round_s": "time/round_s",
     "samples_per_s": "time/samples_per_s",
@@ -79,6 +83,8 @@ class RunLogger:
                     self.writer.add_scalar(TB_TAGS.get(key, key), value, row["round"])
         if "test_acc" in row:
             self.last_eval = f"acc {100 * row['test_acc']:.2f}% (round {row['round']})"
+            if "client_acc_mean" in row:
+                self.last_eval += f", clients {100 * row['client_acc_mean']:.2f}% mean"
         self._progress(row)
 
     def log_phase(self, row: dict) -> None:

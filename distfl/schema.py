@@ -141,6 +141,8 @@ class TrainConfig:
 class EvalConfig:
     every: int = 5  # evaluate the global model every this many rounds (and after the last)
     batch_size: int = 1000  # evaluation batch size
+    clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
+    client_test_size: int = 0  # eval.clients: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
 
 
 @dataclass

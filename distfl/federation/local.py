@@ -83,7 +83,7 @@ class ClientRun:
     num_samples: int
     weight: float  # the client's aggregation weight in this round
     steps: int  # local SGD steps this round
-    global_params: torch.Tensor  # the round's global model (flat, read-only)
+    global_params: torch.Tensor  # the model the client received (flat, read-only): the round's global model; with FedBN, with the client's own BatchNorm
     state: dict = field(default_factory=dict)  # per-client persistent state (stateful algorithms)
     loss_sum: torch.Tensor | None = None  # sum of per-batch mean loss * batch size, after training
 
@@ -113,14 +113,14 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
             x, y = data.train_x[idx], data.train_y[idx]
             if data.augment is not None:
                 x = data.augment(x)
-            algorithm.before_forward(w, run)
+            algorithm.shift(w, run)
             loss = algorithm.local_loss(model, x, y, run)
             g.zero_()
             loss.backward()
             loss_sum += loss.detach().double() * len(idx)
             # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
             # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
-            algorithm.correct_gradient(w, g, run)
+            algorithm.correction(w, g, run)
             if wd:
                 g.add_(w, alpha=wd)
             if momentum:

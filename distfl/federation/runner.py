@@ -26,12 +26,14 @@ import torch
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
 from ..config import PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
+from ..data.client_test import client_test_sets
 from ..data.datasets import load_dataset
 from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
+from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .population import Population, place
@@ -66,6 +68,10 @@ class Trainer:
         parts = partition(labels, cfg.partition, self.data.num_classes, cfg.seed)
         self.population = Population(parts, labels, self.data.num_classes)
         self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
+        if cfg.eval.clients:
+            sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
+                                    cfg.eval.client_test_size, cfg.seed)
+            self.client_test = [torch.from_numpy(s).to(self.device) for s in sets]
 
         def model_factory():
             return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
@@ -244,7 +250,7 @@ class Trainer:
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         mine = place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]
         largest = max((int(self.population.sizes[k]) for k in cohort), default=1)
-        stats = StatBuffer(round_segments(self.algorithm.segments(), largest, cfg.train.local_epochs),
+        stats = StatBuffer(round_segments(self.algorithm.all_segments(), largest, cfg.train.local_epochs),
                            self.device, len(cohort))
         refused: dict[str, int] = {}  # statistic -> clients of this rank whose value was out of its range
         for client_id in mine:
@@ -270,7 +276,7 @@ class Trainer:
             raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: "
                                   f"{self._out_of_range(stats, refused)}; lower train.lr or server.lr")
         server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
-        self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
+        self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
@@ -286,7 +292,7 @@ class Trainer:
             stats.add("loss_sum", run.loss_sum)
             if not bool(torch.isfinite(self.worker.params).all()):
                 raise Unrepresentable(NONFINITE_PARAMS, "non-finite local model")
-            self.algorithm.client_statistics(run, self.worker, stats)
+            self.algorithm.collect(run, self.worker, stats)
         except Unrepresentable as exc:
             refused[exc.segment] = refused.get(exc.segment, 0) + 1
             stats.add("nonfinite", 1)
@@ -312,16 +318,23 @@ class Trainer:
         return "; ".join(parts)
 
     # ---- evaluation ----------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
-        """Accuracy and mean loss of the global model on the whole test set, sharded by batch."""
+        """Accuracy and mean loss of the global model on the whole test set."""
+        metrics = self.evaluate_round(clients=False)
+        return metrics["test_acc"], metrics["test_loss"]
+
+    @torch.no_grad()
+    def evaluate_round(self, clients: bool) -> dict:
+        """test_acc and test_loss of the global model on the whole test set, sharded by batch, and
+        (`clients`) the statistics of per-client accuracy (client_eval.py), in one all_reduce."""
         self.worker.load(self.global_params, self.global_buffers)
         model = self.worker.module
         model.eval()
         x, y = self.data.test_x, self.data.test_y
         starts = list(range(0, len(y), self.cfg.eval.batch_size))
-        stats = StatBuffer([Segment("loss_sum", 1), Segment("correct", 1, kind="int"),
-                            Segment("nonfinite", 1, kind="int")], self.device, len(starts))
+        segments = [Segment("loss_sum", 1), Segment("correct", 1, kind="int"), Segment("nonfinite", 1, kind="int")]
+        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []),
+                           self.device, len(starts))
         for start in starts[self.ctx.rank :: self.ctx.world_size]:
             end = start + self.cfg.eval.batch_size
             logits = model(x[start:end])
@@ -330,9 +343,15 @@ class Trainer:
                 stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
             except Unrepresentable:
                 stats.add("nonfinite", 1)
+        if clients:
+            add_client_counts(self, stats)
         reduced = stats.reduce(self.ctx, name="eval")
         loss = math.nan if int(reduced["nonfinite"][0]) else reduced.scalar("loss_sum") / len(y)
-        return int(reduced["correct"][0]) / len(y), loss
+        metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
+        if clients:
+            metrics.update(accuracy_statistics(reduced["client_correct"].cpu().numpy(),
+                                               reduced["client_total"].cpu().numpy()))
+        return metrics
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -365,9 +384,10 @@ class Trainer:
                 metrics.pop("samples", None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
-                    acc, loss = self.evaluate()
-                    metrics.update(test_acc=acc, test_loss=loss, eval_s=time.perf_counter() - t1)
-                    self.progress["last_eval"] = {"round": t, "test_acc": acc, "test_loss": loss}
+                    evaluated = self.evaluate_round(clients=cfg.eval.clients)
+                    acc = evaluated["test_acc"]
+                    metrics.update(evaluated, eval_s=time.perf_counter() - t1)
+                    self.progress["last_eval"] = {"round": t, **evaluated}
                     if self.progress["best_test_acc"] is None or acc > self.progress["best_test_acc"]:
                         self.progress["best_test_acc"], self.progress["best_round"] = acc, t
                 self.progress["wall_s"] = wall_before + time.time() - session_start
@@ -459,6 +479,9 @@ class Trainer:
             "error": error,
             "final_test_acc": last.get("test_acc"),
             "final_test_loss": last.get("test_loss"),
+            # eval.clients: the last evaluation's per-client accuracy (mean, std, min, p10), else None
+            "final_client_acc": ({key.removeprefix("client_acc_"): last[key] for key in CLIENT_STATISTICS}
+                                 if CLIENT_STATISTICS[0] in last else None),
             "best_test_acc": self.progress["best_test_acc"],
             "best_round": self.progress["best_round"],
             "rounds": last.get("round") if status != "completed" else self.cfg.train.rounds,

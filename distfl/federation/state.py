@@ -34,6 +34,13 @@ class ClientStateStore:
         path = self._path(client_id)
         return load_tensors(path, self.device) if path.exists() else init()
 
+    def peek(self, client_id: int) -> dict | None:
+        """The client's state, or None if it has none yet (never creates one)."""
+        if self.kind == "memory":
+            return self._memory.get(client_id)
+        path = self._path(client_id)
+        return load_tensors(path, self.device) if path.exists() else None
+
     def put(self, client_id: int, state: dict) -> None:
         if self.kind == "memory":
             self._memory[client_id] = state
