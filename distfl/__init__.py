@@ -1,3 +1,21 @@
-"""distfl: federated-learning research trainer on torch.distributed."""
+"""distfl: federated-learning research trainer on torch.distributed.
+
+The public API for methods and models in your own package (docs/extending.md): `distfl.Algorithm` (the
+hook interface), `distfl.Segment` (a named statistic in the round's one all_reduce) and
+`distfl.Classifier` (features + head, what `model.head` and FedBN work on). They load on first use, so
+`import distfl` stays free of torch.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Algorithm", "Classifier", "Segment", "__version__"]
+
+_PUBLIC = {"Algorithm": "distfl.algorithms.base", "Segment": "distfl.federation.aggregate",
+           "Classifier": "distfl.models.base"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'distfl' has no attribute {name!r}")

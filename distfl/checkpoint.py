@@ -2,20 +2,27 @@
 
 Layout:  RUN_DIR/checkpoints/round_000010/{state.pt, clients/<id>.pt, manifest.json}
          RUN_DIR/checkpoints/ffc_000011/...   (a phase after training: LABEL_STEP)
-         RUN_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
+         RUN_DIR/checkpoints/latest        (the name of the newest committed checkpoint; resume scans them all)
 Names are LABEL_STEP: the step counts training rounds, then goes on through the phases that follow
 them (calibration, TCT's stages), so checkpoints order by step whatever their label.
 A checkpoint is assembled in a temporary directory and renamed into place only when every rank has
-written its part; `manifest.json` records the SHA-256 of each file and is checked on load, so a
-truncated or altered checkpoint is refused with a message instead of resuming from garbage.
+written its part and every file and directory is fsynced. `manifest.json` lists every file (state.pt
+and each client file) with its SHA-256 and the number of client files; loading refuses a checkpoint
+with a file missing, unlisted or altered, naming the file. Resume takes the newest checkpoint that
+passes (`newest_good`): one that a kill cut short is skipped with a message saying why.
 Everything is read with `torch.load(weights_only=True)`: tensors, numbers, strings, lists and dicts.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -25,14 +32,28 @@ from .errors import CheckpointError
 FORMAT_VERSION = 1
 
 
+def fsync(path: Path) -> None:
+    """Flush a file's or a directory's contents (a directory: its entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(text: str, path: Path) -> None:
+    """Write, fsync, rename, fsync the directory: after a crash, the old text or the new, whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
+    fsync(tmp)
     os.replace(tmp, path)
+    fsync(path.parent)
 
 
 def atomic_torch_save(obj, path: Path) -> None:
+    """Write and rename, without fsync: client state files are made durable when a checkpoint that
+    holds them is committed (`commit` fsyncs each), and are restored from that checkpoint on resume."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     torch.save(obj, tmp)
@@ -86,52 +107,122 @@ def begin(run_dir: Path, name: str) -> Path:
     return staging
 
 
-def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str, ...] = ()) -> Path:
-    """Rank 0, after every rank wrote its clients: write state + manifest, rename, update `latest`.
-    Of older checkpoints, `keep` are kept, plus those named in `protect`."""
+def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str, ...] = (),
+           clients: int = 0) -> Path:
+    """Rank 0, after every rank wrote its clients (`clients` files in all): write state + manifest,
+    fsync, rename, update `latest`. Of older checkpoints, `keep` are kept, plus those named in `protect`."""
     staging = staging_dir(run_dir, name)
+    found = len(list((staging / "clients").glob("*.pt")))
+    if found != clients:
+        raise CheckpointError(
+            f"checkpoint {name}: the ranks wrote {clients} client state files but {staging / 'clients'} holds "
+            f"{found}; with runtime.client_state=memory every rank writes its own clients there, so output.dir "
+            "must be on a filesystem that all nodes share")
     torch.save({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
-    files = sorted(p for p in staging.rglob("*.pt"))
-    manifest = {"name": name, "files": {str(p.relative_to(staging)): _sha256(p) for p in files}}
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    manifest = {"name": name, "clients": clients,
+                "files": {str(p.relative_to(staging)): _sha256(p) for p in files}}
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    for path in [*files, staging / "manifest.json", staging / "clients", staging]:
+        fsync(path)
     final = checkpoints_dir(run_dir) / name
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
+    fsync(final.parent)
     atomic_write_text(final.name + "\n", checkpoints_dir(run_dir) / "latest")
     for old in [p for p in complete_checkpoints(run_dir)[:-keep] if p.name not in protect]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def latest(run_dir: Path) -> Path:
-    root = checkpoints_dir(run_dir)
-    pointer = root / "latest"
-    if not pointer.exists():
-        raise CheckpointError(f"{run_dir} has no checkpoint ({pointer} is missing); nothing to resume")
-    path = root / pointer.read_text().strip()
-    if not path.is_dir():
-        raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
-    return path
-
-
 def load(path: Path, device) -> dict:
     """Verify the manifest, then load state.pt. Client files are verified here, loaded by the store."""
     path = Path(path)
-    manifest_path = path / "manifest.json"
-    others = ", ".join(p.name for p in complete_checkpoints(path.parent.parent) if p != path) or "none"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} has no readable manifest.json ({exc}); "
-                              f"other checkpoints: {others}") from None
-    for name, digest in manifest["files"].items():
-        file = path / name
-        if not file.exists() or _sha256(file) != digest:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing or does not match its "
-                                  f"recorded SHA-256 (truncated or modified). Other checkpoints: {others}")
+    verify(path)
     state = load_tensors(path / "state.pt", device)
     if state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} has format version {state.get('format_version')}, "
                               f"this distfl reads {FORMAT_VERSION}")
     return state
+
+
+def verify(path: Path) -> None:
+    """Raise CheckpointError naming the file unless the checkpoint holds exactly the files its
+    manifest lists, each with its recorded SHA-256, and the number of client files it records."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} has no readable manifest.json ({exc})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    clients = manifest.get("clients", None) if isinstance(manifest, dict) else None  # absent in older manifests
+    if (not isinstance(files, dict) or "state.pt" not in files or not isinstance(clients, (int, type(None)))
+            or not all(isinstance(d, str) and re.fullmatch("[0-9a-f]{64}", d) for d in files.values())):
+        raise CheckpointError(f"checkpoint {path}: manifest.json is malformed (expected a mapping with "
+                              "'files' {name: sha256} including state.pt, and 'clients', a count)")
+    present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {"manifest.json"}
+    for name in sorted(set(files) | present):
+        if name not in present:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing")
+        if name not in files:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} is not listed in its manifest")
+        if _sha256(path / name) != files[name]:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} does not match its recorded "
+                                  "SHA-256 (truncated or modified)")
+    listed = sum(1 for name in files if name.startswith("clients/"))
+    if clients is not None and listed != clients:
+        raise CheckpointError(f"checkpoint {path}: its manifest lists {listed} client files but records "
+                              f"{clients} clients")
+
+
+def newest_good(run_dir: Path, device) -> tuple[Path, dict, list[tuple[str, str]]]:
+    """The newest checkpoint that verifies and loads, its state, and (name, why) of each newer one
+    skipped: a kill can cut the newest short, and a requeued job must not die on it."""
+    found = complete_checkpoints(run_dir)
+    if not found:
+        raise CheckpointError(f"{run_dir} has no checkpoint (no {checkpoints_dir(run_dir)}/LABEL_STEP "
+                              "directory); nothing to resume")
+    skipped = []
+    for path in reversed(found):
+        try:
+            return path, load(path, device), skipped
+        except CheckpointError as exc:
+            skipped.append((path.name, str(exc)))
+    raise CheckpointError(f"no checkpoint of {run_dir} can be resumed from:" +
+                          "".join(f"\n  {name}: {why}" for name, why in skipped))
+
+
+def set_aside(run_dir: Path, names: list[str], current: str) -> None:
+    """Rank 0: move bad checkpoints out of the way (kept as `.NAME.bad` for inspection), so that neither
+    pruning nor a later resume counts them, and point `latest` at the checkpoint resumed from."""
+    root = checkpoints_dir(run_dir)
+    for name in names:
+        bad = root / f".{name}.bad"
+        if bad.exists():
+            shutil.rmtree(bad)
+        os.replace(root / name, bad)
+    atomic_write_text(current + "\n", root / "latest")
+
+
+def lock_run_dir(run_dir: Path):
+    """Rank 0: an exclusive lock on RUN_DIR/.lock, held while the returned file stays open. The kernel
+    releases it when the process dies, so a killed run never blocks the next one."""
+    path = Path(run_dir) / ".lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            # A filesystem without locks (e.g. Lustre mounted without -o flock): run, unlocked.
+            print(f"warning: cannot lock {path} ({exc.strerror}); nothing stops a second run in {run_dir}",
+                  file=sys.stderr, flush=True)
+            return handle
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise CheckpointError(f"{run_dir} is in use by another distfl run (pid {holder}, holding {path}); "
+                              "wait for it to finish, or pick another output.dir") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle

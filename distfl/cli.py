@@ -12,11 +12,12 @@ from .errors import ConfigError, DistflError, Interrupted
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl train --resume RUN_DIR [key=value ...]
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
-       distfl partition CONFIG [key=value ...]
+       distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl bench [--suite runtime|ffc|tct|cross-device] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR]
+       distfl --version
 Run under torchrun for several ranks:  torchrun --nproc_per_node=2 -m distfl train CONFIG"""
 
 
@@ -63,6 +64,10 @@ def _print_result(summary: dict, cfg) -> None:
         print(f"final test accuracy {100 * acc:.2f}% (best {100 * summary['best_test_acc']:.2f}% at round "
               f"{summary['best_round']}), {summary['rounds']} rounds in {summary['wall_s']:.1f}s; "
               f"summary: {Path(cfg.output.dir) / 'summary.json'}")
+        clients = summary.get("final_client_acc")
+        if clients:
+            print(f"per-client accuracy (eval.clients): mean {100 * clients['mean']:.2f}%, std "
+                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
 
 
 def cmd_calibrate(args) -> int:
@@ -85,8 +90,10 @@ def cmd_calibrate(args) -> int:
 def cmd_partition(args) -> int:
     from .config import load_config
     from .data.datasets import load_dataset
-    from .data.partition import describe, partition
+    from .data.partition import describe, partition, save_partition
 
+    if args.out is not None:
+        _check_npz_out(args.out)
     cfg = load_config(args.config, args.overrides)
     data = load_dataset(cfg.data, cfg.seed)
     labels = data.train_y.numpy()
@@ -94,7 +101,22 @@ def cmd_partition(args) -> int:
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
           f"{cfg.partition.num_clients} clients, seed {cfg.seed}")
     print(describe(parts, labels, data.num_classes))
+    if args.out is not None:
+        save_partition(parts, args.out)
+        print(f"wrote {len(parts)} clients' training-set indices to {args.out} (client_0 .. client_{len(parts) - 1})")
     return 0
+
+
+def _check_npz_out(out: str) -> None:
+    """Fail on an unusable --out path before any work."""
+    if not out.endswith(".npz"):
+        raise ConfigError(f"--out {out}: the partition is written as a NumPy .npz file; give a path ending in .npz")
+    if Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file path ending in .npz")
+    parent = Path(out).resolve().parent
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(f"--out {out}: cannot write there ({existing} is not a writable directory)")
 
 
 def cmd_bench(args) -> int:
@@ -137,9 +159,27 @@ def cmd_report(args) -> int:
     return report_main(args.paths, out_dir=args.out)
 
 
+def _command_usage(command: str) -> str:
+    """The lines of USAGE for one command (with their continuation lines), for its own --help."""
+    lines, keep = [], False
+    for line in USAGE.splitlines():
+        if line.strip().startswith("distfl "):
+            keep = line.strip().startswith(f"distfl {command} ")
+            line = " " * len("usage: ") + line.strip()
+        elif not line.startswith(" "):
+            keep = False
+        if keep:
+            lines.append(line)
+    return "\n".join(lines).strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="distfl", usage=USAGE)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"distfl {__version__}")
+    # prog: a command's own --help shows `distfl COMMAND`, not the whole USAGE glued in front.
+    sub = parser.add_subparsers(dest="command", required=True, prog="distfl")
     p = sub.add_parser("train", help="train (or resume) one run")
     p.add_argument("config", nargs="?", help="YAML config file; then dotted overrides, e.g. train.rounds=50")
     p.set_defaults(overrides=[])
@@ -151,8 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run directory with a checkpoint; then calibration.* overrides")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_calibrate)
-    p = sub.add_parser("partition", help="print per-client sizes and class histograms")
+    p = sub.add_parser("partition", help="print per-client sizes and class histograms; --out saves the split")
     p.add_argument("config")
+    p.add_argument("--out", metavar="FILE.npz",
+                   help="also write the partition: one int64 array of training-set indices per client, "
+                        "named client_<id>, in the order training uses")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
@@ -186,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where to write report.md, report.csv and the plots (default: "
                                  "SWEEP_DIR/report, or ./report for several paths)")
     p.set_defaults(func=cmd_report)
+    for command, p in sub.choices.items():
+        p.usage = _command_usage(command)
+        if p.get_default("overrides") is not None:
+            p.epilog = ("key=value: dotted config overrides, anywhere after the command, e.g. train.rounds=50 "
+                        "algorithm.options.beta=0.5 (every key: docs/config.md)")
     return parser
 
 

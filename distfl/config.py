@@ -11,6 +11,8 @@ import dataclasses
 import difflib
 import io
 import math
+import re
+import struct
 import sys
 import tokenize
 import typing
@@ -21,7 +23,7 @@ import yaml
 
 from distfl import schema
 from distfl.errors import ConfigError
-from distfl.schema import APPLIES_ONLY_TO, CHOICES, NUM_CLASSES, Config
+from distfl.schema import APPLIES_ONLY_TO, CHOICES, NUM_CLASSES, PLUGIN_KEYS, Config
 
 __all__ = [
     "ConfigWarning",
@@ -47,7 +49,7 @@ class ConfigWarning(UserWarning):
 # TCT run directory whose stage 1 is done. The runner refuses them once the phase has begun.
 PHASE_KEYS = ("calibration.", "tct.")
 RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
-                  "runtime.device", "runtime.threads", *PHASE_KEYS)
+                  "runtime.device", "runtime.threads", "runtime.deterministic", *PHASE_KEYS)
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""
@@ -65,8 +67,10 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     saved, now = flatten_dict(saved), flatten_dict(now)
     # A key the saved run does not have (added to distfl later) had its default value there.
     defaults = flatten_dict(config_to_dict(Config()))
+    # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
+    fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
     return [k for k in now if k != "output.dir" and saved.get(k, defaults.get(k)) != now[k]
-            and not k.startswith(RESUMABLE_KEYS)]
+            and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
 
 
 # Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]" or "(0, 1]".
@@ -82,7 +86,7 @@ RANGES = {
     "partition.classes_per_client": ">= 1",
     "partition.shards_per_client": ">= 1",
     "partition.min_size": ">= 0",
-    "partition.max_attempts": ">= 1",
+    "partition.max_attempts": ">= 0",
     "partition.imbalance_ratio": "(0, 1]",
     "partition.subsample": "(0, 1]",
     "model.gn_groups": ">= 1",
@@ -109,6 +113,10 @@ RANGES = {
     "aggregation.tau": "[0, 1]",
     "server.lr": "> 0",
     "server.momentum": "[0, 1)",
+    "server.lr_warmup_rounds": ">= 0",
+    "server.lr_min": ">= 0",
+    "server.lr_step_every": ">= 1",
+    "server.lr_gamma": "> 0",
     "server.beta1": "[0, 1)",
     "server.beta2": "[0, 1)",
     "server.eps": "> 0",
@@ -119,13 +127,23 @@ RANGES = {
     "train.lr": "> 0",
     "train.weight_decay": ">= 0",
     "train.momentum": "[0, 1)",
+    "train.lr_warmup_rounds": ">= 0",
+    "train.lr_min": ">= 0",
+    "train.lr_step_every": ">= 1",
+    "train.lr_gamma": "> 0",
     "eval.every": ">= 1",
     "eval.batch_size": ">= 1",
+    "eval.client_test_size": ">= 0",
     "checkpoint.every": ">= 0",
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",
     "runtime.pack_size": ">= 0",
 }
+
+# The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,
+# torch's generators 64.
+SEED_MAX = {"seed": 2**32 - 1, "model.head_seed": 2**64 - 1, "tct.coordinate_seed": 2**64 - 1,
+            "tct.head_seed": 2**64 - 1}
 
 
 # --- schema introspection ---------------------------------------------------------------------------
@@ -155,6 +173,8 @@ def _leaf_types() -> dict[str, type]:
 _SECTIONS = _sections()
 _TYPES = _leaf_types()
 _TOP_LEVEL = [f.name for f in dataclasses.fields(Config)]
+# A plugin method's options: `algorithm.options.KEY`, checked against its Options dataclass in `validate`.
+OPTIONS_KEY = "algorithm.options"
 
 
 def config_keys() -> list[str]:
@@ -180,11 +200,11 @@ def _unknown_key_error(key: str, where: str) -> ConfigError:
     return ConfigError(f"{msg} {listing}" if close else f"{msg}; {listing}")
 
 
-def _choice_error(key: str, value: str) -> ConfigError:
-    valid = CHOICES[key]
+def _choice_error(key: str, value: str, valid: list[str] | None = None, more: str = "") -> ConfigError:
+    valid = CHOICES[key] if valid is None else valid
     close = difflib.get_close_matches(str(value), valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ";"
-    return ConfigError(f"{key}: unknown choice {value!r}{hint} valid: {', '.join(valid)}")
+    return ConfigError(f"{key}: unknown choice {value!r}{hint} valid: {', '.join(valid)}{more}")
 
 
 # --- type conversion --------------------------------------------------------------------------------
@@ -223,6 +243,12 @@ def _convert(key: str, value, typ: type):
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key} must be a string, {got}")
+    if typ is dict:
+        if value is None:
+            return {}
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f"{key} must be a mapping of keys to values, {got}")
     raise TypeError(f"unsupported schema type {typ!r} for {key}")  # a schema bug, not a user error
 
 
@@ -242,7 +268,7 @@ def _split_override(item: str) -> tuple[str, str]:
 def _parse_override_value(key: str, text: str):
     """Parse like YAML, so `train.lr=1e-3`, `seed=3` and `data.download=false` work."""
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=ConfigLoader)
     except yaml.YAMLError:
         value = text
     # A string key keeps its text even when it reads as another YAML type: output.dir=2024.
@@ -263,9 +289,14 @@ def apply_overrides(d: dict, overrides) -> dict:
             first = dataclasses.fields(_SECTIONS[key])[0].name
             raise ConfigError(f"{where}: {key!r} is a section, not a key; set one of its keys, "
                               f"e.g. {key}.{first}=...")
-        if key not in _TYPES:
+        option = key[len(OPTIONS_KEY) + 1:] if key.startswith(OPTIONS_KEY + ".") else None
+        if key not in _TYPES and not option:
             raise _unknown_key_error(key, where)
         value = _parse_override_value(key, text)
+        if option:  # one option of a plugin method, checked against its Options dataclass in `validate`
+            section = out.get("algorithm")
+            options = section.get("options") if isinstance(section, dict) else None
+            key, value = OPTIONS_KEY, {**(options if isinstance(options, dict) else {}), option: value}
         section, _, leaf = key.rpartition(".")
         if not section:
             out[leaf] = value
@@ -386,9 +417,50 @@ def _read_yaml(path: str):
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=ConfigLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"cannot parse config file {path} as YAML: {e}") from None
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """`yaml.safe_load` without YAML 1.1's surprises, for config files and override values.
+
+    - Only `true`/`false` are booleans, only plain decimals are integers (`1:30`, `0x10`, `010` stay
+      strings, so an integer key refuses them instead of reading 90, 16 or 8), `1e-3` is a float, and
+      dates stay strings; `yes`, `no`, `on` and `off` are strings.
+    - Aliases (`*name`) are refused: a few lines of nested aliases expand to billions of nodes.
+    - A key given twice in one mapping is refused instead of the last one silently winning.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"found the alias *{event.anchor}: YAML anchors and aliases are not accepted "
+                "in distfl configs; write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1}); "
+                    "give each key once", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+ConfigLoader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in [
+    ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    ("int", r"[-+]?(?:0|[1-9][0-9_]*)", "-+0123456789"),
+    ("float", r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+              r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)", "-+0123456789."),
+    ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+]:
+    ConfigLoader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"), list(_first))
 
 
 # --- validation -------------------------------------------------------------------------------------
@@ -421,15 +493,113 @@ def _values(cfg: Config) -> dict[str, object]:
     return out
 
 
+def _range_error(key: str, value, spec: str) -> ConfigError:
+    return ConfigError(f"{key} must be {_range_text(spec)}, got {value!r}")
+
+
+def _plugin(key: str, name: str):
+    """The class or function a plugin name (import path or entry point) refers to; ConfigError naming `key`."""
+    from distfl import plugins
+
+    try:
+        return plugins.load_plugin(key, name)
+    except KeyError:
+        what = "ClassName (a distfl.Algorithm subclass)" if key == "algorithm.name" else "build (a model builder)"
+        raise _choice_error(key, name, CHOICES[key] + plugins.entry_point_names(key),
+                            f", or an import path package.module:{what}") from None
+
+
+def _algorithm_options(name: str, options: dict) -> dict:
+    """A plugin method's `algorithm.options`, complete (defaults filled in) and converted to the types
+    its `Options` dataclass declares, with ranges (`metadata={"range": "[0, 1)"}`) and choices
+    (`metadata={"choices": [...]}`) checked like the built-in keys'."""
+    from distfl import plugins
+
+    cls = None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name)
+    fields = plugins.options_fields(cls) if cls is not None else []
+    names = [f.name for f in fields]
+    for option in options:
+        if option not in names:
+            key = f"{OPTIONS_KEY}.{option}"
+            if not names:
+                raise ConfigError(f"{key}: algorithm.name={name} declares no options (a plugin method "
+                                  "declares them as a dataclass `Options` on its class)")
+            close = difflib.get_close_matches(str(option), names, n=1)
+            hint = f"; did you mean '{OPTIONS_KEY}.{close[0]}'?" if close else ";"
+            raise ConfigError(f"unknown key {key!r}{hint} valid keys in {OPTIONS_KEY!r} for {name}: {', '.join(names)}")
+    types = typing.get_type_hints(cls.Options) if fields else {}
+    out = {}
+    for f in fields:
+        key = f"{OPTIONS_KEY}.{f.name}"
+        if types[f.name] not in (bool, int, float, str):
+            raise ConfigError(f"{name}: Options.{f.name} is declared as {types[f.name]!r}; plugin options "
+                              "must be bool, int, float or str")
+        if f.name in options:
+            value = _convert(key, options[f.name], types[f.name])
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise ConfigError(f"{key} must be set: {name} gives it no default")
+        if "choices" in f.metadata and value not in f.metadata["choices"]:
+            raise _choice_error(key, value, list(f.metadata["choices"]))
+        if "range" in f.metadata and not _plugin_in_range(name, f.name, value, f.metadata["range"]):
+            raise _range_error(key, value, f.metadata["range"])
+        out[f.name] = value
+    return out
+
+
+def _plugin_in_range(name: str, option: str, value, spec) -> bool:
+    try:
+        return _in_range(value, spec)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name}: Options.{option} has metadata range {spec!r}; valid forms: \">= x\", "
+                          "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\"") from None
+
+
+def _check_files(v: dict) -> None:
+    """data.path and partition.path exist when their choice needs them (read when the run loads data)."""
+    needs = {"data.path": (v["data.dataset"] == "files", "data.dataset=files",
+                           "an .npz with x_train, y_train, x_test, y_test, or a folder with train/ and test/ ImageFolder trees"),
+             "partition.path": (v["partition.scheme"] == "file", "partition.scheme=file",
+                                "an .npz with one index array per client, client_0 .. client_{N-1}")}
+    for key, (needed, choice, what) in needs.items():
+        if needed and not v[key]:
+            raise ConfigError(f"{choice} needs {key}: {what}")
+        if needed and not Path(v[key]).exists():
+            raise ConfigError(f"{key}: {v[key]} does not exist (expected {what})")
+    if v["partition.scheme"] == "file":
+        from distfl.data.partition import file_client_count
+
+        count = file_client_count(v["partition.path"])
+        if count != v["partition.num_clients"]:
+            raise ConfigError(f"partition.path {v['partition.path']} holds {count} clients but partition.num_clients="
+                              f"{v['partition.num_clients']}; set partition.num_clients={count}")
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError for a wrong type, unknown choice, out-of-range value or impossible combination."""
     v = _values(cfg)
     for key, valid in CHOICES.items():
-        if v[key] not in valid:
+        if key in PLUGIN_KEYS and v[key] not in valid:
+            _plugin(key, v[key])
+        elif v[key] not in valid:
             raise _choice_error(key, v[key])
     for key, spec in RANGES.items():
         if not _in_range(v[key], spec):
-            raise ConfigError(f"{key} must be {_range_text(spec)}, got {v[key]!r}")
+            raise _range_error(key, v[key], spec)
+    for key, largest in SEED_MAX.items():
+        if v[key] > largest:
+            raise ConfigError(f"{key} must be at most {largest} (numpy and torch refuse larger seeds), "
+                              f"got {v[key]}")
+    if not v["output.dir"].strip() or "\0" in v["output.dir"]:
+        raise ConfigError(f"output.dir must name a directory (not empty, no NUL character), got {v['output.dir']!r}")
+    if not 0 < _float32(v["server.eps"] ** 2) < math.inf:
+        raise ConfigError(f"server.eps={v['server.eps']!r}: its square, the optimizer's initial second moment, "
+                          "is 0 or inf in float32; use a value between 1e-22 and 1e19")
+    cfg.algorithm.options = _algorithm_options(v["algorithm.name"], v[OPTIONS_KEY])
+    _check_files(v)
 
     if v["train.clients_per_round"] > v["partition.num_clients"]:
         raise ConfigError(
@@ -445,13 +615,22 @@ def validate(cfg: Config) -> None:
                               f"{v['model.head']} is fixed: use model.head=linear")
 
     dataset = v["data.dataset"]
-    classes = v["data.synthetic_classes"] if dataset == "synthetic" else NUM_CLASSES[dataset]
-    # Only checked for n_classes: other schemes ignore the key, and sweeps vary the scheme.
-    if v["partition.scheme"] == "n_classes" and v["partition.classes_per_client"] > classes:
+    classes = v["data.synthetic_classes"] if dataset == "synthetic" else NUM_CLASSES.get(dataset)
+    # Only checked for n_classes: other schemes ignore the key, and sweeps vary the scheme. The class
+    # count of data.dataset=files is known once its labels are read (partition checks it then).
+    if v["partition.scheme"] == "n_classes" and classes is not None and v["partition.classes_per_client"] > classes:
         source = "data.synthetic_classes" if dataset == "synthetic" else f"data.dataset={dataset}"
         raise ConfigError(
             f"partition.classes_per_client ({v['partition.classes_per_client']}) > number of classes "
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
+
+
+def _float32(x: float) -> float:
+    """`x` rounded to float32 (0 below its smallest subnormal, inf above its largest value)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.inf
 
 
 def _warn_inapplicable(cfg: Config, explicit: frozenset[str]) -> None:
@@ -542,7 +721,7 @@ def config_reference_markdown() -> str:
             if key in CHOICES:
                 valid = ", ".join(CHOICES[key])
             elif key in RANGES:
-                valid = _range_text(RANGES[key])
+                valid = _range_text(RANGES[key]) + (f", <= {SEED_MAX[key]}" if key in SEED_MAX else "")
             else:
                 valid = ""
             description = comments[key]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -103,8 +104,12 @@ def slurm_environment(env=os.environ) -> dict[str, str] | None:
     }
 
 
-def init(device_choice: str = "auto", threads: int = 1) -> DistContext:
-    """Join the process group described by the environment, or run alone when there is none."""
+def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = True) -> DistContext:
+    """Join the process group described by the environment, or run alone when there is none.
+
+    deterministic: torch must use deterministic kernels, and an op that has none raises (turned into a
+    ConfigError by `deterministic_ops`); False lets such ops run, with a warning, giving up bit-identity.
+    """
     torch.set_num_threads(threads)
     if "RANK" not in os.environ:  # torchrun's variables win; else a task that srun started
         slurm = slurm_environment()
@@ -131,8 +136,7 @@ def init(device_choice: str = "auto", threads: int = 1) -> DistContext:
         torch.backends.cudnn.allow_tf32 = False
     else:
         device = torch.device("cpu")
-    # warn_only: a few CUDA backward kernels (adaptive pooling) have no deterministic version.
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True, warn_only=not deterministic)
 
     backend = None
     if world_size > 1:
@@ -140,6 +144,30 @@ def init(device_choice: str = "auto", threads: int = 1) -> DistContext:
         if not torch_dist.is_initialized():
             torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)
+
+
+# How torch words the error of an op without a deterministic kernel under use_deterministic_algorithms(True).
+_NONDETERMINISTIC = " does not have a deterministic implementation"
+
+
+@contextmanager
+def deterministic_ops():
+    """Turn torch's error for an op with no deterministic kernel (e.g. adaptive_avg_pool2d_backward_cuda,
+    nll_loss2d_forward_out_cuda_template) into a ConfigError naming the op and the option that proceeds."""
+    try:
+        yield
+    except RuntimeError as exc:
+        text = str(exc)
+        if _NONDETERMINISTIC not in text:
+            raise
+        from .errors import ConfigError
+
+        op = text.split(_NONDETERMINISTIC)[0].strip()
+        raise ConfigError(
+            f"{op} has no deterministic implementation on this device, and runtime.deterministic=true (the "
+            "default) requires one, so that runs are bit-identical. Set runtime.deterministic=false to run it "
+            "anyway (torch then warns, and results may differ between runs and numbers of ranks), or use a "
+            "model without this op") from exc
 
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext, name: str) -> torch.Tensor:
@@ -177,7 +205,10 @@ def check_same_on_all_ranks(value: int, ctx: DistContext, what: str) -> None:
     torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
     COLLECTIVE_CALLS["check"] += 1
     if int(t[0]) != value or int(-t[1]) != value:
-        raise RuntimeError(f"ranks disagree on {what}: every rank must start from the same config and data")
+        from .errors import RankDisagreement
+
+        raise RankDisagreement(f"ranks disagree on {what}: every rank must start from the same config and "
+                               "data, with the same torch build, on the same device type")
 
 
 def shutdown(ctx: DistContext) -> None:

@@ -17,6 +17,10 @@ class CheckpointError(DistflError):
     """A checkpoint is missing, corrupt, or does not match the config."""
 
 
+class RankDisagreement(DistflError):
+    """Ranks hold different configs, partitions or initial models; training would drift apart."""
+
+
 class DivergenceError(DistflError):
     """Training produced a non-finite loss or model; the message names the round."""
 

@@ -2,7 +2,8 @@
 
 metrics.jsonl has one JSON object per round, with `round` first. On resume, rows after the checkpoint's
 round are dropped (they are recomputed), so the file never holds a round twice; TensorBoard does the
-same through `purge_step`.
+same through `purge_step`. At the end of a run, its flattened config and final metrics go to TensorBoard's
+HParams plugin, so the runs of a sweep can be compared in the HParams view.
 """
 from __future__ import annotations
 
@@ -12,11 +13,17 @@ import time
 from pathlib import Path
 
 from .checkpoint import atomic_write_text
+from .config import flatten_dict
+from .errors import CheckpointError
 
 # metrics.jsonl key -> TensorBoard tag
 TB_TAGS = {
     "test_acc": "test/accuracy",
     "test_loss": "test/loss",
+    "client_acc_mean": "test/client_acc_mean",
+    "client_acc_std": "test/client_acc_std",
+    "client_acc_min": "test/client_acc_min",
+    "client_acc_p10": "test/client_acc_p10",
     "train_loss": "train/loss",
     "round_s": "time/round_s",
     "samples_per_s": "time/samples_per_s",
@@ -51,8 +58,18 @@ class RunLogger:
     def _truncate_after(self, last_round: int) -> None:
         if not self.metrics_path.exists():
             return
-        rows = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["round"] <= last_round]
+        lines = [line for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        rows = []
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                if number == len(lines):  # a kill cut the last write short; that round is recomputed
+                    break
+                raise CheckpointError(f"{self.metrics_path} line {number} is not JSON: {line[:80]!r}; "
+                                      "repair or remove that line to resume") from None
+            if row["round"] <= last_round:
+                rows.append(line)
         atomic_write_text("".join(row + "\n" for row in rows), self.metrics_path)
 
     def log_round(self, row: dict, extra_scalars: dict | None = None) -> None:
@@ -66,6 +83,8 @@ class RunLogger:
                     self.writer.add_scalar(TB_TAGS.get(key, key), value, row["round"])
         if "test_acc" in row:
             self.last_eval = f"acc {100 * row['test_acc']:.2f}% (round {row['round']})"
+            if "client_acc_mean" in row:
+                self.last_eval += f", clients {100 * row['client_acc_mean']:.2f}% mean"
         self._progress(row)
 
     def log_phase(self, row: dict) -> None:
@@ -79,6 +98,21 @@ class RunLogger:
             for key, value in row.items():
                 if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.writer.add_scalar(f"{row['phase']}/{key}", value, row["round"])
+
+    def log_hparams(self, config: dict, final: dict, step: int) -> None:
+        """The run's config (dotted keys) and its final metrics (`hparams/<name>` scalars at `step`)."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+                  for k, v in flatten_dict(config).items()}
+        metrics = {f"hparams/{k}": float(v) for k, v in final.items() if v is not None}
+        writer = self.writer.file_writer  # the hparams summaries go into the run's own event file
+        for summary in hparams(values, metrics):
+            writer.add_summary(summary)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, step)
 
     def _progress(self, row: dict) -> None:
         t = row["round"]

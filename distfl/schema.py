@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DataConfig:
-    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path)
     root: str = "./data"  # where to look for (and download) the dataset files
+    path: str = ""  # files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
     augment: str = "auto"  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
     synthetic_train: int = 2000  # synthetic: training samples
@@ -24,20 +25,21 @@ class DataConfig:
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path)
     num_clients: int = 100  # total clients in the population
+    path: str = ""  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
-    classes_per_client: int = 2  # n_classes: distinct labels per client (NIID-Bench #C)
+    classes_per_client: int = 2  # n_classes: distinct labels per client (NIID-Bench #C; its draws, so its client sets)
     shards_per_client: int = 2  # shards: label-sorted shards per client (McMahan et al.)
     min_size: int = 10  # dirichlet, quantity: resample until every client has this many samples
-    max_attempts: int = 1000  # dirichlet, quantity: resampling attempts before giving up with an error
+    max_attempts: int = 0  # dirichlet, quantity: redraws before giving up with an error; 0 = the scheme's default (dirichlet 1000, quantity 2000000: NIID-Bench's 100 clients at alpha 0.5 need ~70,000)
     imbalance_ratio: float = 0.01  # longtail: smallest / largest class count of a client (Cao et al. 2019)
     subsample: float = 0.1  # longtail: each client first draws this fraction of the training set
 
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn
+    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
@@ -50,7 +52,8 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
     alpha: float = 0.01  # feddyn: dynamic regulariser weight
@@ -62,6 +65,7 @@ class AlgorithmConfig:
     kd_temperature: float = 1.0  # fedadc with kd_lambda > 0: softmax temperature of teacher and student
     fedfor_alpha: float = 5.0  # fedfor: penalty weight alpha; the loss term is alpha / train.lr * U(...)
     fedfor_boundary: str = "ge"  # fedfor: penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
+    fedfor_normalize: str = "steps"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
 
 
 @dataclass
@@ -105,6 +109,11 @@ class TCTConfig:
 class ServerConfig:
     optimizer: str = "sgd"  # sgd (FedAvgM with momentum > 0) | adam | yogi | adagrad (FedOpt, Reddi et al. 2021)
     lr: float = 1.0  # server learning rate applied to the averaged update
+    lr_schedule: str = "constant"  # server lr by round: constant | cosine (from lr to lr_min over the rounds after warm-up) | step (times lr_gamma every lr_step_every rounds)
+    lr_warmup_rounds: int = 0  # server lr: linear warm-up over the first this many rounds (lr * t / W in round t <= W), then the schedule
+    lr_min: float = 0.0  # server lr, cosine: the lr the cosine reaches after the last round
+    lr_step_every: int = 10  # server lr, step: rounds between decays
+    lr_gamma: float = 0.1  # server lr, step: factor applied at each decay
     momentum: float = 0.0  # sgd: server momentum (FedAvgM)
     beta1: float = 0.9  # adam, yogi, adagrad: first-moment decay (Reddi et al. use momentum in all three)
     beta2: float = 0.99  # adam, yogi: second-moment decay
@@ -119,6 +128,11 @@ class TrainConfig:
     local_epochs: int = 1  # passes over the client's data per round
     batch_size: int = 32  # local mini-batch size (the last partial batch of an epoch is kept)
     lr: float = 0.05  # local SGD learning rate
+    lr_schedule: str = "constant"  # local lr by round: constant | cosine (from lr to lr_min over the rounds after warm-up) | step (times lr_gamma every lr_step_every rounds)
+    lr_warmup_rounds: int = 0  # local lr: linear warm-up over the first this many rounds (lr * t / W in round t <= W), then the schedule
+    lr_min: float = 0.0  # local lr, cosine: the lr the cosine reaches after the last round
+    lr_step_every: int = 10  # local lr, step: rounds between decays
+    lr_gamma: float = 0.1  # local lr, step: factor applied at each decay
     weight_decay: float = 0.0  # local SGD weight decay (L2, coupled as in torch.optim.SGD)
     momentum: float = 0.0  # local SGD momentum, reset for every client and round
 
@@ -127,6 +141,8 @@ class TrainConfig:
 class EvalConfig:
     every: int = 5  # evaluate the global model every this many rounds (and after the last)
     batch_size: int = 1000  # evaluation batch size
+    clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
+    client_test_size: int = 0  # eval.clients: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
 
 
 @dataclass
@@ -146,6 +162,7 @@ class CheckpointConfig:
 class RuntimeConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda
     threads: int = 1  # intra-op CPU threads per process; results are bit-identical only for equal values
+    deterministic: bool = True  # require deterministic kernels (an op without one stops the run, naming it); false runs such ops with a warning and gives up bit-identity
     client_state: str = "memory"  # where per-client state lives: memory | disk (under the run dir)
     placement: str = "auto"  # clients -> ranks: auto (sticky for stateful methods in memory, else balanced) | balanced | sticky
     pack_size: int = 0  # clients trained at once as one vectorised model (torch.func), cut from the cohort in order and dealt to ranks whole; 0 = auto (1: one at a time on CPU, and on CUDA until measured). Equals pack_size=1 up to float rounding; bit-identical on any number of ranks. Needs balanced placement (runtime.client_state=disk for stateful methods)
@@ -171,12 +188,13 @@ class Config:
 
 # Valid values of the string keys that name a choice. config.py validates against these and suggests
 # the closest one for a typo; the modules that implement the choices check they cover them in tests.
+# algorithm.name and model.name also take plugins (PLUGIN_KEYS): an import path or an entry-point name.
 CHOICES = {
-    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic"],
+    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files"],
     "data.augment": ["auto", "none", "crop_flip"],
-    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail"],
+    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
     "train.cohort": ["random", "sequential"],
-    "model.name": ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],
+    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],
     "model.norm": ["bn", "gn"],
     "model.head": ["linear", "sphere", "fixed_random"],
     "model.loss": ["auto", "ce", "mse"],
@@ -194,10 +212,13 @@ CHOICES = {
     "tct.compute_dtype": ["float64", "float32"],
     "algorithm.variant": ["nesterov", "heavy_ball"],
     "algorithm.fedfor_boundary": ["ge", "gt"],
+    "algorithm.fedfor_normalize": ["steps", "none"],
     "aggregation.mask": ["none", "gma"],
     "aggregation.mask_applies_to": ["step", "update"],
     "algorithm.weighting": ["samples", "uniform"],
     "server.optimizer": ["sgd", "adam", "yogi", "adagrad"],
+    "server.lr_schedule": ["constant", "cosine", "step"],
+    "train.lr_schedule": ["constant", "cosine", "step"],
     "output.progress": ["auto", "bar", "log", "none"],
     "runtime.device": ["auto", "cpu", "cuda"],
     "runtime.client_state": ["memory", "disk"],
@@ -217,9 +238,12 @@ APPLIES_ONLY_TO = {
     "algorithm.kd_temperature": ("algorithm.name", ["fedadc"]),
     "algorithm.fedfor_alpha": ("algorithm.name", ["fedfor"]),
     "algorithm.fedfor_boundary": ("algorithm.name", ["fedfor"]),
+    "algorithm.fedfor_normalize": ("algorithm.name", ["fedfor"]),
     "aggregation.tau": ("aggregation.mask", ["gma"]),
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
+    "partition.path": ("partition.scheme", ["file"]),
+    "data.path": ("data.dataset", ["files"]),
     "partition.classes_per_client": ("partition.scheme", ["n_classes"]),
     "partition.shards_per_client": ("partition.scheme", ["shards"]),
     "partition.imbalance_ratio": ("partition.scheme", ["longtail"]),
@@ -237,7 +261,11 @@ APPLIES_ONLY_TO = {
         "normalize", "rounds", "local_steps", "lr", "solver", "local_solver", "compute_dtype", "chunk_size",
         "memory_limit_gb", "check_invariant")},
     "calibration.clients": ("calibration.method", ["ffc"]),
+    **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
+       for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
 }
+
+PLUGIN_KEYS = ("algorithm.name", "model.name")
 
 NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
+from .config import OPTIONS_KEY, config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
 from .errors import ConfigError, DistflError, Interrupted
 
 try:  # submitit is a dependency; without it only the Slurm executor is unavailable
@@ -118,6 +118,8 @@ def _value_text(value, where: str) -> str:
 
 def _check_grid_key(key: str, where: str) -> None:
     keys = config_keys()
+    if key.startswith(OPTIONS_KEY + ".") and key != OPTIONS_KEY + ".":
+        return  # a plugin method's option: each point's config checks it against the method's Options
     if key in keys:
         if key == "seed":
             raise ConfigError(f"{where}: give seeds with --seeds 0,1,2 (or `seeds:` in the sweep block), "
@@ -439,14 +441,17 @@ def _train_in_process(config: dict, state: str, stop: dict) -> dict:
     from .federation.runner import Trainer
 
     cfg = config_from_dict(config, source=str(Path(config["output"]["dir"]) / "config.yaml"))
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
     try:
-        trainer = Trainer(cfg, ctx, resume=state == "resume", overwrite=state == "overwrite")
-        stop["trainer"] = trainer
-        if stop["signal"] is not None:
-            trainer.request_stop()  # agreed with the other ranks after the first round
-        return trainer.run()
+        with dist.deterministic_ops():
+            trainer = Trainer(cfg, ctx, resume=state == "resume", overwrite=state == "overwrite")
+            stop["trainer"] = trainer
+            if stop["signal"] is not None:
+                trainer.request_stop()  # agreed with the other ranks after the first round
+            return trainer.run()
     finally:
+        if stop["trainer"] is not None:
+            stop["trainer"].close()  # release the run directory's lock now, not when collected
         stop["trainer"] = None
         dist.shutdown(ctx)
 
@@ -638,25 +643,44 @@ def _run_point_in_process(point: Point, out) -> int:
 
 
 def _run_point_subprocess(cmd: list[str], out) -> int:
-    """Run one point under torchrun; a SIGTERM/SIGUSR1 to the sweep becomes a SIGTERM to torchrun, which
-    passes it to its ranks (a SIGUSR1 would end torchrun itself without stopping the ranks)."""
+    """Run one point under torchrun; a SIGTERM/SIGUSR1 to the sweep becomes a SIGUSR1 to each rank.
+    Not to torchrun: its agent answers a SIGTERM by killing the ranks 30 s later, which loses the
+    checkpoint of a longer round (and a SIGUSR1 would end torchrun itself)."""
     proc = subprocess.Popen(cmd, env=_child_env())
+    signalled = []
 
     def forward(signum, frame):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        signalled.append(signum)
+        for rank in _children(proc.pid):
+            try:
+                os.kill(rank, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         while True:
             try:
-                return proc.wait()
+                code = proc.wait()
+                # The ranks exit 3 after the checkpoint; torchrun reports any rank's non-zero exit as 1.
+                return 3 if signalled and code != 0 else code
             except KeyboardInterrupt:  # the ranks got the SIGINT too; let them finish dying
                 proc.wait()
                 return 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc), those of every thread."""
+    pids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            pids += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the thread or the process has ended
+            pass
+    return pids
 
 
 def _final_report(sweep: Sweep, out=None, failed=()) -> int:

@@ -38,9 +38,11 @@ def write_config(path: Path, base: dict = SMALL, **sections) -> Path:
     return path
 
 
-def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bool = False):
+def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bool = False, paths=()):
     """`distfl ARGS`. nproc == 1: in this process (fast; no torch import); nproc > 1 or subprocess_:
-    a fresh process, under torchrun (gloo on CPU) for nproc > 1. Returns a CompletedProcess."""
+    a fresh process, under torchrun (gloo on CPU) for nproc > 1. Returns a CompletedProcess.
+    `paths`: more PYTHONPATH entries for the subprocesses (an out-of-tree plugin package); an in-process
+    run sees what is on sys.path."""
     if nproc == 1 and not subprocess_:
         from distfl.cli import main
 
@@ -53,16 +55,30 @@ def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bo
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "distfl", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, paths)]), "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None = None) -> dict:
+def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None = None, paths=()) -> dict:
     args = ["train", "--resume", resume, *overrides] if resume else ["train", str(config), *overrides]
-    proc = run_cli(args, nproc=nproc)
+    proc = run_cli(args, nproc=nproc, paths=paths)
     assert proc.returncode == 0, f"distfl {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     out_dir = resume or next(o.split("=", 1)[1] for o in overrides if o.startswith("output.dir="))
     return summary(Path(out_dir))
+
+
+def record_client_models(trainer) -> list:
+    """Wrap the algorithm's client_statistics to record (client model after local training, aggregation
+    weight) of every client of a round, in the order the clients ran."""
+    seen = []
+    inner = trainer.algorithm.client_statistics
+
+    def recording(run, worker, stats):
+        seen.append((worker.params.detach().clone(), run.weight))
+        inner(run, worker, stats)
+
+    trainer.algorithm.client_statistics = recording
+    return seen
 
 
 def summary(run_dir: Path) -> dict:
@@ -76,3 +92,49 @@ def metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture
 def small_config(tmp_path) -> Path:
     return write_config(tmp_path / "small.yaml")
+
+
+def env_with_sitecustomize(tmp_path: Path, code: str, **extra: str) -> dict:
+    """An environment in which every Python (the launcher's, each rank's) runs `code` at start-up: a
+    sitecustomize.py on PYTHONPATH, before the repository. For faults that only a real process shows."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(code)
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1", **extra}
+
+
+# In each rank (RANK is set by torchrun), round 1 takes 40 s, longer than the 30 s torchrun's agent
+# grants its ranks after a SIGTERM, and marks its start in $SLOW_ROUND_MARKS.
+SLOW_FIRST_ROUND = """
+import os
+if "RANK" in os.environ and "SLOW_ROUND_MARKS" in os.environ:
+    import time
+    from pathlib import Path
+    from distfl.federation import runner
+
+    _run_round = runner.Trainer.run_round
+
+    def run_round(self, round_idx):
+        if round_idx == 1:
+            (Path(os.environ["SLOW_ROUND_MARKS"]) / f"rank{os.environ['RANK']}").touch()
+            time.sleep(40)
+        return _run_round(self, round_idx)
+
+    runner.Trainer.run_round = run_round
+"""
+
+
+def slow_first_round(tmp_path: Path) -> tuple[dict, Path]:
+    """(environment, marks folder) for runs whose round 1 takes 40 s on every rank."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return env_with_sitecustomize(tmp_path, SLOW_FIRST_ROUND, SLOW_ROUND_MARKS=str(marks)), marks
+
+
+def wait_for_marks(marks: Path, count: int, timeout_s: float = 240) -> None:
+    import time
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and len(list(marks.iterdir())) < count:
+        time.sleep(0.2)
+    assert len(list(marks.iterdir())) == count, f"only {len(list(marks.iterdir()))} of {count} ranks started round 1"

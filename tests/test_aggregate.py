@@ -1,4 +1,6 @@
 """The fixed-point sums behind "1 rank equals N ranks": exact, order-free, and precise."""
+import math
+
 import pytest
 import torch
 
@@ -64,3 +66,27 @@ def test_unrepresentable_values_are_refused_not_wrapped(bad):
     with pytest.raises(Unrepresentable):
         stats.add("x", torch.tensor([1.0, bad, 0.0]))
     assert int(stats.buffer.abs().sum()) == 0  # nothing half-added
+
+
+def test_a_segment_with_a_bound_gets_the_unit_of_its_bound_not_the_update_bound():
+    """loss_sum of a large client (|value| 5.5e4, past the 2^22/100 update bound of a 100-client cohort)
+    is summed exactly in a unit fitted to its own bound; past the bound it is refused, naming it."""
+    from distfl.federation.aggregate import LOSS_BOUND, round_segments
+
+    segments = round_segments([Segment("delta", 2)], max_client_samples=3000, local_epochs=8)
+    bound = LOSS_BOUND * 3000 * 8
+    stats = StatBuffer(segments, torch.device("cpu"), max_terms=100)
+    assert stats.limits["loss_sum"] == bound and stats.limits["delta"] == 2.0**22 / 100
+    assert stats.bits["loss_sum"] == math.floor(62 - math.log2(100 * bound)) and stats.bits["delta"] == FRAC_BITS
+    for _ in range(100):  # the largest sum 100 terms within the bound can make still fits int64
+        stats.add("loss_sum", torch.tensor([bound], dtype=torch.float64))
+    assert stats.reduce(CTX).scalar("loss_sum") == 100 * bound
+    stats = StatBuffer(segments, torch.device("cpu"), max_terms=100)
+    stats.add("loss_sum", torch.tensor([2.3 * 3000 * 8], dtype=torch.float64))
+    assert stats.reduce(CTX).scalar("loss_sum") == pytest.approx(2.3 * 3000 * 8, abs=2.0 ** -stats.bits["loss_sum"])
+    with pytest.raises(Unrepresentable) as err:
+        stats.add("loss_sum", torch.tensor([bound * 1.001], dtype=torch.float64))
+    assert err.value.segment == "loss_sum"
+    with pytest.raises(Unrepresentable) as err:
+        stats.add("delta", torch.tensor([0.0, 2.0**22 / 100 * 1.001]))
+    assert err.value.segment == "delta"

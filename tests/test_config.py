@@ -113,7 +113,7 @@ def test_config_keys():
     assert set(CHOICES) <= set(keys)
     assert set(APPLIES_ONLY_TO) <= set(keys)
     assert {c for c, _ in APPLIES_ONLY_TO.values()} <= set(CHOICES)
-    assert set(CHOICES["data.dataset"]) == set(NUM_CLASSES) | {"synthetic"}
+    assert set(CHOICES["data.dataset"]) == set(NUM_CLASSES) | {"synthetic", "files"}
     assert set(RANGES) <= set(keys)
 
 
@@ -179,7 +179,7 @@ def test_type_errors_in_yaml(tmp_path):
 def test_unknown_choice():
     msg = error(load_config, None, ["model.name=resnet19"])
     assert "model.name: unknown choice 'resnet19'; did you mean 'resnet18'?" in msg
-    assert "valid: simplecnn, lenet5, cifar_cnn, resnet18, resnet20, mlp" in msg
+    assert "valid: simplecnn, tct_cnn, lenet5, cifar_cnn, resnet18, resnet20, mlp" in msg
     msg = error(load_config, None, ["algorithm.name=xyz"])
     assert "did you mean" not in msg and "valid: fedavg, fedprox" in msg
 
@@ -301,3 +301,79 @@ def test_reference_mentions_every_key():
     for key in config_keys():
         assert f"`{key}`" in text
     assert "local SGD learning rate" in text  # comments come from schema.py
+
+
+# --- hostile or surprising YAML -----------------------------------------------------------------------
+
+def test_alias_bomb_is_refused_fast(tmp_path):
+    """Ten levels of aliases under a known key expand to 10^10 nodes (and their repr in an error
+    message would never end); the error must come at once, naming the file and the line."""
+    import time
+
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    bomb = write(tmp_path, "train:\n  lr:\n" + "".join(f"    {line}\n" for line in lines), "bomb.yaml")
+    t0 = time.perf_counter()
+    msg = error(load_config, bomb)
+    assert time.perf_counter() - t0 < 2
+    assert "aliases are not accepted" in msg and "line 4" in msg and bomb in msg
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train:\n  rounds: 5\n  lr: 0.1\n  rounds: 50\n", "duplicate key 'rounds' (first given on line 2)"),
+    ("train:\n  rounds: 5\ntrain:\n  lr: 0.1\n", "duplicate key 'train'"),
+])
+def test_duplicate_keys_are_refused(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    msg = error(load_config, path)
+    assert expected in msg and path in msg
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train:\n  rounds: 1:30\n", "train.rounds must be an integer, got '1:30'"),  # YAML 1.1: 90
+    ("seed: 0x10\n", "seed must be an integer, got '0x10'"),  # YAML 1.1: 16
+    ("seed: 010\n", "seed must be an integer, got '010'"),  # YAML 1.1: 8
+    ("train:\n  lr: 1:30\n", "train.lr must be a number, got '1:30'"),  # YAML 1.1: 90.0
+    ("train:\n  rounds: yes\n", "train.rounds must be an integer, got 'yes'"),
+    ("output:\n  tensorboard: yes\n", "output.tensorboard must be true or false, got 'yes'"),
+])
+def test_yaml11_surprises_do_not_slip_into_a_key(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    msg = error(load_config, path)
+    assert expected in msg and path in msg
+
+
+def test_yaml11_words_stay_strings_where_strings_are_expected(tmp_path):
+    """`on`/`off` are choices of model.feature_norm; YAML 1.1 would read them as booleans."""
+    cfg = load_config(write(tmp_path, "model:\n  feature_norm: off\noutput:\n  dir: runs/2024-01-01\n"))
+    assert cfg.model.feature_norm == "off" and cfg.output.dir == "runs/2024-01-01"
+    assert load_config(None, ["model.feature_norm=on"]).model.feature_norm == "on"
+    assert load_config(write(tmp_path, "train:\n  lr: 1e-3\n  rounds: 1_000\n")).train.lr == 0.001
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("seed=4294967296", "seed must be at most 4294967295"),
+    ("model.head_seed=18446744073709551616", "model.head_seed must be at most 18446744073709551615"),
+    ("tct.coordinate_seed=18446744073709551616", "tct.coordinate_seed must be at most"),
+    ("output.dir=", "output.dir must name a directory"),
+    ("output.dir=  ", "output.dir must name a directory"),
+    ("output.dir=runs/a\0b", "output.dir must name a directory"),
+    ("server.eps=1e-23", "server.eps=1e-23: its square"),
+    ("server.eps=1e20", "server.eps=1e+20: its square"),
+])
+def test_values_that_would_crash_later_are_refused(override, expected):
+    assert expected in error(load_config, None, [override])
+
+
+def test_largest_accepted_seeds_work_where_they_are_used():
+    """The bounds are the consumers' own: at the bound they accept, one above they raise."""
+    import numpy as np
+    import torch
+
+    np.random.RandomState(4294967295)
+    torch.Generator().manual_seed(18446744073709551615)
+    with pytest.raises(ValueError):
+        np.random.RandomState(4294967296)
+    with pytest.raises((RuntimeError, ValueError)):
+        torch.Generator().manual_seed(18446744073709551616)
+    load_config(None, ["seed=4294967295", "model.head_seed=18446744073709551615", "server.eps=1e-22"])

@@ -2,6 +2,7 @@
 rank-count independence, one collective per round, exact resume and input checks."""
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -17,8 +18,9 @@ from distfl.schema import AlgorithmConfig, Config, TrainConfig
 STABLE = ["algorithm.name=fedfor", "algorithm.fedfor_alpha=0.5"]
 
 
-def _fedfor(boundary="ge", alpha=5.0, lr=0.01, num_params=4):
-    cfg = Config(algorithm=AlgorithmConfig(name="fedfor", fedfor_alpha=alpha, fedfor_boundary=boundary),
+def _fedfor(boundary="ge", alpha=5.0, lr=0.01, num_params=4, normalize="none"):
+    cfg = Config(algorithm=AlgorithmConfig(name="fedfor", fedfor_alpha=alpha, fedfor_boundary=boundary,
+                                           fedfor_normalize=normalize),
                  train=TrainConfig(lr=lr))
     worker = SimpleNamespace(num_params=num_params, buffers=torch.zeros(0))
     return FedFOR(cfg, population=None, worker=worker, device=torch.device("cpu"))
@@ -28,7 +30,7 @@ def _with_history(alg, w_prev2, w_prev1):
     """Put the algorithm in round 2 with W^{t-2} = w_prev2 and the round's global model W^{t-1} = w_prev1."""
     alg.prev.copy_(torch.tensor(w_prev2))
     alg.has_prev = True
-    return SimpleNamespace(global_params=torch.tensor(w_prev1), round_idx=2)
+    return SimpleNamespace(global_params=torch.tensor(w_prev1), round_idx=2, steps=10)
 
 
 # ---- the penalty gradient on hand-made vectors ---------------------------------------------------------
@@ -42,9 +44,9 @@ def test_penalty_gradient_masks_and_scale(boundary, mask):
     grad = torch.tensor([0.25, -0.5, 1.0, 2.0])  # the cross-entropy gradient the penalty is added to
     out = grad.clone()
     alg.correct_gradient(w, out, run)
-    assert alg.scale == 5.0 / 0.01  # alpha / eta, not alpha (P2)
+    assert alg.scale(run) == 5.0 / 0.01  # alpha / eta, not alpha (P2)
     g = torch.tensor([1.0, -1.0, 2.0, 0.0])
-    assert torch.equal(out - grad, torch.tensor(mask) * g * torch.tensor(alg.scale, dtype=torch.float32))
+    assert torch.equal(out - grad, torch.tensor(mask) * g * torch.tensor(alg.scale(run), dtype=torch.float32))
     assert out.tolist() == [500.25, -0.5, 1001.0 if boundary == "ge" else 1.0, 2.0]
     # Only where the product is strictly negative is the penalty always off; w itself is untouched.
     assert w.tolist() == [0.5, 0.5, 0.0, 1.0]
@@ -73,20 +75,22 @@ def _u_ge(x):
     return torch.where(x >= 0, x, torch.zeros_like(x))  # U with derivative 1 at 0
 
 
+@pytest.mark.parametrize("normalize", ["none", "steps"])
 @pytest.mark.parametrize("boundary,hinge", [("ge", _u_ge), ("gt", torch.relu)])
-def test_matches_autograd_of_the_eq7_loss(boundary, hinge):
+def test_matches_autograd_of_the_eq7_loss(boundary, hinge, normalize):
     """The hook is the gradient of Eq. 7's penalty (alpha/eta) sum U(g_i s_i), with U's derivative at 0
     taken as 1 (ge) or 0 (gt, as relu's autograd does; torch.clamp(x, min=0) also gives 0 at 0 in the
     installed torch, unlike what fedfor.md P1 says)."""
     gen = torch.Generator().manual_seed(0)
     w_prev2, w_prev1 = torch.randn(50, generator=gen), torch.randn(50, generator=gen)
     w = w_prev1 + torch.randn(50, generator=gen) * (torch.rand(50, generator=gen) > 0.3)  # some s_i = 0
-    alg = _fedfor(boundary, alpha=5.0, lr=0.01, num_params=50)
+    alg = _fedfor(boundary, alpha=5.0, lr=0.01, num_params=50, normalize=normalize)
     run = _with_history(alg, w_prev2.tolist(), w_prev1.tolist())
+    assert alg.scale(run) == (5.0 / 0.01 / run.steps if normalize == "steps" else 5.0 / 0.01)
     hook = torch.zeros(50)
     alg.correct_gradient(w.clone(), hook, run)
     x = w.clone().requires_grad_(True)
-    (alg.scale * hinge((w_prev2 - w_prev1) * (x - w_prev1)).sum()).backward()
+    (alg.scale(run) * hinge((w_prev2 - w_prev1) * (x - w_prev1)).sum()).backward()
     assert torch.allclose(hook, x.grad, rtol=1e-6, atol=0)
     assert int(((w - w_prev1) == 0).sum()) > 5
 
@@ -235,3 +239,18 @@ def test_paper_configs_parse_and_use_the_papers_optimiser():
         assert cfg.partition.num_clients >= cfg.train.rounds * cfg.train.clients_per_round
         if cfg.algorithm.name == "fedfor":
             assert cfg.algorithm.fedfor_alpha == 5.0
+
+
+def test_defaults_train_on_a_two_class_fmnist_split(tmp_path):
+    """A fresh user's run: the quickstart's settings on a #C=2 split of real Fashion-MNIST with only
+    algorithm.name=fedfor. The paper's alpha = 5 under the old defaults (ge, no normalisation) threw
+    5x the last global update at every client and hit a non-finite loss in round 2; the default reading
+    must train, with the global update shrinking rather than growing 5x a round."""
+    cfg = write_config(tmp_path / "c2.yaml", data={"dataset": "fmnist"},
+                       partition={"scheme": "n_classes", "num_clients": 100, "classes_per_client": 2},
+                       model={"name": "simplecnn"}, train={"rounds": 5, "clients_per_round": 5, "lr": 0.1,
+                                                           "batch_size": 32}, eval={"every": 5})
+    s = train_ok(cfg, f"output.dir={tmp_path / 'run'}", "algorithm.name=fedfor")
+    assert s["rounds"] == 5 and s["final_test_acc"] > 0.2  # chance is 10%
+    norms = [r["fedfor/prev_update_norm"] for r in metrics(tmp_path / "run")]
+    assert all(math.isfinite(n) for n in norms) and max(norms[2:]) < 2 * norms[1]

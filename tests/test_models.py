@@ -6,11 +6,10 @@ import torch
 from torch import nn
 
 from distfl.errors import ConfigError
-from distfl.models import MODELS, build_model
-from distfl.schema import CHOICES, ModelConfig
+from distfl.models import build_model
+from distfl.schema import ModelConfig
 
-NAMES = ["simplecnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "pfl_cnn"]
-SPHEREFED_MODELS = ["vgg13", "senet18", "mobilenetv2"]  # tested in test_spherefed_models.py
+NAMES = ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "pfl_cnn"]
 COMBOS = [((1, 28, 28), 10), ((3, 32, 32), 10), ((3, 32, 32), 100)]
 
 
@@ -21,10 +20,6 @@ def n_params(model: nn.Module) -> int:
 def build(name: str, shape, num_classes: int, seed: int = 0, **kw) -> nn.Module:
     torch.manual_seed(seed)
     return build_model(ModelConfig(name=name, **kw), shape, num_classes)
-
-
-def test_registry_covers_schema_choices():
-    assert sorted(MODELS) == sorted(CHOICES["model.name"]) == sorted(NAMES + SPHEREFED_MODELS)
 
 
 @pytest.mark.parametrize("shape,num_classes", COMBOS)
@@ -55,6 +50,8 @@ def test_no_dropout_and_no_inplace(name):
 @pytest.mark.parametrize("name,shape,num_classes,expected", [
     ("simplecnn", (1, 28, 28), 10, 44_426),
     ("simplecnn", (3, 32, 32), 10, 62_006),  # flat = 400
+    ("tct_cnn", (1, 28, 28), 10, 454_922),  # > p = 100,000 (TCT keeps 100,000 eNTK coordinates)
+    ("tct_cnn", (1, 28, 28), 1, 453_761),  # the 1-output head of TCT's eNTK
     ("lenet5", (1, 28, 28), 10, 61_706),  # padded to the classic 32x32 geometry, flat = 400
     ("lenet5", (3, 32, 32), 10, 62_006),
     ("cifar_cnn", (3, 32, 32), 10, 1_156_202),
@@ -78,7 +75,7 @@ def test_flat_widths():
 
 
 def test_feature_dims():
-    dims = {"simplecnn": 84, "lenet5": 84, "cifar_cnn": 64, "resnet18": 512, "resnet20": 64, "mlp": 64}
+    dims = {"simplecnn": 84, "tct_cnn": 128, "lenet5": 84, "cifar_cnn": 64, "resnet18": 512, "resnet20": 64, "mlp": 64}
     for name, d in dims.items():
         assert build(name, (3, 32, 32), 10).feature_dim == d
     assert build("mlp", (1, 8, 8), 10, mlp_hidden=17).feature_dim == 17
@@ -143,7 +140,7 @@ def test_small_synthetic_inputs_work(name):
 
 
 def test_unknown_name_and_bad_arguments():
-    with pytest.raises(ConfigError, match="simplecnn, lenet5, cifar_cnn, resnet18, resnet20, mlp"):
+    with pytest.raises(ConfigError, match="simplecnn, tct_cnn, lenet5, cifar_cnn, resnet18, resnet20, mlp"):
         build_model(ModelConfig(name="vgg"), (3, 32, 32), 10)
     with pytest.raises(ConfigError, match="input shape"):
         build_model(ModelConfig(name="mlp"), (32, 32), 10)
@@ -187,3 +184,24 @@ def test_torch_func_grad(name):
 def test_cuda(name):
     model = build(name, (3, 32, 32), 10).cuda()
     assert model(torch.randn(2, 3, 32, 32, device="cuda")).shape == (2, 10)
+
+
+# Modules whose CUDA backward has no deterministic kernel (torch.use_deterministic_algorithms' list):
+# under runtime.deterministic=true a model holding one stops on CUDA, so built-in models avoid them.
+NONDETERMINISTIC_ON_CUDA = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.FractionalMaxPool2d, nn.MaxPool3d,
+                            nn.ReflectionPad2d, nn.ReplicationPad2d, nn.Upsample, nn.EmbeddingBag, nn.CTCLoss)
+
+
+@pytest.mark.parametrize("name", NAMES + ["vgg13", "senet18", "mobilenetv2"])
+def test_builtin_models_run_under_strict_cuda_determinism(name):
+    model = build(name, (3, 32, 32), 10)
+    bad = [n for n, m in model.named_modules() if isinstance(m, NONDETERMINISTIC_ON_CUDA)]
+    assert not bad, f"{name}: {bad} have no deterministic CUDA backward"
+
+
+def test_global_avg_pool_equals_adaptive_avg_pool():
+    from distfl.models.base import GlobalAvgPool
+
+    x = torch.randn(4, 8, 5, 7, dtype=torch.float64)
+    expected = nn.Flatten()(nn.AdaptiveAvgPool2d(1)(x))
+    assert torch.allclose(GlobalAvgPool()(x), expected, rtol=0, atol=1e-15)

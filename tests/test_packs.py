@@ -113,16 +113,16 @@ def test_unequal_clients_take_exactly_their_own_steps():
     from distfl.federation.local import ClientRun, FlatModel, local_steps, train_client
     from distfl.federation.pack import PackStep, train_pack
     from distfl.models import build_model
-    from distfl.schema import ModelConfig
+    from distfl.schema import ModelConfig, TrainConfig
 
     torch.manual_seed(0)
     flat = FlatModel(build_model(ModelConfig(name="resnet20"), (3, 8, 8), 4))
     data = SimpleNamespace(train_x=torch.randn(70, 3, 8, 8), train_y=torch.randint(0, 4, (70,)),
                            augment=random_crop_flip)
     indices = [torch.arange(0, 7), torch.arange(7, 30), torch.arange(30, 70)]
-    train_cfg = SimpleNamespace(lr=0.05, weight_decay=0.01, momentum=0.9, batch_size=10, local_epochs=2)
+    train_cfg = TrainConfig(lr=0.05, weight_decay=0.01, momentum=0.9, batch_size=10, local_epochs=2)
     algorithm = SimpleNamespace(seed=5, begin_client=lambda run, worker: None,
-                                before_forward=lambda w, run: None, correct_gradient=lambda w, g, run: None,
+                                shift=lambda w, run: None, correction=lambda w, g, run: None,
                                 local_loss=lambda model, x, y, run: model.loss(model(x), y))
     start_p, start_b = flat.params.clone(), flat.buffers.clone()
 

@@ -1,7 +1,14 @@
+import gzip
+import hashlib
+import json
+import os
+
 import numpy as np
 import pytest
 
-from distfl.data.partition import describe, partition
+from conftest import run_cli, train_ok
+from distfl.data.datasets import DEBIAN_FMNIST_DIR
+from distfl.data.partition import describe, partition, save_partition
 from distfl.errors import DataError
 from distfl.schema import CHOICES, PartitionConfig
 
@@ -22,8 +29,9 @@ def classes_of(part, labels):
 
 
 def test_covers_every_scheme_in_the_schema():
-    # longtail clients may overlap (tests/test_partition_longtail.py), so it is not in the disjoint set.
-    assert sorted(CHOICES["partition.scheme"]) == sorted(SCHEMES + ["longtail"])
+    # longtail clients may overlap (tests/test_partition_longtail.py), so it is not in the disjoint set;
+    # file reads the split as it is (tests/test_plugins.py).
+    assert sorted(CHOICES["partition.scheme"]) == sorted(SCHEMES + ["longtail", "file"])
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -177,8 +185,56 @@ def test_quantity_sizes_vary_labels_iid():
 
 def test_quantity_impossible_raises():
     cfg = PartitionConfig(scheme="quantity", num_clients=50, alpha=0.01, min_size=1000, max_attempts=5)
-    with pytest.raises(DataError, match="alpha=0.01.*min_size=1000"):
+    with pytest.raises(DataError, match="alpha=0.01.*min_size=1000.*max_attempts=5 attempts; raise partition.max_attempts"):
         partition(LABELS, cfg, 10, seed=0)
+
+
+def test_quantity_niid_bench_setting_passes_with_the_default_cap():
+    # NIID-Bench's iid-diff-quantity at 100 clients, alpha 0.5, min_size 10 on 60,000 samples accepts about
+    # one Dirichlet draw in 70,000; seed 16 happens to accept draw 2,475, past the old cap of 1,000.
+    cfg = PartitionConfig(scheme="quantity", num_clients=100, alpha=0.5, min_size=10)
+    assert cfg.max_attempts == 0  # the scheme's default
+    parts = partition(LABELS, cfg, 10, seed=16)
+    assert min(len(p) for p in parts) >= 10
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(LABELS)))
+    # It takes the first acceptable draw, as NIID-Bench does: exactly 2,475 draws are needed.
+    exact = partition(LABELS, PartitionConfig(scheme="quantity", num_clients=100, alpha=0.5, max_attempts=2475), 10, 16)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, exact))
+    cfg_short = PartitionConfig(scheme="quantity", num_clients=100, alpha=0.5, max_attempts=2474)
+    with pytest.raises(DataError, match="max_attempts=2474 attempts; raise partition.max_attempts"):
+        partition(LABELS, cfg_short, 10, 16)
+
+
+def niid_bench_quantity(n, k, alpha, seed, min_size=10):
+    """NIID-Bench's iid-diff-quantity loop, one draw at a time, then distfl's shuffle of each client's list."""
+    rng = np.random.RandomState(seed)
+    idx = rng.permutation(n)
+    while True:
+        q = rng.dirichlet(np.repeat(alpha, k))
+        q = q / q.sum()
+        if np.min(q * n) >= min_size:
+            break
+    parts = np.split(idx, (np.cumsum(q) * n).astype(int)[:-1])
+    for part in parts:
+        rng.shuffle(part)
+    return parts
+
+
+@pytest.mark.parametrize("k, alpha, seed", [(100, 0.5, 16), (10, 0.1, 3), (10, 1.0, 0), (1, 0.5, 0)])
+def test_quantity_batched_draws_equal_one_at_a_time(k, alpha, seed):
+    # (100, 0.5, 16) accepts draw 2,475, in the second batch; the rest accept within the first.
+    parts = partition(LABELS, PartitionConfig(scheme="quantity", num_clients=k, alpha=alpha), 10, seed)
+    expected = niid_bench_quantity(len(LABELS), k, alpha, seed)
+    assert len(parts) == k and all(np.array_equal(a, b) for a, b in zip(parts, expected))
+
+
+def test_resampling_error_names_the_default_cap():
+    # Tiny, so 1,000 attempts are quick: alpha 1e-6 gives one client (all but) the whole class, never 15 and 15.
+    labels = np.zeros(30, dtype=np.int64)
+    cfg = PartitionConfig(scheme="dirichlet", num_clients=2, alpha=1e-6, min_size=15)
+    with pytest.raises(DataError, match=r"max_attempts=1000 \(the default\) attempts; raise partition.max_attempts "
+                                        r"\(0 = this scheme's default, 1000\)"):
+        partition(labels, cfg, 1, seed=0)
 
 
 def test_empty_client_raises():
@@ -191,6 +247,51 @@ def test_empty_client_raises():
 def test_bad_labels_raise():
     with pytest.raises(DataError):
         partition(np.array([0, 1, 10]), PartitionConfig(scheme="iid", num_clients=1), 10, seed=0)
+
+
+# NIID-Bench's own client sets on the real FMNIST training labels; tests/fixtures/README.md says how they were made.
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "niid_bench_fmnist.json")
+FMNIST_TRAIN_LABELS = os.path.join(DEBIAN_FMNIST_DIR, "train-labels-idx1-ubyte.gz")
+with open(FIXTURE) as _f:
+    NIID_BENCH_CASES = json.load(_f)["cases"]
+
+
+def niid_bench_config(case):
+    """The distfl partition config of one NIID-Bench fixture case."""
+    name, k = case["niid_bench_partition"], case["n_parties"]
+    if name == "homo":
+        return PartitionConfig(scheme="iid", num_clients=k)
+    if name == "noniid-labeldir":
+        return PartitionConfig(scheme="dirichlet", num_clients=k, alpha=case["beta"])
+    assert name.startswith("noniid-#label"), name
+    return PartitionConfig(scheme="n_classes", num_clients=k, classes_per_client=int(name[len("noniid-#label"):]))
+
+
+@pytest.fixture(scope="module")
+def fmnist_train_labels():
+    if not os.path.exists(FMNIST_TRAIN_LABELS):
+        pytest.skip(f"real Fashion-MNIST labels not installed ({FMNIST_TRAIN_LABELS})")
+    with gzip.open(FMNIST_TRAIN_LABELS, "rb") as f:
+        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)  # IDX1: 8-byte header
+    assert len(labels) == 60000
+    return labels
+
+
+def test_niid_bench_fixture_covers_every_scheme():
+    names = {c["niid_bench_partition"] for c in NIID_BENCH_CASES}
+    assert {"homo", "noniid-labeldir", "noniid-#label1", "noniid-#label2", "noniid-#label3"} <= names
+    assert len(NIID_BENCH_CASES) == 34
+
+
+@pytest.mark.parametrize(
+    "case", NIID_BENCH_CASES,
+    ids=[f"{c['niid_bench_partition']}-{c['n_parties']}-beta{c['beta']}-seed{c['seed']}" for c in NIID_BENCH_CASES])
+def test_reproduces_niid_bench_client_sets(case, fmnist_train_labels):
+    # Exact client index sets (orders differ: NIID-Bench shuffles only its Dirichlet clients' lists).
+    parts = partition(fmnist_train_labels, niid_bench_config(case), 10, case["seed"])
+    assert [len(p) for p in parts] == case["client_sizes"]
+    digests = [hashlib.sha256(np.sort(p).astype(np.int64).tobytes()).hexdigest() for p in parts]
+    assert digests == case["client_sha256_sorted_int64"]
 
 
 def test_describe_matches_parts():
@@ -218,3 +319,55 @@ def test_describe_many_classes_shows_top5():
     hist = np.bincount(labels[parts[0]], minlength=100)
     c, n = top[0].split(":")
     assert hist[int(c)] == int(n) == hist.max()
+
+
+def test_partition_cli_writes_the_split_training_uses(small_config, tmp_path):
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    out = tmp_path / "sub" / "split.npz"
+    overrides = ["partition.scheme=n_classes", "partition.num_clients=7"]
+    proc = run_cli(["partition", small_config, "--out", out, *overrides])
+    assert proc.returncode == 0, proc.stderr
+    assert f"to {out}" in proc.stdout
+
+    with np.load(out) as saved:
+        assert sorted(saved.files) == sorted(f"client_{i}" for i in range(7))
+        arrays = [saved[f"client_{i}"] for i in range(7)]
+    assert all(a.dtype == np.int64 for a in arrays)
+    trainer = Trainer(load_config(str(small_config), [*overrides, f"output.dir={tmp_path / 'run'}"]),
+                      dist.init("cpu", 1))
+    used = trainer.population.indices
+    assert len(used) == 7
+    assert all(np.array_equal(a, u) for a, u in zip(arrays, used))  # same indices, same order
+    assert np.array_equal(np.sort(np.concatenate(arrays)), np.arange(len(trainer.data.train_y)))
+
+    # Reused through partition.scheme=file, the saved split trains the very same model.
+    short = ["train.rounds=2", "checkpoint.every=0"]
+    direct = train_ok(small_config, *overrides, *short, f"output.dir={tmp_path / 'direct'}")
+    reused = train_ok(small_config, "partition.scheme=file", f"partition.path={out}", "partition.num_clients=7",
+                      *short, f"output.dir={tmp_path / 'reused'}")
+    assert reused["model_sha256"] == direct["model_sha256"]
+
+
+def test_partition_cli_rejects_a_bad_out_before_any_work(small_config, tmp_path):
+    proc = run_cli(["partition", small_config, "--out", tmp_path / "split.txt"])
+    assert proc.returncode == 2
+    assert "--out" in proc.stderr and ".npz" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == [small_config]
+    (tmp_path / "dir.npz").mkdir()
+    proc = run_cli(["partition", small_config, "--out", tmp_path / "dir.npz"])
+    assert proc.returncode == 2 and "is a directory" in proc.stderr and proc.stdout == ""
+
+
+def test_save_partition_leaves_nothing_half_written(tmp_path, monkeypatch):
+    def fail_midway(f, **arrays):
+        f.write(b"PK partial")
+        raise OSError("disk full")
+
+    out = tmp_path / "split.npz"
+    monkeypatch.setattr(np, "savez", fail_midway)
+    with pytest.raises(OSError, match="disk full"):
+        save_partition([np.arange(3)], str(out))
+    assert list(tmp_path.iterdir()) == []

@@ -108,22 +108,27 @@ def test_resume_rejects_changes_that_alter_the_run(tmp_path, small_config):
 
 
 def test_corrupt_checkpoint_is_refused(tmp_path, small_config):
+    """With every checkpoint bad, resume stops, naming each one and its bad file.
+    (With an older good one, it resumes from that: tests/test_checkpoint.py.)"""
     run = tmp_path / "run"
     train_ok(small_config, f"output.dir={run}", "train.rounds=4")
-    state = run / "checkpoints" / "round_000004" / "state.pt"
-    state.write_bytes(state.read_bytes()[:100])
+    for name in ("round_000002", "round_000004"):
+        state = run / "checkpoints" / name / "state.pt"
+        state.write_bytes(state.read_bytes()[:100])
     proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
     assert proc.returncode == 2
-    assert "corrupt" in proc.stderr and "state.pt" in proc.stderr and "round_000002" in proc.stderr
+    assert "no checkpoint" in proc.stderr and "state.pt does not match" in proc.stderr
+    assert "round_000002" in proc.stderr and "round_000004" in proc.stderr
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, small_config):
     """A learning rate that explodes after a few rounds: the run stops naming the round."""
     run = tmp_path / "run"
     proc = run_cli(["train", str(small_config), f"output.dir={run}", "checkpoint.every=1",
-                    "server.lr=40", "train.rounds=30"])
+                    "server.lr=1000", "train.rounds=30"])
     assert proc.returncode == 2, proc.stderr
-    assert "round" in proc.stderr and "non-finite" in proc.stderr
+    # The message names the statistic that was out of range (the local loss, once the model blew up).
+    assert "round" in proc.stderr and "statistic loss_sum out of range" in proc.stderr
     s = summary(run)
     assert s["status"] == "diverged"
     bad_round = int(s["error"].split("round ")[1].split(":")[0])
@@ -133,6 +138,25 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, sma
     # The kept checkpoint is good: it resumes (and diverges again at the same round).
     proc = run_cli(["train", "--resume", str(run)])
     assert proc.returncode == 2 and f"round {bad_round}:" in proc.stderr
+
+
+def test_large_clients_with_many_local_epochs_are_not_stopped_as_diverged(tmp_path):
+    """Two clients of 20000 samples, 60 local epochs, lr 1e-6: each client's loss_sum (~2.3 * 1.2e6) is
+    past the model update's bound (2^22 / 2), yet the run is healthy. It completes, on 1 and on 2 ranks
+    bit for bit, and its train loss is the mean local loss (~ln 10 at this lr)."""
+    cfg = write_config(tmp_path / "big.yaml",
+                       data={"dataset": "synthetic", "synthetic_train": 40000, "synthetic_test": 200,
+                             "synthetic_image_size": 4},
+                       partition={"scheme": "iid", "num_clients": 2}, model={"name": "mlp", "mlp_hidden": 8},
+                       train={"rounds": 1, "clients_per_round": 2, "lr": 1e-6, "batch_size": 20000,
+                              "local_epochs": 60}, eval={"every": 1})
+    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
+    assert one["status"] == "completed"
+    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
+    assert two["model_sha256"] == one["model_sha256"]
+    loss = metrics(tmp_path / "one")[0]["train_loss"]
+    assert loss == metrics(tmp_path / "two")[0]["train_loss"]
+    assert 2.0 < loss < 2.6
 
 
 def test_existing_run_directory_is_protected(tmp_path, small_config):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, metrics, run_cli, summary, train_ok, write_config
+from conftest import REPO, metrics, run_cli, slow_first_round, summary, train_ok, wait_for_marks, write_config
 from distfl.dist import expand_hostlist, slurm_environment, slurm_port
 from distfl.sweep import slurm_active_jobs, wait_for_jobs
 
@@ -199,3 +199,32 @@ def test_sbatch_template_runs_and_continues(slurm_cluster, tmp_path):
     proc = subprocess.run(sbatch, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "has finished (completed); nothing to do" in "".join(
         p.read_text() for p in tmp_path.glob("slurm-*.out"))
+
+
+
+def test_sbatch_time_limit_signal_checkpoints_a_round_longer_than_30s(slurm_cluster, tmp_path):
+    """The USR1 that `--signal=B:USR1@180` sends the batch script ahead of the time limit, arriving with
+    more than 30 s of the round left (torchrun's agent kills its ranks 30 s after a SIGTERM): every rank
+    checkpoints that round, the job requeues itself and resumes after it, and ends with the model of
+    an uninterrupted run."""
+    cfg = write_config(tmp_path / "c.yaml", train={"rounds": 2}, checkpoint={"every": 0}, eval={"every": 2})
+    through = train_ok(cfg, f"output.dir={tmp_path / 'through'}")
+    env, marks = slow_first_round(tmp_path)
+    env.update(PYTHON=sys.executable, NPROC_PER_NODE="2")
+    run = tmp_path / "run"
+    proc = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--cpus-per-task=2", "--time=10",
+                           f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm" / "train.sbatch"), str(cfg),
+                           f"output.dir={run}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    wait_for_marks(marks, 2)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)  # what --signal=B:USR1 does
+    _wait([job])
+
+    log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert "stop signal: checkpoint written after round 1" in log, log
+    assert re.findall(r"resuming \S+ at round (\d+)", log) == ["2"], log
+    s = summary(run)
+    assert s["status"] == "completed" and s["world_size"] == 2
+    assert s["model_sha256"] == through["model_sha256"]
+    assert [r["round"] for r in metrics(run)] == [1, 2]

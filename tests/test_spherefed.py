@@ -85,7 +85,9 @@ def test_head_bytes_unchanged_by_training_and_one_rank_equals_two(tmp_path):
 
 
 def _pooled_reference(run_dir: Path, ridge: float) -> tuple[torch.Tensor, int]:
-    """The single-process solve on the pooled features of the checkpointed model before calibration."""
+    """The single-process float64 solve on the pooled features of the checkpointed model before
+    calibration: (Z^T Z + ridge I)^-1 Z^T Y, and at ridge 0 (the paper's lambda) the minimum-norm least
+    squares solution pinv(Z) Y, which is the same when Z^T Z is invertible."""
     from distfl.config import load_config
     from distfl.data.datasets import load_dataset
 
@@ -99,22 +101,29 @@ def _pooled_reference(run_dir: Path, ridge: float) -> tuple[torch.Tensor, int]:
     with torch.no_grad():
         z = F.normalize(model.features(data.train_x).double(), dim=1)
     y = F.one_hot(data.train_y, data.num_classes).double()
+    if ridge == 0:
+        return torch.linalg.pinv(z) @ y, len(y)
     a = z.t() @ z + ridge * torch.eye(z.shape[1], dtype=torch.float64)
     return torch.linalg.solve(a, z.t() @ y), len(y)
 
 
 @pytest.mark.parametrize("model", [SPHERE, {"name": "mlp", "mlp_hidden": 32}], ids=["sphere", "cross-entropy"])
 def test_ffc_over_ranks_equals_the_pooled_single_process_solve(tmp_path, model):
-    config = write_config(tmp_path / "c.yaml", model=model, calibration={"method": "ffc", "ridge": 0.01},
+    """At the paper's lambda = 0: two ranks (gloo) sum the clients' Z^T Z and Z^T Y in one all_reduce
+    and solve; the result is the pooled float64 least-squares solution, the same bits as one rank."""
+    config = write_config(tmp_path / "c.yaml", model=model, calibration={"method": "ffc", "ridge": 0.0},
                           checkpoint={"every": 0, "keep": 3})
     two = train_ok(config, f"output.dir={tmp_path / 'two'}", nproc=2)
     one = train_ok(config, f"output.dir={tmp_path / 'one'}")
     assert one["model_sha256"] == two["model_sha256"]  # exact sums: same bits on 1 and 2 ranks
     ffc = two["phases"]["ffc"]
-    assert ffc["solver"] == "cholesky" and two["collectives"]["calls"]["ffc"] == 1
-    reference, n = _pooled_reference(tmp_path / "two", ridge=0.01)
+    assert two["world_size"] == 2 and two["collectives"]["calls"]["ffc"] == 1
+    reference, n = _pooled_reference(tmp_path / "two", ridge=0.0)
     assert ffc["samples"] == n and ffc["trace"] == pytest.approx(n, rel=1e-12)
     solved = torch.load(tmp_path / "two" / STATS_FILE)["weight_t"]
+    # Dead ReLU units make sum Z^T Z singular at lambda = 0 (rank 29 and 25 of 32 here): the minimum-norm
+    # solution. Measured 1.7e-12 and 2.6e-10: the 2^-f rounding of the sums, times the conditioning.
+    assert ffc["solver"] == "pseudo-inverse" and ffc["rank"] < 32
     assert float((solved - reference).norm() / reference.norm()) < 1e-8
     head = _final_head(tmp_path / "two", model)
     assert torch.equal(head, solved.t().to(torch.float32))
@@ -162,10 +171,20 @@ def test_solver_fallback_is_the_minimum_norm_least_squares_solution():
     assert torch.equal(wt, torch.zeros(4, 2, dtype=torch.float64))
 
 
-def test_fixed_point_keeps_every_sum_exact_and_fine():
-    assert fixed_point_bits(6000, 10) == 45  # FMNIST, 10 clients: units of 2^-45
-    bits = fixed_point_bits(10**6, 1000)
-    assert 2.0**bits * 10**6 * 1000 < 2.0**62
+@pytest.mark.parametrize("n,clients", [(6000, 10), (10**6, 1000), (1, 1)])
+def test_fixed_point_unit_sums_the_largest_entries_exactly(n, clients):
+    """Every entry of A_k and B_k is at most n_k (products of unit-vector coordinates). At the unit FFC
+    picks, `clients` such entries of either sign pass the int64 buffer's overflow guard and sum exactly,
+    and one unit is kept."""
+    from distfl import dist
+    from distfl.federation.aggregate import Segment, StatBuffer
+
+    bits = fixed_point_bits(n, clients)
+    stats = StatBuffer([Segment("a", 3, frac_bits=bits)], torch.device("cpu"), clients)
+    for _ in range(clients):
+        stats.add("a", torch.tensor([float(n), -float(n), 2.0**-bits], dtype=torch.float64))
+    stats.reduce(dist.init("cpu", 1), name="test")
+    assert stats.view("a").tolist() == [clients * n * 2**bits, -clients * n * 2**bits, clients]
 
 
 def test_crash_during_calibration_resumes_without_retraining(tmp_path, monkeypatch):
@@ -256,3 +275,26 @@ def test_ffc_feature_batch_size_does_not_change_the_result(tmp_path):
     # The features are a float32 forward pass, whose rounding depends on the batch shape: measured 1e-8.
     assert float((a - b).norm() / a.norm()) < 1e-6
     assert default["phases"]["ffc"]["samples"] == small["phases"]["ffc"]["samples"]
+
+
+def test_mse_sum_is_mean_at_c_times_the_lr(tmp_path):
+    """The MSE reduction over classes only rescales the gradient by C: training with `sum` at (lr, wd)
+    is training with `mean` at (C lr, wd / C), momentum included, up to float round-off. So no run can
+    prefer one reduction at a matched effective lr; the default `mean` is kept (torch's MSELoss)."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    def trained(name, *overrides):
+        cfg = load_config(str(sphere_config(tmp_path)), [f"output.dir={tmp_path / name}", "train.momentum=0.9",
+                                                          *overrides])
+        trainer = Trainer(cfg, dist.init("cpu", 1))
+        for t in (1, 2, 3):
+            trainer.run_round(t)
+        return trainer.global_params
+
+    total = trained("sum", "model.mse_reduction=sum", "train.lr=0.01", "train.weight_decay=1e-3")
+    mean = trained("mean", "model.mse_reduction=mean", "train.lr=0.1", "train.weight_decay=1e-4")
+    unmatched = trained("mean_same_lr", "model.mse_reduction=mean", "train.lr=0.01", "train.weight_decay=1e-3")
+    assert torch.allclose(total, mean, rtol=0, atol=1e-5)
+    assert (total - unmatched).abs().max() > 1e-2

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from distfl.errors import ConfigError
-from distfl.models import MODELS, build_model
+from distfl.models import build_model
 from distfl.models.heads import FixedHead, orthonormality_error
-from distfl.schema import APPLIES_ONLY_TO, CHOICES, ModelConfig
+from distfl.schema import ModelConfig
 
 # name -> (feature_dim, params at 3x32x32 with 100 classes, with 10 classes), as in the module docstrings
 SPECS = {
@@ -29,10 +29,17 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def test_registered():
+def test_selectable_from_a_config_with_group_norm():
+    """A user's `model.name=X model.norm=gn model.gn_groups=2` is accepted without a warning."""
+    import warnings
+
+    from distfl.config import load_config
+
     for name in SPECS:
-        assert name in MODELS and name in CHOICES["model.name"]
-        assert name in APPLIES_ONLY_TO["model.norm"][1] and name in APPLIES_ONLY_TO["model.gn_groups"][1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            cfg = load_config(None, [f"model.name={name}", "model.norm=gn", "model.gn_groups=2"])
+        assert (cfg.model.name, cfg.model.norm, cfg.model.gn_groups) == (name, "gn", 2)
 
 
 @pytest.mark.parametrize("name", SPECS)

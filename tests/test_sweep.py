@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from conftest import SMALL, metrics, run_cli, summary, train_ok, write_config
+from conftest import SMALL, metrics, run_cli, slow_first_round, summary, train_ok, wait_for_marks, write_config
 from distfl.config import load_config, load_sweep_block
 from distfl.sweep import build_sweep, parse_seeds
 
@@ -99,6 +99,31 @@ def test_local_sweep_with_torchrun_ranks(tmp_path):
     two = summary(tmp_path / "sw" / "seed=5")
     assert two["world_size"] == 2
     assert two["model_sha256"] == train_ok(cfg, f"output.dir={tmp_path / 'one'}", "seed=5")["model_sha256"]
+
+
+def test_stopping_a_local_torchrun_sweep_checkpoints_a_round_longer_than_30s(tmp_path):
+    """SIGTERM to a `--nproc 2` sweep with 40 s of round 1 left: the ranks (signalled directly, not
+    through torchrun's agent, which kills them 30 s after a SIGTERM) checkpoint round 1 and the sweep
+    exits 3; run again, it resumes at round 2 and ends with the one-rank model."""
+    import signal
+    import subprocess
+    import sys
+
+    cfg = write_config(tmp_path / "c.yaml", train={"rounds": 2}, checkpoint={"every": 0}, eval={"every": 2},
+                       output={"dir": str(tmp_path / "sw")})
+    env, marks = slow_first_round(tmp_path)
+    sweep = [sys.executable, "-m", "distfl", "sweep", str(cfg), "--nproc", "2", "--seeds", "5"]
+    proc = subprocess.Popen(sweep, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_marks(marks, 2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=300)[0]
+    run = tmp_path / "sw" / "seed=5"
+    assert proc.returncode == 3, out
+    assert (run / "checkpoints" / "latest").read_text().strip() == "round_000001", out
+    again = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "resuming" in again.stderr, again.stdout + again.stderr
+    assert [r["round"] for r in metrics(run)] == [1, 2]
+    assert summary(run)["model_sha256"] == train_ok(cfg, f"output.dir={tmp_path / 'one'}", "seed=5")["model_sha256"]
 
 
 @pytest.mark.parametrize("args,expected", [

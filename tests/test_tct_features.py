@@ -11,7 +11,6 @@ from distfl.tct.features import (
     coordinate_index,
     entk_features,
     entk_features_loop,
-    feature_bytes,
     feature_parameters,
     reinit_head,
 )
@@ -165,11 +164,6 @@ def test_fp16_overflow_raises(simplecnn):
     index = torch.arange(num_params(simplecnn))
     with pytest.raises(ValueError, match="float16"):
         entk_features(simplecnn, 1e6 * torch.rand(2, 1, 28, 28), index, out_dtype=torch.float16)
-
-
-def test_feature_bytes():
-    assert feature_bytes(60_000, 100_000, torch.float32) == 24_000_000_000
-    assert feature_bytes(10, 3, torch.float16) == 60
 
 
 def test_layer_wise_path_for_linear_and_conv_models_vmap_otherwise(simplecnn, resnet20):

@@ -1,4 +1,5 @@
-"""One file per method; `build_algorithm` picks by `algorithm.name`."""
+"""One file per method; `build_algorithm` picks by `algorithm.name`: a built-in name, an import path
+`package.module:ClassName`, or a name registered in the entry-point group `distfl.algorithms`."""
 from .fedadc import FedADC
 from .fedavg import FedAvg
 from .feddyn import FedDyn
@@ -11,7 +12,14 @@ from .slowmo import SlowMo
 ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNova, FedFOR, FedADC, SlowMo)}
 
 
+def algorithm_class(name: str) -> type:
+    """The class of a built-in or plugin method (config validation has checked `name`)."""
+    from ..plugins import load_plugin
+
+    return ALGORITHMS[name] if name in ALGORITHMS else load_plugin("algorithm.name", name)
+
+
 def build_algorithm(cfg, population, worker, device, model_factory=None):
     """The training algorithm; for TCT, its stage-1 algorithm (its later stages are phases)."""
     name = cfg.tct.stage1 if cfg.algorithm.name == "tct" else cfg.algorithm.name
-    return ALGORITHMS[name](cfg, population, worker, device, model_factory)
+    return algorithm_class(name)(cfg, population, worker, device, model_factory)

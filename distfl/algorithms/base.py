@@ -1,7 +1,7 @@
 """The algorithm interface: hooks into the runtime's round, never a round loop of its own.
 
 A round, as the runtime runs it (federation/runner.py):
-  for each client this rank hosts:      load global model -> local SGD steps:
+  for each client this rank hosts:      load global model -> begin_client -> local SGD steps:
                                           before_forward, local_loss, backward, correct_gradient, step
                                         -> client_statistics(run, worker, stats)
   stats.reduce()                        one all_reduce of every segment, summed over the cohort
@@ -9,6 +9,20 @@ A round, as the runtime runs it (federation/runner.py):
 
 `FedAvg`-style defaults live here: the weighted model delta and the BatchNorm buffers are summed, and
 the server optimizer (FedOpt) is applied to the averaged delta. A method overrides only what differs.
+
+This class is public API, exported as `distfl.Algorithm`: a method in the user's own package subclasses
+it and is named by `algorithm.name: package.module:ClassName` (docs/extending.md). The hooks' names and
+signatures below are kept stable.
+
+FedBN (`aggregation.fedbn`) composes with every method through the runtime's entry points at the end
+of the class (`shift`, `correction`, `collect`, `server_step`), never through a method's own hooks:
+  - a client starts from the global model with its own BatchNorm, and `run.global_params` is that
+    starting point, so whatever a method builds from it is built against the client's own BatchNorm;
+  - the method's moves of the weights (before_forward) and extra gradient terms (correct_gradient)
+    are undone on the BatchNorm coordinates, which train by the plain loss gradient only;
+  - the client's BatchNorm is saved into its state after every method's client_statistics;
+  - the server's BatchNorm becomes the weighted mean of the cohort's own BatchNorm (parameters and
+    statistics), whatever the method's server step did there; only clients never sampled use it.
 """
 from __future__ import annotations
 
@@ -24,6 +38,10 @@ from .gma import agreement_mask
 class Algorithm:
     name = "base"
     stateful = False  # True: keeps per-client state between rounds (client state store)
+    # A plugin method's options: a dataclass of bool/int/float/str fields (metadata "range" or "choices"
+    # are checked like built-in keys'); `algorithm.options` is validated against it, and the method reads
+    # the values as `self.options`.
+    Options = None
 
     def __init__(self, cfg, population, worker, device: torch.device, model_factory=None):
         """`worker` is the rank's FlatModel (its layout: `param_slices`, `buffer_slices`);
@@ -36,12 +54,14 @@ class Algorithm:
         self.layout = worker
         self.device = device
         self.model_factory = model_factory
+        self.options = self.Options(**cfg.algorithm.options) if self.Options is not None else None
         self.server_opt = build_server_optimizer(cfg.server, self.num_params, device)
         self.round_metrics: dict[str, float] = {}  # set by server_update; logged per round (TensorBoard)
         self.gma = cfg.aggregation.mask == "gma"
         self.fedbn = cfg.aggregation.fedbn
         if self.fedbn:
             self.bn_params, self.bn_buffers = _batchnorm_coordinates(worker, cfg.model.name)
+            self.bn_index = self.bn_params.nonzero().squeeze(1)  # the same coordinates, as indices
             self.stateful = True  # each client keeps its own BatchNorm
 
     # ---- weights -------------------------------------------------------------------------------
@@ -59,9 +79,16 @@ class Algorithm:
 
     def begin_client(self, run, worker) -> None:
         """After the global model is loaded into the worker, before local training."""
-        if self.fedbn and "bn_params" in run.state:  # FedBN: the client's own BatchNorm replaces the global one
-            worker.params[self.bn_params] = run.state["bn_params"]
-            worker.buffers[self.bn_buffers] = run.state["bn_buffers"]
+        self.load_own_model(run.state, worker)
+        if self.fedbn:
+            run.global_params = worker.params.clone()  # what this client received: its own BatchNorm
+
+    def load_own_model(self, state: dict, worker) -> None:
+        """Turn the global model in the worker into the one this client uses (FedBN: with its own
+        BatchNorm; the global one until it has been sampled)."""
+        if self.fedbn and "bn_params" in state:
+            worker.params[self.bn_params] = state["bn_params"]
+            worker.buffers[self.bn_buffers] = state["bn_buffers"]
 
     def local_loss(self, model, x: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
         """The loss of one local mini-batch: the model's loss (cross-entropy, or MSE for SphereFed's
@@ -91,9 +118,6 @@ class Algorithm:
         """Add this client's contributions to the round's sums (after its local training)."""
         self.add_update(stats, worker.params - run.global_params, run.weight)
         stats.add("buffers", worker.buffers, run.weight)
-        if self.fedbn:
-            run.state["bn_params"] = worker.params[self.bn_params].clone()
-            run.state["bn_buffers"] = worker.buffers[self.bn_buffers].clone()
 
     def add_update(self, stats, delta: torch.Tensor, weight: float) -> None:
         """The client's model update, weighted, and (GMA) its signs, unweighted."""
@@ -126,6 +150,44 @@ class Algorithm:
 
     def load_server_state(self, state: dict) -> None:
         self.server_opt.load_state_dict(state["server_opt"])
+
+    # ---- what the runtime calls: the hooks above, with the client's own coordinates kept out -----
+    def all_segments(self) -> list[Segment]:
+        own = [Segment("bn_params", int(self.bn_index.numel()))] if self.fedbn else []
+        return self.segments() + own
+
+    def shift(self, w: torch.Tensor, run) -> None:
+        """before_forward, undone on the BatchNorm coordinates under FedBN."""
+        if not self.fedbn:
+            self.before_forward(w, run)
+            return
+        own = w[self.bn_index]
+        self.before_forward(w, run)
+        w[self.bn_index] = own
+
+    def correction(self, w: torch.Tensor, g: torch.Tensor, run) -> None:
+        """correct_gradient, undone on the BatchNorm coordinates under FedBN (they keep the loss gradient)."""
+        if not self.fedbn:
+            self.correct_gradient(w, g, run)
+            return
+        own = g[self.bn_index]
+        self.correct_gradient(w, g, run)
+        g[self.bn_index] = own
+
+    def collect(self, run, worker, stats) -> None:
+        """client_statistics, then (FedBN) the client's BatchNorm into its state and the round's mean."""
+        self.client_statistics(run, worker, stats)
+        if self.fedbn:
+            own = worker.params[self.bn_index]
+            stats.add("bn_params", own, run.weight)
+            run.state["bn_params"] = own
+            run.state["bn_buffers"] = worker.buffers[self.bn_buffers].clone()
+
+    def server_step(self, params: torch.Tensor, buffers: torch.Tensor, reduced) -> None:
+        """server_update; under FedBN the global BatchNorm is then the weighted mean of the cohort's own."""
+        self.server_update(params, buffers, reduced)
+        if self.fedbn:
+            params[self.bn_index] = reduced["bn_params"].to(params.dtype)
 
 
 def _batchnorm_coordinates(worker, model_name: str) -> tuple[torch.Tensor, torch.Tensor]:

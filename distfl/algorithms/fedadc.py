@@ -75,7 +75,7 @@ class FedADC(Algorithm):
         self._mbar = None  # this client's beta_local * m / H_i (None: no shift this round)
         self._mbar_key = None  # (round, client) it was computed for
         self.teacher = None
-        self._teacher_round = None
+        self._teacher_key = None
         if self.kd_lambda > 0:
             self.rho = confidence(self.population.class_counts).to(self.device)
             # A separate module (its own flat parameters), built without touching the global RNG
@@ -100,6 +100,12 @@ class FedADC(Algorithm):
                 f"algorithm.name={name} has its own server step (algorithm.server_alpha, algorithm.beta_global), "
                 f"so server.optimizer must be sgd with server.lr=1 and server.momentum=0; got "
                 f"server.optimizer={s.optimizer}, server.lr={s.lr}, server.momentum={s.momentum}")
+        for section in ("train", "server"):
+            if getattr(cfg, section).lr_schedule != "constant" or getattr(cfg, section).lr_warmup_rounds:
+                raise ConfigError(
+                    f"algorithm.name={name} divides the averaged update by train.lr to recover its momentum, "
+                    f"so it needs a constant lr: {section}.lr_schedule must be constant and "
+                    f"{section}.lr_warmup_rounds 0")
         if float(cfg.train.momentum) > 0:
             raise ConfigError(
                 f"algorithm.name={name} uses plain local SGD (a local momentum buffer would absorb the embedded "
@@ -127,11 +133,12 @@ class FedADC(Algorithm):
         return self._mbar
 
     def before_forward(self, w, run):
-        if self.teacher is not None and self._teacher_round != run.round_idx:
-            # The worker still holds this round's global model: before_forward of a round's first
-            # step comes before any forward or shift, so its buffers are the global ones too.
+        if self.teacher is not None and self._teacher_key != (run.round_idx, run.client_id):
+            # The worker still holds the model the client received: before_forward of its first step
+            # comes before any forward or shift, so its buffers are those of that model too (with
+            # FedBN, the client's own BatchNorm, so the teacher is loaded for every client).
             self.teacher.load(run.global_params, self.layout.buffers)
-            self._teacher_round = run.round_idx
+            self._teacher_key = (run.round_idx, run.client_id)
         if self.variant == "nesterov":
             mbar = self._shift(run)
             if mbar is not None:

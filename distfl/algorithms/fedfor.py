@@ -4,15 +4,17 @@ global update. Stateless clients; the server (replicated on every rank) keeps on
 Round t (1-based) sends W^{t-1} and, from round 2 on, W^{t-2}. With g = W^{t-2} - W^{t-1} (fixed for the
 round) and s = w - W^{t-1} (the client's current displacement), client k minimises (Eq. 7)
 
-    L_k(w) + (alpha / lr) * sum_i U(g_i * s_i),        U(x) = x if x >= 0 else 0,
+    L_k(w) + (alpha / (lr * tau)) * sum_i U(g_i * s_i),        U(x) = x if x >= 0 else 0,
 
-whose gradient adds, per coordinate,
+with tau the client's local steps this round (fedfor_normalize = steps, the default; tau = 1 under
+`none`, Eq. 7 as printed, which makes alpha = 5 a momentum of 5 on the global model and diverges), whose
+gradient adds, per coordinate,
 
-    (alpha / lr) * g_i * 1[g_i * s_i >= 0]     (fedfor_boundary = ge, the default)
-    (alpha / lr) * g_i * 1[g_i * s_i >  0]     (fedfor_boundary = gt)
+    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >= 0]     (fedfor_boundary = ge, the default)
+    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >  0]     (fedfor_boundary = gt)
 
 to the cross-entropy gradient (before weight decay and momentum; the paper uses neither). At the first
-local step s = 0, so under `ge` every coordinate with g_i != 0 gets the full step alpha * (W^{t-1} - W^{t-2})
+local step s = 0, so under `ge` every coordinate with g_i != 0 gets the step (alpha / tau) * (W^{t-1} - W^{t-2})
 (the Polyak-momentum "kick" of the paper's Sec. 3.3); under `gt` the penalty only fires once a coordinate
 has moved back towards W^{t-2}. Round 1 has no W^{t-2}: plain FedAvg local training.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..federation.schedule import round_lr
 from .base import Algorithm
 
 
@@ -40,9 +43,12 @@ class FedFOR(Algorithm):
         boundary = self.cfg.algorithm.fedfor_boundary
         if boundary not in ("ge", "gt"):
             raise ConfigError(f"algorithm.fedfor_boundary must be ge or gt, got {boundary!r}")
+        normalize = self.cfg.algorithm.fedfor_normalize
+        if normalize not in ("steps", "none"):
+            raise ConfigError(f"algorithm.fedfor_normalize must be steps or none, got {normalize!r}")
         self.alpha = alpha
         self.boundary = boundary
-        self.scale = alpha / self.cfg.train.lr  # the paper's alpha / eta (P2): an active step moves alpha * g
+        self.normalize = normalize
         self.prev = torch.zeros(self.num_params, device=self.device)  # W^{t-2}: the global model one round back
         self.has_prev = False  # False until the first server update (round 1 trains plain FedAvg)
         self._g = None  # cached g = W^{t-2} - W^{t-1} of the round in `_g_round`
@@ -62,7 +68,13 @@ class FedFOR(Algorithm):
         d = self.direction(run)
         active = torch.sub(w, run.global_params).mul_(d)  # g_i * s_i
         active = active.ge_(0) if self.boundary == "ge" else active.gt_(0)  # 1.0 / 0.0 in place
-        g.addcmul_(d, active, value=self.scale)
+        g.addcmul_(d, active, value=self.scale(run))
+
+    def scale(self, run) -> float:
+        """The penalty weight alpha / eta (P2: an active step moves alpha * g whatever the round's lr eta is),
+        divided by the client's local steps under fedfor_normalize=steps (then alpha * g / steps)."""
+        lr = round_lr(self.cfg.train, run.round_idx, self.cfg.train.rounds)
+        return self.alpha / (lr * (run.steps if self.normalize == "steps" else 1))
 
     # ---- server side ---------------------------------------------------------------------------
     def server_update(self, params, buffers, reduced):

@@ -5,7 +5,7 @@
   adam:    m = b1 m + (1-b1) Delta;  v = b2 v + (1-b2) Delta^2;                   step = m / (sqrt(v) + eps)
   yogi:    m as adam;                v = v - (1-b2) Delta^2 sign(v - Delta^2);     step = m / (sqrt(v) + eps)
   adagrad: m as adam;                v = v + Delta^2;                             step = m / (sqrt(v) + eps)
-  w += lr * step
+  w += lr * step          (lr: server.lr at this round, under server.lr_schedule)
 As in the paper: no bias correction, v starts at eps^2 (the paper's v_{-1} >= tau^2), m at 0.
 FedAvg is sgd with lr 1 and momentum 0, which adds Delta exactly.
 
@@ -22,6 +22,7 @@ class ServerOptimizer:
     def __init__(self, cfg, numel: int, device: torch.device):
         self.cfg = cfg
         self.kind = cfg.optimizer
+        self.lr = float(cfg.lr)  # this round's server lr; the runner sets it from server.lr_schedule
         self.state: dict[str, torch.Tensor] = {}
         if self.kind == "sgd" and cfg.momentum > 0:
             self.state["m"] = torch.zeros(numel, device=device)
@@ -51,7 +52,7 @@ class ServerOptimizer:
         direction = self._direction(update)
         if mask is not None and mask_applies_to == "step":
             direction = direction * mask
-        params.add_(direction, alpha=self.cfg.lr)
+        params.add_(direction, alpha=self.lr)
 
     def state_dict(self) -> dict:
         return {k: t.clone() for k, t in self.state.items()}

@@ -9,6 +9,7 @@ Momentum and weight decay, when configured, act on the corrected gradient.
 import torch
 
 from ..federation.aggregate import Segment
+from ..federation.schedule import round_lr
 from .base import Algorithm
 
 
@@ -32,7 +33,8 @@ class Scaffold(Algorithm):
     def client_statistics(self, run, worker, stats):
         super().client_statistics(run, worker, stats)
         c_i = run.state["c"]
-        c_new = c_i - self.c + (run.global_params - worker.params) / (run.steps * self.cfg.train.lr)
+        lr = round_lr(self.cfg.train, run.round_idx, self.cfg.train.rounds)
+        c_new = c_i - self.c + (run.global_params - worker.params) / (run.steps * lr)
         stats.add("control_delta", c_new - c_i, 1.0 / len(self.population))
         run.state["c"] = c_new
 

@@ -20,6 +20,8 @@ round loop. This phase is everything after it (Algorithm 2):
    closed form (distfl/tct/solver.py) unless `tct.local_solver: iterative`.
 Stage 2 is checkpointed every `checkpoint.every` rounds with the client controls; a resumed run
 recomputes (memory) or reopens (disk) the features, re-applies the saved statistics and continues.
+Disk files are normalised in place, so each one's marker records whether, and with which statistics,
+it was normalised; a resumed run never normalises a file twice (`_extract`).
 
 Choices where the paper is silent (docs/algorithms/tct.md): the head keeps C outputs and logit 0 is
 differentiated (the released code uses a 1-output head; same distribution), the gradient is over every
@@ -72,11 +74,17 @@ def memory_plan(sizes: list[int], test_samples: int, p: int, num_classes: int, c
     return {"features": features, "decompositions": decomposition, "client_state": state, "total": in_memory}
 
 
+def _stats_key(mean: torch.Tensor, std: torch.Tensor) -> str:
+    """Names the normalisation statistics a disk feature file was normalised with."""
+    raw = mean.to(torch.float64).cpu().numpy().tobytes() + std.to(torch.float64).cpu().numpy().tobytes()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
 class TCTPhase(Phase):
     name = "tct"
 
     # ---- 1. convexify: eNTK features ----------------------------------------------------------------
-    def _features(self, trainer, logger) -> None:
+    def _features(self, trainer, logger, stats_key: str | None) -> None:
         cfg, ctx = trainer.cfg.tct, trainer.ctx
         model = trainer.worker.module
         trainer.worker.load(trainer.global_params, trainer.global_buffers)
@@ -89,8 +97,8 @@ class TCTPhase(Phase):
             logger.info(f"TCT: tct.p={cfg.p} is larger than the {num} parameters the gradient is taken over; "
                         f"all {num} coordinates are kept (in the permuted order randperm({num})[:{cfg.p}] gives, "
                         "as the paper's code would)")
-        dist.check_same_on_all_ranks(dist.fingerprint(self.index.to(torch.float64)) ^
-                                     dist.fingerprint(trainer.worker.params), ctx, "TCT's coordinates and head")
+        self.model_key = dist.fingerprint(self.index.to(torch.float64)) ^ dist.fingerprint(trainer.worker.params)
+        dist.check_same_on_all_ranks(self.model_key, ctx, "TCT's coordinates and head")
         data = trainer.data
         c = data.num_classes
         sizes = trainer.population.sizes
@@ -116,32 +124,44 @@ class TCTPhase(Phase):
         t0 = time.perf_counter()
         dtype = DTYPES[cfg.feature_dtype]
         self.train_z, self.train_y = {}, {}
+        self.normalised: set[str] = set()  # disk files found already normalised with the resumed statistics
+        self.disk: dict[str, tuple] = {}  # name -> (marker file, source key, memmap) of the disk store
         for k in self.clients:
             idx = trainer.client_indices[k]
-            self.train_z[k] = self._extract(trainer, data.train_x[idx], f"client_{k}", dtype)
+            self.train_z[k] = self._extract(trainer, data.train_x[idx], f"client_{k}", dtype, stats_key)
             self.train_y[k] = data.train_y[idx]
             logger.info(f"TCT: features of client {k} ({len(idx)} samples) done, {time.perf_counter() - t0:.0f}s")
         x = torch.cat([data.test_x[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
             if self.test_batches else data.test_x[:0]
         self.test_y = torch.cat([data.test_y[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
             if self.test_batches else data.test_y[:0]
-        self.test_z = self._extract(trainer, x, "test", dtype)
+        self.test_z = self._extract(trainer, x, "test", dtype, stats_key)
         self.features_s = time.perf_counter() - t0
 
-    def _extract(self, trainer, x, name: str, dtype) -> torch.Tensor:
+    def _extract(self, trainer, x, name: str, dtype, stats_key: str | None) -> torch.Tensor:
+        """The features of `x`: computed (memory store), or a memory-mapped file under RUN_DIR/tct/rankR
+        (disk store). A disk file is normalised in place later, so its marker `NAME.complete` says what
+        it holds: `raw KEY` or `normalised KEY STATS` (KEY: model, coordinates and samples; STATS: the
+        statistics applied). It is reused only when it holds raw features of the same samples, or
+        features normalised with the statistics of the checkpoint being resumed (`stats_key`);
+        otherwise it is extracted again."""
         cfg = trainer.cfg.tct
         model = trainer.worker.module
         if cfg.feature_store == "memory":
             return entk_features(model, x, self.index, cfg.gradient_of, cfg.chunk_size, dtype)
         folder = Path(trainer.run_dir) / "tct" / f"rank{trainer.ctx.rank}"
         folder.mkdir(parents=True, exist_ok=True)
-        path, done = folder / f"{name}.{cfg.feature_dtype}", folder / f"{name}.complete"
+        path, marker = folder / f"{name}.{cfg.feature_dtype}", folder / f"{name}.complete"
         shape = (len(x), self.p)
-        if done.exists() and path.exists() and path.stat().st_size == math.prod(shape) * dtype.itemsize:
-            mode = "r+"  # extracted before a crash or preemption: reuse (it holds raw features)
-        else:
-            done.unlink(missing_ok=True)
-            mode = "w+"
+        key = f"{self.model_key ^ dist.fingerprint(x):014x}"
+        found = marker.read_text().split() if marker.exists() else []
+        sized = path.exists() and path.stat().st_size == math.prod(shape) * dtype.itemsize
+        reuse = sized and (found == ["raw", key] or (stats_key is not None and found == ["normalised", key, stats_key]))
+        if reuse and found[0] == "normalised":
+            self.normalised.add(name)
+        if not reuse:
+            marker.unlink(missing_ok=True)
+        mode = "r+" if reuse else "w+"
         np_dtype = np.float16 if dtype == torch.float16 else np.float32
         array = np.memmap(path, dtype=np_dtype, mode=mode, shape=shape) if shape[0] else np.zeros(shape, np_dtype)
         out = torch.from_numpy(array)
@@ -149,7 +169,8 @@ class TCTPhase(Phase):
             entk_features(model, x, self.index, cfg.gradient_of, cfg.chunk_size, dtype, out=out)
             if shape[0]:
                 array.flush()
-            done.write_text("ok\n")
+            checkpoint.atomic_write_text(f"raw {key}\n", marker)
+        self.disk[name] = (marker, key, array)
         return out
 
     # ---- 2. normalise --------------------------------------------------------------------------------
@@ -182,22 +203,38 @@ class TCTPhase(Phase):
             m, s = mean.to(block.device), std.to(block.device)
             block.copy_(((block.to(torch.float64) - m) / s).to(block.dtype))
 
+    def _normalise_all(self, mean: torch.Tensor, std: torch.Tensor, stats_key: str) -> None:
+        """Normalise every feature matrix in place, except disk files that already are. A disk file loses
+        its marker while it is being rewritten, so a crash half-way makes it extracted again."""
+        named = [*((f"client_{k}", z) for k, z in self.train_z.items()), ("test", self.test_z)]
+        for name, z in named:
+            if name in self.normalised:
+                continue
+            if name in self.disk:
+                self.disk[name][0].unlink(missing_ok=True)
+            self._normalise(z, mean, std)
+            if name in self.disk:
+                marker, key, array = self.disk[name]
+                if len(z):
+                    array.flush()
+                checkpoint.atomic_write_text(f"normalised {key} {stats_key}\n", marker)
+
     # ---- 3. train: federated least squares ------------------------------------------------------------
     def run(self, trainer, logger) -> dict:
         cfg, tc = trainer.cfg, trainer.cfg.tct
         ctx = trainer.ctx
         t_start = time.perf_counter()
         stage1_acc = (trainer.progress["last_eval"] or {}).get("test_acc")
-        self._features(trainer, logger)
         resumed = trainer.phase_state if trainer.phase_state.get("phase") == self.name else {}
+        saved_stats = _stats_key(resumed["mean"], resumed["std"]) if resumed and tc.normalize else None
+        self._features(trainer, logger, saved_stats)
         t0 = time.perf_counter()
         if tc.normalize:
             if resumed:
                 mean, std = resumed["mean"].to(trainer.device), resumed["std"].to(trainer.device)
             else:
                 mean, std = self._statistics(trainer)
-            for z in [*self.train_z.values(), self.test_z]:
-                self._normalise(z, mean, std)
+            self._normalise_all(mean, std, _stats_key(mean, std))
         else:
             mean = std = torch.zeros(0)
         normalise_s = time.perf_counter() - t0

@@ -1,4 +1,5 @@
-"""Datasets as whole in-memory tensors: Fashion-MNIST, CIFAR-10/100, and a small synthetic set for tests.
+"""Datasets as whole in-memory tensors: Fashion-MNIST, CIFAR-10/100, your own files (an .npz or ImageFolder
+trees), and a small synthetic set for tests.
 
 Batches are index slices of these tensors (no DataLoader on the hot path); train-time augmentation is a
 batched function applied to such a slice.
@@ -69,8 +70,10 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
         ds = _load_cifar(cfg)
     elif cfg.dataset == "synthetic":
         ds = _make_synthetic(cfg, seed)
+    elif cfg.dataset == "files":
+        ds = _load_files(cfg.path)
     else:
-        raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic")
+        raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic, files")
 
     if cfg.augment == "crop_flip" or (cfg.augment == "auto" and cfg.dataset in ("cifar10", "cifar100")):
         ds.augment = random_crop_flip
@@ -269,3 +272,69 @@ def _make_synthetic(cfg: DataConfig, seed: int) -> Dataset:
     train_x, train_y = sample(cfg.synthetic_train)
     test_x, test_y = sample(cfg.synthetic_test)
     return Dataset(train_x, train_y, test_x, test_y, cfg.synthetic_classes, name="synthetic", augment=None)
+
+
+# ---------------------------------------------------------------- your own files
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _load_files(path: str) -> Dataset:
+    """`data.dataset: files`: an .npz of NPZ_KEYS, or a folder with `train/` and `test/` ImageFolder trees."""
+    if os.path.isdir(path):
+        train_x, train_y = _read_image_folder(os.path.join(path, "train"))
+        test_x, test_y = _read_image_folder(os.path.join(path, "test"))
+    else:
+        train_x, train_y, test_x, test_y = _read_npz(path)
+    if train_x.shape[1:] != test_x.shape[1:]:
+        raise DataError(f"data.path {path}: training inputs have shape {tuple(train_x.shape[1:])} but test inputs "
+                        f"{tuple(test_x.shape[1:])}")
+    num_classes = int(max(train_y.max(), test_y.max())) + 1
+    return Dataset(train_x, train_y, test_x, test_y, num_classes, name="files", augment=None)
+
+
+def _read_npz(path: str):
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in NPZ_KEYS if k not in f.files]
+            if missing:
+                raise DataError(f"data.path {path} lacks {', '.join(missing)}; it needs {', '.join(NPZ_KEYS)} "
+                                f"(it holds {', '.join(f.files) or 'nothing'})")
+            arrays = {k: f[k] for k in NPZ_KEYS}
+    except (OSError, ValueError, zlib.error) as e:
+        raise DataError(f"cannot read data.path {path} as an .npz file: {e}") from None
+    out = []
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        where = f"data.path {path}: x_{split}"
+        if x.ndim not in (2, 4) or len(x) == 0:
+            raise DataError(f"{where} must be non-empty images N x C x H x W or vectors N x D, got shape {x.shape}")
+        if x.dtype == np.uint8:
+            x = x.astype(np.float32) / 255.0
+        elif not np.issubdtype(x.dtype, np.floating):
+            raise DataError(f"{where} must be float or uint8 (scaled by 1/255), got {x.dtype}")
+        if x.ndim == 2:  # vectors: one "image" of 1 x 1 x D, which the MLP and plugin models flatten
+            x = x[:, None, None, :]
+        out += [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), _labels(y, len(x), f"data.path {path}: y_{split}")]
+    return out
+
+
+def _labels(y: np.ndarray, n: int, where: str) -> torch.Tensor:
+    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
+        raise DataError(f"{where} must be {n} non-negative integer labels, got shape {y.shape} of {y.dtype}")
+    return torch.from_numpy(y.astype(np.int64))
+
+
+def _read_image_folder(root: str):
+    """All images of a torchvision ImageFolder tree (one subfolder per class), as one tensor."""
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms.functional import to_tensor
+
+    try:
+        folder = ImageFolder(root)
+    except (OSError, FileNotFoundError) as e:
+        raise DataError(f"data.path: {root} is not an ImageFolder tree (one subfolder per class): {e}") from None
+    images = [to_tensor(folder.loader(p)) for p, _ in folder.samples]
+    if len({tuple(x.shape) for x in images}) != 1:
+        raise DataError(f"data.path: the images in {root} differ in size or channels; resize them to one shape")
+    return torch.stack(images), torch.tensor(folder.targets, dtype=torch.int64)

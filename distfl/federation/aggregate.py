@@ -9,18 +9,27 @@ any number of ranks and any placement of clients on ranks. The price: the all_re
 float32 resolution of any parameter it is added to).
 
 Segments are declared by name and size. `fixed` segments hold real numbers; `int` segments hold
-integer counts (exact at any size). A value whose magnitude could overflow the int64 sum is refused and
-counted as non-finite, which stops the run like a NaN would.
+integer counts (exact at any size). Each fixed segment's unit comes from a bound on what one term of it
+may hold: a segment that declares `bound` (the largest |weight * value| a healthy client gives) gets the
+finest unit 2^-k (k <= 40) at which `max_terms` such terms cannot overflow int64; one that declares no
+bound keeps 2^-frac_bits and accepts |weight * value| below 2^(62 - frac_bits) / max_terms (2^22 / cohort
+size at 2^-40: far beyond any sane weighted model update). A value outside its segment's range, or
+NaN/inf, is refused (Unrepresentable, naming the segment), which stops the run like a NaN would.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import math
 
 import torch
 
 from .. import dist
 
 FRAC_BITS = 40
+# A client's mean local loss per sample above this is a divergence, not training (a cross-entropy this
+# large needs logits ~1e6 apart); it bounds `loss_sum`, whose unit follows from it.
+LOSS_BOUND = 2.0**20
 
 
 @dataclass(frozen=True)
@@ -28,12 +37,13 @@ class Segment:
     name: str
     numel: int
     kind: str = "fixed"  # fixed | int
-    frac_bits: int = FRAC_BITS
+    frac_bits: int = FRAC_BITS  # the unit 2^-frac_bits, unless `bound` sets it
+    bound: float | None = None  # largest |weight * value| of one term; sets the unit and the valid range
 
 
-# Every round carries these beside the algorithm's own segments.
+# Every round carries these beside the algorithm's own segments (`round_segments` sets loss_sum's bound).
 STANDARD_SEGMENTS = (
-    Segment("loss_sum", 1),  # sum over the round's clients of (mean local train loss * client samples)
+    Segment("loss_sum", 1),  # sum over the round's clients of (mean local train loss * samples processed)
     Segment("samples", 1, kind="int"),  # local samples processed (for loss and throughput)
     Segment("nonfinite", 1, kind="int"),  # clients whose loss or update was NaN/inf or too large
     Segment("clients", 1, kind="int"),  # clients that contributed (the cohort size, unless one failed)
@@ -41,8 +51,21 @@ STANDARD_SEGMENTS = (
 )
 
 
+def round_segments(algorithm_segments, max_client_samples: int, local_epochs: int) -> list[Segment]:
+    """A round's segments. loss_sum is bounded by LOSS_BOUND per sample times the samples the largest
+    client of the cohort processes (its size times the local epochs), so its unit follows its content,
+    not the model update's."""
+    loss_bound = LOSS_BOUND * max(1, max_client_samples) * max(1, local_epochs)
+    standard = [replace(s, bound=loss_bound) if s.name == "loss_sum" else s for s in STANDARD_SEGMENTS]
+    return standard + list(algorithm_segments)
+
+
 class Unrepresentable(ValueError):
-    """A contribution is NaN/inf or too large to be summed exactly."""
+    """A contribution is NaN/inf or outside its segment's range; `segment` names the segment."""
+
+    def __init__(self, segment: str, message: str):
+        super().__init__(message)
+        self.segment = segment
 
 
 class StatBuffer:
@@ -58,8 +81,19 @@ class StatBuffer:
             self.offsets[s.name] = offset
             offset += s.numel
         self.buffer = torch.zeros(offset, dtype=torch.int64, device=device)
-        # Largest magnitude one term may have so that max_terms of them cannot overflow int64.
         self.max_terms = max(1, max_terms)
+        # Per fixed segment: its unit 2^-bits and the largest |weight * value| one term may have, such
+        # that max_terms terms cannot overflow int64 (|sum| < 2^62 in units).
+        self.bits, self.limits = {}, {}
+        for s in segments:
+            if s.kind != "fixed":
+                continue
+            if s.bound is None:
+                self.bits[s.name] = s.frac_bits
+                self.limits[s.name] = 2.0 ** (62 - s.frac_bits) / self.max_terms
+            else:
+                self.bits[s.name] = min(FRAC_BITS, math.floor(62 - math.log2(self.max_terms * s.bound)))
+                self.limits[s.name] = float(s.bound)
 
     def view(self, name: str) -> torch.Tensor:
         start = self.offsets[name]
@@ -68,8 +102,8 @@ class StatBuffer:
     def add(self, name: str, value: torch.Tensor | float | int, weight: float = 1.0) -> None:
         """Add `weight * value` (flattened) into segment `name`.
 
-        Raises Unrepresentable (adding nothing) if a value is NaN/inf or so large that the sum of
-        `max_terms` such values could overflow int64: the caller counts that as a non-finite client.
+        Raises Unrepresentable (adding nothing) if a weighted value is NaN/inf or above the segment's
+        limit: the caller counts that as a client out of range.
         """
         seg = self.segments[name]
         target = self.view(name)
@@ -79,12 +113,12 @@ class StatBuffer:
         if seg.kind == "int":
             target.add_(value.to(torch.int64) * int(weight))
             return
-        scaled = value.to(torch.float64) * (float(weight) * 2.0**seg.frac_bits)
-        if scaled.numel():
-            peak = float(scaled.abs().max())
-            if not peak < 2.0**62 / self.max_terms:  # also catches NaN
-                raise Unrepresentable(f"segment {name}: |value| up to {peak / 2.0**seg.frac_bits:.3g}")
-        target.add_(torch.round(scaled).to(torch.int64))
+        weighted = value.to(torch.float64) * float(weight)
+        if weighted.numel():
+            peak = float(weighted.abs().max())
+            if not peak <= self.limits[name]:  # also catches NaN
+                raise Unrepresentable(name, f"segment {name}: |value| up to {peak:.3g}, limit {self.limits[name]:.3g}")
+        target.add_(torch.round(weighted * 2.0 ** self.bits[name]).to(torch.int64))
 
     def reduce(self, ctx: dist.DistContext, name: str = "round_stats") -> "Reduced":
         """Sum over ranks: exactly one all_reduce, counted under `name`."""
@@ -107,7 +141,7 @@ class Reduced:
         raw = self._stats.view(name)
         if seg.kind == "int":
             return raw.clone()
-        return raw.to(torch.float64) * 2.0 ** (-seg.frac_bits)
+        return raw.to(torch.float64) * 2.0 ** (-self._stats.bits[name])
 
     def scalar(self, name: str) -> float:
         return float(self[name][0])

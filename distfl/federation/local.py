@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
 from .population import client_seed
+from .schedule import round_lr
 
 
 class FlatModel:
@@ -83,27 +83,13 @@ class ClientRun:
     num_samples: int
     weight: float  # the client's aggregation weight in this round
     steps: int  # local SGD steps this round
-    global_params: torch.Tensor  # the round's global model (flat, read-only)
+    global_params: torch.Tensor  # the model the client received (flat, read-only): the round's global model; with FedBN, with the client's own BatchNorm
     state: dict = field(default_factory=dict)  # per-client persistent state (stateful algorithms)
     loss_sum: torch.Tensor | None = None  # sum of per-batch mean loss * batch size, after training
 
 
 def local_steps(num_samples: int, batch_size: int, epochs: int) -> int:
     return epochs * -(-num_samples // batch_size)
-
-
-def local_batches(data, indices: torch.Tensor, train_cfg) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """A client's (x, y) mini-batches for `train_cfg.local_epochs` epochs, each epoch in a fresh random
-    order, drawn from the torch global RNG as they are consumed (the caller seeds it per client)."""
-    n, batch = len(indices), train_cfg.batch_size
-    for _ in range(train_cfg.local_epochs):
-        order = indices[torch.randperm(n, device=indices.device)]
-        for start in range(0, n, batch):
-            idx = order[start : start + batch]
-            x, y = data.train_x[idx], data.train_y[idx]
-            if data.augment is not None:
-                x = data.augment(x)
-            yield x, y
 
 
 def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm) -> None:
@@ -116,24 +102,31 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
     model = flat.module
     model.train()
     w, g = flat.params, flat.grads
-    lr, wd, momentum = train_cfg.lr, train_cfg.weight_decay, train_cfg.momentum
+    lr, wd, momentum = round_lr(train_cfg, run.round_idx, train_cfg.rounds), train_cfg.weight_decay, train_cfg.momentum
     velocity = None
     loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
-    for x, y in local_batches(data, indices, train_cfg):
-        algorithm.before_forward(w, run)
-        loss = algorithm.local_loss(model, x, y, run)
-        g.zero_()
-        loss.backward()
-        loss_sum += loss.detach().double() * len(y)
-        # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
-        # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
-        algorithm.correct_gradient(w, g, run)
-        if wd:
-            g.add_(w, alpha=wd)
-        if momentum:
-            velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
-            step = velocity
-        else:
-            step = g
-        w.add_(step, alpha=-lr)
+    n, batch = len(indices), train_cfg.batch_size
+    for _ in range(train_cfg.local_epochs):
+        order = indices[torch.randperm(n, device=indices.device)]
+        for start in range(0, n, batch):
+            idx = order[start : start + batch]
+            x, y = data.train_x[idx], data.train_y[idx]
+            if data.augment is not None:
+                x = data.augment(x)
+            algorithm.shift(w, run)
+            loss = algorithm.local_loss(model, x, y, run)
+            g.zero_()
+            loss.backward()
+            loss_sum += loss.detach().double() * len(idx)
+            # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
+            # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
+            algorithm.correction(w, g, run)
+            if wd:
+                g.add_(w, alpha=wd)
+            if momentum:
+                velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
+                step = velocity
+            else:
+                step = g
+            w.add_(step, alpha=-lr)
     run.loss_sum = loss_sum

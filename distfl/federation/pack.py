@@ -9,7 +9,7 @@ Each client keeps the semantics of `train_client` (federation/local.py):
   - the same keyed randomness: its batch order (and augmentation) is drawn by replaying its own
     `torch.manual_seed(seed, round, client)` stream, exactly as `train_client` draws it;
   - the same algorithm hooks, called per client on one row (a view) of the stacked flat tensors:
-    `begin_client`, `before_forward`, `correct_gradient`, then `client_statistics` on the worker;
+    `begin_client`, `shift`, `correction`, then `collect` on the worker;
   - the same SGD step (coupled weight decay, momentum, dampening 0) as element-wise vector ops.
 Clients of unequal sizes: at step s only the clients with an s-th batch take part, and clients whose
 s-th batch has the same size go through one vectorised call, so every client takes exactly its own
@@ -27,8 +27,9 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from ..errors import ConfigError
-from .local import ClientRun, FlatModel, local_batches
+from .local import ClientRun, FlatModel
 from .population import client_seed
+from .schedule import round_lr
 
 # runtime.pack_size=0 (auto) by device type. CPU: a vmap pack measured 1.05-1.5x slower per client step
 # than one at a time (SimpleCNN, batch 10-32), and 3.3x slower for pfl_cnn at batch 10, pack 10
@@ -60,7 +61,16 @@ def check_packable(cfg, algorithm, pack_size: int, sticky: bool) -> None:
 def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int) -> list[tuple]:
     """The (x, y) of each local step of one client, drawn exactly as `train_client` draws them."""
     torch.manual_seed(client_seed(seed, run.round_idx, run.client_id))
-    return list(local_batches(data, indices, train_cfg))
+    n, batch, out = len(indices), train_cfg.batch_size, []
+    for _ in range(train_cfg.local_epochs):
+        order = indices[torch.randperm(n, device=indices.device)]
+        for start in range(0, n, batch):
+            idx = order[start : start + batch]
+            x, y = data.train_x[idx], data.train_y[idx]
+            if data.augment is not None:
+                x = data.augment(x)
+            out.append((x, y))
+    return out
 
 
 class PackStep:
@@ -138,13 +148,13 @@ def _sgd_step(step, w, b, velocity, loss_sums, rows, batch, runs, first, train_c
     index = None if whole else torch.tensor(rows, device=w.device)
     wr = w if whole else w[index]
     for k, run in enumerate(runs):
-        algorithm.before_forward(wr[k], run)
+        algorithm.shift(wr[k], run)
     x = torch.stack([xy[0] for xy in batch])
     y = torch.stack([xy[1] for xy in batch])
     g, loss, new_b = step(wr, b if whole else b[index], x, y)
     loss_sums[rows] += loss.double() * y.shape[1]
     for k, run in enumerate(runs):
-        algorithm.correct_gradient(wr[k], g[k], run)
+        algorithm.correction(wr[k], g[k], run)
     if train_cfg.weight_decay:
         g.add_(wr, alpha=train_cfg.weight_decay)
     if velocity is not None:
@@ -157,7 +167,7 @@ def _sgd_step(step, w, b, velocity, loss_sums, rows, batch, runs, first, train_c
         if not whole:
             velocity[index] = v
         g = v
-    wr.add_(g, alpha=-train_cfg.lr)
+    wr.add_(g, alpha=-round_lr(train_cfg, runs[0].round_idx, train_cfg.rounds))
     if whole:
         b.copy_(new_b)
     else:

@@ -3,8 +3,9 @@ checkpoint. The same code runs as one plain process or as every rank of a torchr
 
 What is guaranteed (and tested): for a fixed config, the final model (`model_sha256`) is bit-identical
 on 1 or N processes, for any placement of clients on ranks, and when a run is stopped and resumed
-from a checkpoint, provided every process uses the same device type, the same torch build and the
-same `runtime.threads`. Why it holds:
+from a checkpoint, provided every process uses the same device type, the same torch build, the same
+CPU kernel dispatch (ISA level) and the same `runtime.threads`, with `runtime.deterministic` on (see the
+README, Reproducibility). Why it holds:
   - cohorts come from (seed, round), every client's randomness from (seed, round, client);
   - a client's local training is the same sequence of kernels wherever it runs (same thread count);
   - the sums over clients are exact integer sums (federation/aggregate.py), so order cannot matter;
@@ -25,18 +26,24 @@ import torch
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
 from ..config import PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
+from ..data.client_test import client_test_sets
 from ..data.datasets import load_dataset
 from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
-from .aggregate import STANDARD_SEGMENTS, Segment, StatBuffer, Unrepresentable
+from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
+from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
+from .schedule import round_lr
 from .state import ClientStateStore
 
+
+
+NONFINITE_PARAMS = "non-finite local model parameters"
 
 
 def run_has_output(run_dir: Path) -> bool:
@@ -53,12 +60,19 @@ class Trainer:
             raise ConfigError(
                 f"output.dir {self.run_dir} already holds a run; continue it with "
                 f"`distfl train --resume {self.run_dir}`, pick another output.dir, or pass --overwrite")
+        # Rank 0 holds RUN_DIR/.lock until this Trainer is closed or its process dies: a second run in
+        # the directory is refused, before any work if the directory exists (else once it is created).
+        self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
 
         self.data = load_dataset(cfg.data, cfg.seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
         parts = partition(labels, cfg.partition, self.data.num_classes, cfg.seed)
         self.population = Population(parts, labels, self.data.num_classes)
         self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
+        if cfg.eval.clients:
+            sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
+                                    cfg.eval.client_test_size, cfg.seed)
+            self.client_test = [torch.from_numpy(s).to(self.device) for s in sets]
 
         def model_factory():
             return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
@@ -67,6 +81,11 @@ class Trainer:
         self.worker = FlatModel(model_factory())
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
+        # Ranks with different torch builds (or kernels) can draw different initial weights from the same
+        # seed, and would then drift apart silently: stop before training instead.
+        dist.check_same_on_all_ranks(
+            dist.fingerprint(self.global_params) ^ dist.fingerprint(self.global_buffers), ctx,
+            f"the initial model (this rank: torch {torch.__version__} on {self.device.type})")
         # A fixed head (model.head=sphere|fixed_random) is built from model.head_seed; prove every
         # rank built the same one before any training relies on it.
         for tensor in self.worker.frozen:
@@ -91,7 +110,9 @@ class Trainer:
         self.phase_results: dict = {}
         self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
         self.step = 0
+        self.resume_warnings: list[str] = []
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
+        self.resumed_from, self.skipped = None, []
         if resume:
             self._restore()
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
@@ -101,14 +122,19 @@ class Trainer:
     def _prepare_run_dir(self, resume: bool) -> None:
         if not resume and run_has_output(self.run_dir):  # --overwrite was given
             dist.barrier(self.ctx)  # every rank has checked before rank 0 deletes
-            if self.ctx.is_main:
+        if self.ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.lock = self.lock or checkpoint.lock_run_dir(self.run_dir)
+            if not resume and run_has_output(self.run_dir):  # --overwrite was given
                 for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
                     path = self.run_dir / name
                     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        if self.ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.store is not None:
+                self.store.create()
             checkpoint.atomic_write_text(dump_config(self.cfg), self.run_dir / "config.yaml")
         dist.barrier(self.ctx)
+        if self.ctx.is_main and self.skipped:
+            checkpoint.set_aside(self.run_dir, [name for name, _ in self.skipped], self.resumed_from)
 
     def _sticky_placement(self) -> bool:
         placement, store = self.cfg.runtime.placement, self.cfg.runtime.client_state
@@ -126,14 +152,17 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _restore(self) -> None:
-        path = checkpoint.latest(self.run_dir)
-        state = checkpoint.load(path, self.device)
+        path, state, skipped = checkpoint.newest_good(self.run_dir, self.device)
+        # Every rank must resume from the same checkpoint (they differ if output.dir is not shared).
+        dist.check_same_on_all_ranks(int(state.get("step", state["round"])), self.ctx, "the checkpoint resumed from")
+        self.resumed_from, self.skipped = path.name, skipped
         changed = resume_blockers(state["config"], config_to_dict(self.cfg))
         if changed:
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
                 f"only {', '.join(RESUMABLE_KEYS)} may change on resume")
         self._check_phases_on_resume(state)
+        self.resume_warnings = lost_guarantees(state.get("runtime"), self.runtime_identity())
         self.global_params.copy_(state["params"])
         self.global_buffers.copy_(state["buffers"])
         for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
@@ -182,10 +211,13 @@ class Trainer:
         if self.ctx.is_main:
             checkpoint.begin(self.run_dir, name)
         dist.barrier(self.ctx)
+        written = 0
         if self.store is not None:
-            self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
-                                        self.ctx.is_main)
-        dist.barrier(self.ctx)
+            written = self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
+                                                  self.ctx.is_main)
+        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer.
+        clients = int(dist.all_reduce_sum(torch.tensor([written], dtype=torch.int64, device=self.device),
+                                          self.ctx, "checkpoint")[0])
         if self.ctx.is_main:
             state = {
                 "round": min(step, self.cfg.train.rounds),
@@ -201,13 +233,20 @@ class Trainer:
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "world_size": self.ctx.world_size,
+                "runtime": self.runtime_identity(),
                 # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
                 "rng": "keyed",
             }
             # With phases after training, the last training round's checkpoint is never pruned: a phase
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
-            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect)
+            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect, clients)
+
+    def runtime_identity(self) -> dict:
+        """What, beside the config, must match for a resumed run to stay bit-identical to one run
+        through (recorded in every checkpoint)."""
+        return {"device": self.device.type, "threads": self.cfg.runtime.threads,
+                "deterministic": self.cfg.runtime.deterministic, "torch": str(torch.__version__)}
 
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
@@ -217,20 +256,23 @@ class Trainer:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
         else:
             packs = place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
-        stats = StatBuffer(list(STANDARD_SEGMENTS) + self.algorithm.segments(), self.device, len(cohort))
+        largest = max((int(self.population.sizes[k]) for k in cohort), default=1)
+        stats = StatBuffer(round_segments(self.algorithm.all_segments(), largest, cfg.train.local_epochs),
+                           self.device, len(cohort))
+        refused: dict[str, int] = {}  # statistic -> clients of this rank whose value was out of its range
         for pack in packs:
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
             if len(runs) > 1:
                 indices = [self.client_indices[c] for c in pack]
                 for run in train_pack(self.worker, self.pack_step, self.data, indices, runs, cfg.train,
                                       self.algorithm, self.global_buffers):
-                    self._contribute(run, stats)
+                    self._contribute(run, stats, refused)
                 continue
             run = runs[0]
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
             train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
-            self._contribute(run, stats)
+            self._contribute(run, stats, refused)
         stats.add("stop", int(self.stop_requested))
         reduced = stats.reduce(ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
@@ -238,15 +280,17 @@ class Trainer:
         self.stop_agreed = int(reduced["stop"][0]) > 0
         bad = int(reduced["nonfinite"][0])
         if bad:
-            raise DivergenceError(f"round {round_idx}: {bad} client(s) produced a non-finite loss or update "
-                                  "(NaN/inf or too large); lower train.lr or server.lr")
-        self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
+            raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: "
+                                  f"{self._out_of_range(stats, refused)}; lower train.lr or server.lr")
+        server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
+        self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
-                "bytes_reduced": stats.nbytes, **self.algorithm.round_metrics}
+                "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
+                "server_lr": server_lr, **self.algorithm.round_metrics}
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
@@ -259,16 +303,16 @@ class Trainer:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
         return run
 
-    def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
-        """Add a client's statistics, or count it as non-finite (every rank still joins the reduce)."""
-        ok = bool(torch.isfinite(run.loss_sum)) and bool(torch.isfinite(self.worker.params).all())
-        if ok:
-            try:
-                self.algorithm.client_statistics(run, self.worker, stats)
-                stats.add("loss_sum", run.loss_sum)
-            except Unrepresentable:
-                ok = False
-        if not ok:
+    def _contribute(self, run: ClientRun, stats: StatBuffer, refused: dict[str, int]) -> None:
+        """Add a client's statistics, or count it as non-finite under the statistic that was out of
+        range (every rank still joins the reduce)."""
+        try:
+            stats.add("loss_sum", run.loss_sum)
+            if not bool(torch.isfinite(self.worker.params).all()):
+                raise Unrepresentable(NONFINITE_PARAMS, "non-finite local model")
+            self.algorithm.collect(run, self.worker, stats)
+        except Unrepresentable as exc:
+            refused[exc.segment] = refused.get(exc.segment, 0) + 1
             stats.add("nonfinite", 1)
             return
         stats.add("samples", run.num_samples * self.cfg.train.local_epochs)
@@ -276,17 +320,39 @@ class Trainer:
         if self.store is not None:
             self.store.put(run.client_id, run.state)
 
+    def _out_of_range(self, stats: StatBuffer, refused: dict[str, int]) -> str:
+        """Which statistics were out of range, summed over ranks. Only on the way to stopping the run,
+        so the healthy round keeps its single all_reduce."""
+        names = [NONFINITE_PARAMS] + [n for n in stats.segments if n in stats.limits]
+        counts = torch.tensor([refused.get(n, 0) for n in names], dtype=torch.int64, device=self.device)
+        dist.all_reduce_sum(counts, self.ctx, name="divergence")
+        parts = []
+        for name, count in zip(names, counts.tolist()):
+            if count and name == NONFINITE_PARAMS:
+                parts.append(f"{NONFINITE_PARAMS} in {count} client(s)")
+            elif count:
+                parts.append(f"statistic {name} out of range (NaN/inf or |value| above "
+                             f"{stats.limits[name]:.3g}) in {count} client(s)")
+        return "; ".join(parts)
+
     # ---- evaluation ----------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
-        """Accuracy and mean loss of the global model on the whole test set, sharded by batch."""
+        """Accuracy and mean loss of the global model on the whole test set."""
+        metrics = self.evaluate_round(clients=False)
+        return metrics["test_acc"], metrics["test_loss"]
+
+    @torch.no_grad()
+    def evaluate_round(self, clients: bool) -> dict:
+        """test_acc and test_loss of the global model on the whole test set, sharded by batch, and
+        (`clients`) the statistics of per-client accuracy (client_eval.py), in one all_reduce."""
         self.worker.load(self.global_params, self.global_buffers)
         model = self.worker.module
         model.eval()
         x, y = self.data.test_x, self.data.test_y
         starts = list(range(0, len(y), self.cfg.eval.batch_size))
-        stats = StatBuffer([Segment("loss_sum", 1), Segment("correct", 1, kind="int"),
-                            Segment("nonfinite", 1, kind="int")], self.device, len(starts))
+        segments = [Segment("loss_sum", 1), Segment("correct", 1, kind="int"), Segment("nonfinite", 1, kind="int")]
+        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []),
+                           self.device, len(starts))
         for start in starts[self.ctx.rank :: self.ctx.world_size]:
             end = start + self.cfg.eval.batch_size
             logits = model(x[start:end])
@@ -295,19 +361,31 @@ class Trainer:
                 stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
             except Unrepresentable:
                 stats.add("nonfinite", 1)
+        if clients:
+            add_client_counts(self, stats)
         reduced = stats.reduce(self.ctx, name="eval")
         loss = math.nan if int(reduced["nonfinite"][0]) else reduced.scalar("loss_sum") / len(y)
-        return int(reduced["correct"][0]) / len(y), loss
+        metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
+        if clients:
+            metrics.update(accuracy_statistics(reduced["client_correct"].cpu().numpy(),
+                                               reduced["client_total"].cpu().numpy()))
+        return metrics
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
                            resume_step=self.step)
+        for name, why in self.skipped:
+            logger.info(f"skipped checkpoint {name}: {why}")
+        if self.skipped:
+            logger.info(f"resuming from {self.resumed_from}, the newest good checkpoint")
         if self.start_round > cfg.train.rounds:
             logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
         elif self.start_round > 1:
             logger.info(f"resuming {self.run_dir} at round {self.start_round}")
+        for warning in self.resume_warnings:
+            logger.info(f"warning: {warning}")
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
                     f"{self.ctx.world_size} process(es) on {self.device}; writing {self.run_dir}")
@@ -324,9 +402,10 @@ class Trainer:
                 metrics.pop("samples", None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
-                    acc, loss = self.evaluate()
-                    metrics.update(test_acc=acc, test_loss=loss, eval_s=time.perf_counter() - t1)
-                    self.progress["last_eval"] = {"round": t, "test_acc": acc, "test_loss": loss}
+                    evaluated = self.evaluate_round(clients=cfg.eval.clients)
+                    acc = evaluated["test_acc"]
+                    metrics.update(evaluated, eval_s=time.perf_counter() - t1)
+                    self.progress["last_eval"] = {"round": t, **evaluated}
                     if self.progress["best_test_acc"] is None or acc > self.progress["best_test_acc"]:
                         self.progress["best_test_acc"], self.progress["best_round"] = acc, t
                 self.progress["wall_s"] = wall_before + time.time() - session_start
@@ -337,11 +416,18 @@ class Trainer:
                         or self.stop_agreed:
                     self._save_checkpoint("round", t)
                 if self.stop_agreed and t < cfg.train.rounds:
+                    # Rank 0 commits the checkpoint after the others are done with it; no rank exits
+                    # before, since a launcher (torchrun) may end the other ranks when one exits.
+                    dist.barrier(self.ctx)
                     logger.info(f"stop signal: checkpoint written after round {t}; continue with "
                                 f"`distfl train --resume {self.run_dir}`")
                     raise Interrupted(f"interrupted after round {t} (checkpointed)")
             self._run_phases(logger)
             self.progress["wall_s"] = wall_before + time.time() - session_start
+            last = self.progress["last_eval"] or {}
+            final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
+                     "best_test_acc": self.progress["best_test_acc"]}
+            logger.log_hparams(config_to_dict(cfg), final, self.step)
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
@@ -397,6 +483,12 @@ class Trainer:
         agreed through the round's all_reduce). Safe to call from a signal handler."""
         self.stop_requested = True
 
+    def close(self) -> None:
+        """Release the run directory's lock."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
     def _summary(self, status: str, error: str | None) -> dict:
         self.worker.load(self.global_params, self.global_buffers)
         last = self.progress["last_eval"] or {}
@@ -405,6 +497,9 @@ class Trainer:
             "error": error,
             "final_test_acc": last.get("test_acc"),
             "final_test_loss": last.get("test_loss"),
+            # eval.clients: the last evaluation's per-client accuracy (mean, std, min, p10), else None
+            "final_client_acc": ({key.removeprefix("client_acc_"): last[key] for key in CLIENT_STATISTICS}
+                                 if CLIENT_STATISTICS[0] in last else None),
             "best_test_acc": self.progress["best_test_acc"],
             "best_round": self.progress["best_round"],
             "rounds": last.get("round") if status != "completed" else self.cfg.train.rounds,
@@ -424,11 +519,30 @@ class Trainer:
 
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank."""
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
+    trainer = None
     try:
-        return Trainer(cfg, ctx, resume=resume, overwrite=overwrite).run()
+        with dist.deterministic_ops():
+            trainer = Trainer(cfg, ctx, resume=resume, overwrite=overwrite)
+            return trainer.run()
     finally:
+        if trainer is not None:
+            trainer.close()
         dist.shutdown(ctx)
+
+
+def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
+    """Warnings for a resume whose runtime differs from the checkpoint's: the run goes on, but is no
+    longer bit-identical to one that ran through."""
+    if saved is None:  # a checkpoint from before distfl recorded its runtime
+        return []
+    why = {"device": "kernels differ between device types",
+           "threads": "intra-op threads change a kernel's reduction order",
+           "deterministic": "nondeterministic kernels may now run",
+           "torch": "kernels differ between torch builds"}
+    return [f"runtime {key} was {saved[key]} when checkpointed and is {now[key]} now; {why[key]}, so this run is "
+            "no longer bit-identical to one run through without the stop (nor reproducible from its config)"
+            for key in why if key in saved and saved[key] != now[key]]
 
 
 def _to_cpu(obj):

@@ -22,8 +22,6 @@ class ClientStateStore:
         self.device = device
         self.directory = Path(run_dir) / "client_state"
         self._memory: dict[int, dict] = {}
-        if kind == "disk":
-            self.directory.mkdir(parents=True, exist_ok=True)
 
     def _path(self, client_id: int) -> Path:
         return self.directory / f"{client_id}.pt"
@@ -36,22 +34,39 @@ class ClientStateStore:
         path = self._path(client_id)
         return load_tensors(path, self.device) if path.exists() else init()
 
+    def peek(self, client_id: int) -> dict | None:
+        """The client's state, or None if it has none yet (never creates one)."""
+        if self.kind == "memory":
+            return self._memory.get(client_id)
+        path = self._path(client_id)
+        return load_tensors(path, self.device) if path.exists() else None
+
     def put(self, client_id: int, state: dict) -> None:
         if self.kind == "memory":
             self._memory[client_id] = state
         else:
             atomic_torch_save(state, self._path(client_id))
 
-    def write_checkpoint(self, clients_dir: Path, is_main: bool) -> None:
-        """Write this rank's clients into a checkpoint being assembled (every rank calls this)."""
+    def create(self) -> None:
+        """Rank 0, once the run directory is ready (and emptied by --overwrite): disk: its directory."""
+        if self.kind == "disk":
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    def write_checkpoint(self, clients_dir: Path, is_main: bool) -> int:
+        """Write this rank's clients into a checkpoint being assembled (every rank calls this); return
+        how many files this rank wrote, which the checkpoint then must hold in total."""
         clients_dir.mkdir(parents=True, exist_ok=True)
         if self.kind == "memory":
             for client_id, state in self._memory.items():
                 atomic_torch_save(state, clients_dir / f"{client_id}.pt")
-        elif is_main:
-            # Files are replaced by rename, never rewritten, so a hard link is a stable snapshot.
-            for path in self.directory.glob("*.pt"):
-                _link_or_copy(path, clients_dir / path.name)
+            return len(self._memory)
+        if not is_main:
+            return 0
+        # Files are replaced by rename, never rewritten, so a hard link is a stable snapshot.
+        paths = list(self.directory.glob("*.pt"))
+        for path in paths:
+            _link_or_copy(path, clients_dir / path.name)
+        return len(paths)
 
     def restore(self, clients_dir: Path, hosted, is_main: bool) -> None:
         """Load state from a checkpoint. memory: the clients `hosted(id)` says live on this rank."""
@@ -63,6 +78,7 @@ class ClientStateStore:
                 if hosted(client_id):
                     self._memory[client_id] = load_tensors(path, self.device)
         elif is_main:
+            self.create()
             for path in self.directory.glob("*.pt"):
                 path.unlink()
             for path in files:

@@ -9,6 +9,7 @@ No model contains dropout or in-place activations.
 | name        | source                                            | params, 10 classes (default input) | params, 100 classes  |
 |-------------|---------------------------------------------------|------------------------------------|----------------------|
 | simplecnn   | NIID-Bench SimpleCNNMNIST (TCT, FMNIST)           | 44,426 (1x28x28)                   |                      |
+| tct_cnn     | TCT paper's FMNIST net: 2 conv+pool, 2 FC         | 454,922 (1x28x28)                  |                      |
 | lenet5      | classic LeNet-5, ReLU + max-pool (GMA)            | 61,706 (1x28x28)                   |                      |
 | cifar_cnn   | FedADC 4 conv + 4 FC, widths our choice           | 1,156,202 (3x32x32)                |                      |
 | resnet18    | CIFAR-stem ResNet-18, BN or GN (TCT, FedADC)      | 11,173,962 (3x32x32)               | 11,220,132 (3x32x32) |
@@ -18,6 +19,9 @@ No model contains dropout or in-place activations.
 | senet18     | ResNet-18 + SE (ratio 16), BN or GN (SphereFed)   | 11,263,042 (3x32x32)               | 11,309,212 (3x32x32) |
 | mobilenetv2 | CIFAR MobileNetV2, d = 1280, BN or GN (SphereFed) | 2,237,770 (3x32x32)                | 2,353,060 (3x32x32)  |
 | pfl_cnn     | pfl-research's CIFAR-10 simple CNN (bench)        | 1,626,442 (3x32x32)                |                      |
+
+`model.name: package.module:build` (or a name registered in the entry-point group `distfl.models`) calls
+the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from distfl.models.resnet import build_resnet18
 from distfl.models.resnet_cifar import build_resnet20
 from distfl.models.senet import build_senet18
 from distfl.models.simplecnn import build_simplecnn
+from distfl.models.tct_cnn import build_tct_cnn
 from distfl.models.vgg import build_vgg13
 from distfl.schema import ModelConfig
 
@@ -44,6 +49,7 @@ __all__ = ["Classifier", "MODELS", "build_model"]
 # name -> builder(cfg, input_shape, num_classes)
 MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]] = {
     "simplecnn": lambda cfg, shape, k: build_simplecnn(shape, k),
+    "tct_cnn": lambda cfg, shape, k: build_tct_cnn(shape, k),
     "lenet5": lambda cfg, shape, k: build_lenet5(shape, k),
     "cifar_cnn": lambda cfg, shape, k: build_cifar_cnn(shape, k),
     "resnet18": lambda cfg, shape, k: build_resnet18(shape, k, cfg.norm, cfg.gn_groups),
@@ -63,7 +69,15 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
     the model's conv stack.
     """
     if cfg.name not in MODELS:
-        raise ConfigError(f"model.name must be one of {', '.join(MODELS)} (got {cfg.name!r})")
+        from distfl.plugins import load_plugin
+
+        try:
+            builder = load_plugin("model.name", cfg.name)
+        except KeyError:
+            raise ConfigError(f"model.name must be one of {', '.join(MODELS)} or an import path "
+                              f"package.module:build (got {cfg.name!r})") from None
+    else:
+        builder = None
     try:
         shape = tuple(int(s) for s in input_shape)
     except (TypeError, ValueError):
@@ -72,6 +86,30 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         raise ConfigError(f"input shape must be (channels, height, width) with positive sizes (got {input_shape!r})")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"the number of classes must be a positive integer (got {num_classes!r})")
-    model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
+    if builder is None:
+        model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
+    else:
+        model = as_classifier(builder(shape, num_classes), cfg.name, num_classes)
     model.set_head(cfg.head, cfg.head_seed, cfg.loss, cfg.feature_norm, cfg.mse_reduction)
     return model
+
+
+def as_classifier(module: nn.Module, name: str, num_classes: int) -> Classifier:
+    """A plugin model as a `Classifier`, so that `model.head` (sphere, fixed_random) and FedBN apply.
+
+    A `Classifier` is used as it is; an `nn.Sequential` ending in `nn.Linear` becomes `features` (all
+    but the last layer) and `head` (that layer, with its initial weights).
+    """
+    if isinstance(module, Classifier):
+        return module
+    if isinstance(module, nn.Sequential) and len(module) > 1 and isinstance(module[-1], nn.Linear):
+        head = module[-1]
+        if head.out_features != num_classes or head.bias is None:
+            raise ConfigError(f"model.name={name}: the last layer must be nn.Linear(d, {num_classes}) with a bias, "
+                              f"got {head}")
+        model = Classifier(module[:-1], head.in_features, num_classes)
+        model.head = head
+        return model
+    raise ConfigError(f"model.name={name} returned {type(module).__name__}; return a distfl.Classifier("
+                      "features, feature_dim, num_classes) or an nn.Sequential whose last layer is the "
+                      "nn.Linear classifier (docs/extending.md)")

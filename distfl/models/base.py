@@ -61,6 +61,15 @@ class Classifier(nn.Module):
         return per_sample.mean() if reduction == "mean" else per_sample.sum()
 
 
+class GlobalAvgPool(nn.Module):
+    """Mean over H and W, flattened: what AdaptiveAvgPool2d(1) + Flatten compute, but its CUDA backward
+    is deterministic (adaptive_avg_pool2d_backward_cuda has no deterministic kernel), so CNNs keep the
+    bit-identity guarantee under runtime.deterministic=true."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+
 def conv_out(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
     """Output length of a convolution/pooling along one spatial dimension (floor mode)."""
     return (size + 2 * padding - kernel) // stride + 1

@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from distfl.errors import ConfigError
-from distfl.models.base import Classifier
+from distfl.models.base import Classifier, GlobalAvgPool
 from distfl.models.resnet import NormFactory, make_norm
 
 STEM_WIDTH = 32
@@ -123,7 +123,6 @@ def build_mobilenetv2(input_shape: tuple[int, int, int], num_classes: int, norm:
         ("conv2", nn.Conv2d(in_ch, LAST_WIDTH, 1, bias=False)),
         ("bn2", norm_layer(LAST_WIDTH)),
         ("relu2", nn.ReLU6()),
-        ("pool", nn.AdaptiveAvgPool2d(1)),
-        ("flatten", nn.Flatten()),
+        ("pool", GlobalAvgPool()),
     ]
     return Classifier(nn.Sequential(OrderedDict(layers)), LAST_WIDTH, num_classes)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from distfl.errors import ConfigError
-from distfl.models.base import Classifier
+from distfl.models.base import Classifier, GlobalAvgPool
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -89,5 +89,5 @@ def build_resnet18(input_shape: tuple[int, int, int], num_classes: int, norm: st
             blocks.append(block(in_planes, planes, s, norm_layer))
             in_planes = planes
         layers.append((f"layer{i}", nn.Sequential(*blocks)))
-    layers += [("pool", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten())]
+    layers += [("pool", GlobalAvgPool())]
     return Classifier(nn.Sequential(OrderedDict(layers)), 512, num_classes)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distfl.models.base import Classifier
+from distfl.models.base import Classifier, GlobalAvgPool
 from distfl.models.resnet import BasicBlock
 
 
@@ -61,7 +61,7 @@ def build_resnet20(input_shape: tuple[int, int, int], num_classes: int) -> Class
             blocks.append(BasicBlock(in_planes, planes, s, nn.BatchNorm2d, shortcut=pad_shortcut))
             in_planes = planes
         layers.append((f"layer{i}", nn.Sequential(*blocks)))
-    layers += [("pool", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten())]
+    layers += [("pool", GlobalAvgPool())]
     model = Classifier(nn.Sequential(OrderedDict(layers)), 64, num_classes)
     for m in model.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):

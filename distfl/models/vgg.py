@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 from torch import nn
 
-from distfl.models.base import Classifier, check_spatial, conv_out
+from distfl.models.base import Classifier, GlobalAvgPool, check_spatial, conv_out
 from distfl.models.resnet import make_norm
 
 VGG13_CFG: list[int | str] = [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
@@ -62,5 +62,5 @@ def build_vgg13(input_shape: tuple[int, int, int], num_classes: int, norm: str =
                 (f"relu{conv_i}", nn.ReLU()),
             ]
             in_ch = int(v)
-    layers += [("gap", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten())]
+    layers += [("gap", GlobalAvgPool())]
     return Classifier(nn.Sequential(OrderedDict(layers)), 512, num_classes)

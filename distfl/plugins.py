@@ -1,0 +1,76 @@
+"""Methods and models from the user's own package: `package.module:Name` import paths and entry points.
+
+`algorithm.name` and `model.name` take, besides the built-in names, an import path `package.module:Name`
+or a short name that an installed package registers in the entry-point group `distfl.algorithms` or
+`distfl.models`. Everything here runs during config validation, so a bad path fails before any work.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+
+from distfl.errors import ConfigError
+
+GROUPS = {"algorithm.name": "distfl.algorithms", "model.name": "distfl.models"}
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def entry_point_names(key: str) -> list[str]:
+    """Short names registered by installed packages for `key` (algorithm.name or model.name)."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=GROUPS[key])})
+
+
+def load_object(key: str, name: str):
+    """The object `name` (an import path or a registered short name) refers to, or ConfigError naming `key`."""
+    if is_import_path(name):
+        module_name, _, attr = name.partition(":")
+        if not module_name or not attr:
+            raise ConfigError(f"{key}={name!r}: an import path has the form package.module:Name")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ConfigError(f"{key}={name!r}: cannot import module {module_name!r} ({e}); is its package "
+                              "installed or on PYTHONPATH?") from None
+        obj = module
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ConfigError(f"{key}={name!r}: module {module_name!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        return obj
+    points = [ep for ep in importlib.metadata.entry_points(group=GROUPS[key]) if ep.name == name]
+    if not points:
+        raise KeyError(name)
+    try:
+        return points[0].load()
+    except Exception as e:  # the registering package is broken: say which entry point
+        raise ConfigError(f"{key}={name!r}: the entry point {points[0].value!r} (group {GROUPS[key]}) "
+                          f"does not load: {e}") from None
+
+
+def options_fields(cls) -> list[dataclasses.Field]:
+    """The fields of a plugin's `Options` dataclass ([] for a method without one)."""
+    options = getattr(cls, "Options", None)
+    if options is None:
+        return []
+    if not (isinstance(options, type) and dataclasses.is_dataclass(options)):
+        raise ConfigError(f"{cls.__module__}.{cls.__qualname__}.Options must be a dataclass, got {options!r}")
+    return list(dataclasses.fields(options))
+
+
+def load_plugin(key: str, name: str):
+    """The algorithm class or model builder `name` refers to, checked; KeyError for an unknown short name."""
+    obj = load_object(key, name)
+    if key == "algorithm.name":
+        from distfl.algorithms.base import Algorithm
+
+        if not (isinstance(obj, type) and issubclass(obj, Algorithm)):
+            raise ConfigError(f"algorithm.name={name!r} is {obj!r}, not a subclass of distfl.Algorithm; a "
+                              "method is a class `class MyMethod(distfl.Algorithm)` (docs/extending.md)")
+        options_fields(obj)
+    elif not callable(obj):
+        raise ConfigError(f"model.name={name!r} is {obj!r}, not a function (input_shape, num_classes) -> nn.Module")
+    return obj

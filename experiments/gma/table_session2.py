@@ -1,0 +1,47 @@
+"""Summarise experiments/gma/results_session2/ (client momentum 0.9, 100 clients, 10 a round, #C=2):
+
+    python experiments/gma/table_session2.py
+
+Per sweep (local lr, server lr) and mask: best test accuracy and the mean of the evaluations in the last
+10 rounds (the paper's two metrics), each as mean ± sample std over the finished seeds, and GMA − AVG.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results_session2"
+SWEEPS = [("gma_m09_slr1.0", "0.05", "1"), ("gma_m09_lr0.02_slr1.0", "0.02", "1"), ("gma_m09_lr0.02_slr2.0", "0.02", "2")]
+
+
+def seed_metrics(run: Path) -> tuple[float, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [(r["round"], r["test_acc"]) for r in rows if "test_acc" in r]
+    last = evals[-1][0]
+    tail = [a for t, a in evals if t > last - 10]
+    return 100 * max(a for _, a in evals), 100 * sum(tail) / len(tail)
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f} (1 seed)"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} ({len(values)} seeds)"
+
+
+def main() -> None:
+    print("| local lr | server lr | mask | best | mean of last 10 rounds | per seed (best / last-10) |")
+    print("|---|---|---|---|---|---|")
+    for sweep, lr, slr in SWEEPS:
+        for mask in ("none", "gma"):
+            runs = sorted((RESULTS / sweep).glob(f"aggregation.mask={mask}_seed=*"))
+            if not runs:
+                continue
+            got = [seed_metrics(run) for run in runs]
+            per_seed = ", ".join(f"{b:.2f} / {m:.2f}" for b, m in got)
+            label = "AVG" if mask == "none" else "GMA"
+            print(f"| {lr} | {slr} | {label} | {mean_std([b for b, _ in got])} | {mean_std([m for _, m in got])} | {per_seed} |")
+
+
+if __name__ == "__main__":
+    main()

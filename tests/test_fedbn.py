@@ -1,0 +1,100 @@
+"""FedBN composed with every method: a client's BatchNorm is its own (docs/algorithms/fedbn.md)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import write_config
+from distfl.algorithms import ALGORITHMS
+
+# Every registered method, GMA's mask and FedADC+'s distillation (whose teacher has BatchNorm too).
+VARIANTS = {name: [f"algorithm.name={name}"] for name in ALGORITHMS}
+VARIANTS["fedavg+gma"] = ["aggregation.mask=gma"]
+VARIANTS["fedadc+kd"] = ["algorithm.name=fedadc", "algorithm.kd_lambda=0.35"]
+
+
+def _trainer(tmp_path, name, overrides):
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    config = write_config(tmp_path / "bn.yaml", model={"name": "resnet20"},
+                          data={"synthetic_channels": 3, "synthetic_train": 240, "synthetic_test": 60},
+                          partition={"num_clients": 4}, train={"rounds": 2, "clients_per_round": 4},
+                          aggregation={"fedbn": True})
+    cfg = load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"])
+    return Trainer(cfg, dist.init("cpu", 1))
+
+
+def _record_clients(trainer) -> dict:
+    """client id -> (trained parameters, trained buffers), recorded as each client's statistics are taken."""
+    seen = {}
+    inner = trainer.algorithm.client_statistics
+
+    def recording(run, worker, stats):
+        seen[run.client_id] = (worker.params.clone(), worker.buffers.clone())
+        inner(run, worker, stats)
+
+    trainer.algorithm.client_statistics = recording
+    return seen
+
+
+def _disturb_everything_but_own_batchnorm(trainer) -> None:
+    """Change the global BatchNorm, and the BatchNorm coordinates of every server vector (momentum,
+    W^{t-2}, controls, h) and of every client's method state (c_i, FedDyn's gradient)."""
+    alg = trainer.algorithm
+    bn, bn_buffers = alg.bn_params, alg.bn_buffers
+    noise = torch.linspace(-0.7, 0.9, int(bn.sum()))
+    trainer.global_params[bn] += noise
+    trainer.global_buffers[bn_buffers] = trainer.global_buffers[bn_buffers] * 1.5 + 0.2
+    vectors = [v for v in vars(alg).values() if isinstance(v, torch.Tensor) and v.is_floating_point()
+               and v.shape == bn.shape]
+    vectors += [v for state in trainer.store._memory.values() for key, v in state.items()
+                if key != "bn_params" and v.shape == bn.shape]
+    assert vectors or alg.name in ("fedavg", "fednova", "fedprox")
+    for v in vectors:
+        v[bn] += noise
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_fedbn_client_batchnorm_is_its_own_under_every_method(tmp_path, variant):
+    overrides = VARIANTS[variant]
+    reference = _trainer(tmp_path, "ref", overrides)
+    disturbed = _trainer(tmp_path, "dist", overrides)
+    for trainer in (reference, disturbed):
+        trainer.run_round(1)  # every client has its own BatchNorm; momentum, W^{t-2}, controls are set
+    _disturb_everything_but_own_batchnorm(disturbed)
+    trained = {}
+    for key, trainer in (("ref", reference), ("dist", disturbed)):
+        trained[key] = _record_clients(trainer)
+        trainer.run_round(2)
+    alg = reference.algorithm
+    for client in range(4):
+        (params, buffers), (params_d, buffers_d) = trained["ref"][client], trained["dist"][client]
+        # Local training from the client's own BatchNorm on its own data: nothing the method or the
+        # server holds on BatchNorm coordinates changes any bit of the client's model.
+        assert torch.equal(params, params_d) and torch.equal(buffers, buffers_d), variant
+        # Its state holds the BatchNorm it trained, and the next round starts from it.
+        state = reference.store.get(client, dict)
+        assert torch.equal(state["bn_params"], params[alg.bn_params])
+        assert torch.equal(state["bn_buffers"], buffers[alg.bn_buffers])
+    # The server's BatchNorm (for clients never sampled) is the weighted mean of the cohort's own.
+    cohort = list(range(4))
+    weights = [alg.client_weight(c, cohort) for c in cohort]
+    mean_params = sum(w * trained["ref"][c][0][alg.bn_params].double() for c, w in zip(cohort, weights))
+    mean_buffers = sum(w * trained["ref"][c][1][alg.bn_buffers].double() for c, w in zip(cohort, weights))
+    torch.testing.assert_close(reference.global_params[alg.bn_params].double(), mean_params, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(reference.global_buffers[alg.bn_buffers].double(), mean_buffers, rtol=1e-6, atol=1e-7)
+
+
+def test_fedbn_keeps_method_terms_off_batchnorm_but_not_off_the_rest(tmp_path):
+    """The guard undoes FedProx's proximal term on BatchNorm coordinates only: elsewhere it still acts."""
+    from distfl.federation.local import ClientRun
+
+    alg = _trainer(tmp_path, "prox", ["algorithm.name=fedprox", "algorithm.mu=0.5"]).algorithm
+    n = alg.num_params
+    run = ClientRun(0, 1, 10, 1.0, 1, torch.zeros(n))
+    w, g = torch.ones(n), torch.full((n,), 2.0)
+    alg.correction(w, g, run)
+    assert torch.equal(g[alg.bn_params], torch.full((int(alg.bn_params.sum()),), 2.0))
+    assert torch.equal(g[~alg.bn_params], torch.full((int((~alg.bn_params).sum()),), 2.5))
