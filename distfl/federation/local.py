@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -92,6 +93,20 @@ def local_steps(num_samples: int, batch_size: int, epochs: int) -> int:
     return epochs * -(-num_samples // batch_size)
 
 
+def local_batches(data, indices: torch.Tensor, train_cfg) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A client's (x, y) mini-batches for `train_cfg.local_epochs` epochs, each epoch in a fresh random
+    order, drawn from the torch global RNG as they are consumed (the caller seeds it per client)."""
+    n, batch = len(indices), train_cfg.batch_size
+    for _ in range(train_cfg.local_epochs):
+        order = indices[torch.randperm(n, device=indices.device)]
+        for start in range(0, n, batch):
+            idx = order[start : start + batch]
+            x, y = data.train_x[idx], data.train_y[idx]
+            if data.augment is not None:
+                x = data.augment(x)
+            yield x, y
+
+
 def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm) -> None:
     """Run `train_cfg.local_epochs` of SGD on one client, starting from `run.global_params`.
 
@@ -105,28 +120,21 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
     lr, wd, momentum = round_lr(train_cfg, run.round_idx, train_cfg.rounds), train_cfg.weight_decay, train_cfg.momentum
     velocity = None
     loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
-    n, batch = len(indices), train_cfg.batch_size
-    for _ in range(train_cfg.local_epochs):
-        order = indices[torch.randperm(n, device=indices.device)]
-        for start in range(0, n, batch):
-            idx = order[start : start + batch]
-            x, y = data.train_x[idx], data.train_y[idx]
-            if data.augment is not None:
-                x = data.augment(x)
-            algorithm.shift(w, run)
-            loss = algorithm.local_loss(model, x, y, run)
-            g.zero_()
-            loss.backward()
-            loss_sum += loss.detach().double() * len(idx)
-            # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
-            # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
-            algorithm.correction(w, g, run)
-            if wd:
-                g.add_(w, alpha=wd)
-            if momentum:
-                velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
-                step = velocity
-            else:
-                step = g
-            w.add_(step, alpha=-lr)
+    for x, y in local_batches(data, indices, train_cfg):
+        algorithm.shift(w, run)
+        loss = algorithm.local_loss(model, x, y, run)
+        g.zero_()
+        loss.backward()
+        loss_sum += loss.detach().double() * len(y)
+        # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
+        # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
+        algorithm.correction(w, g, run)
+        if wd:
+            g.add_(w, alpha=wd)
+        if momentum:
+            velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
+            step = velocity
+        else:
+            step = g
+        w.add_(step, alpha=-lr)
     run.loss_sum = loss_sum

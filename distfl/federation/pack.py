@@ -27,7 +27,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from ..errors import ConfigError
-from .local import ClientRun, FlatModel
+from .local import ClientRun, FlatModel, local_batches
 from .population import client_seed
 from .schedule import round_lr
 
@@ -61,16 +61,7 @@ def check_packable(cfg, algorithm, pack_size: int, sticky: bool) -> None:
 def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int) -> list[tuple]:
     """The (x, y) of each local step of one client, drawn exactly as `train_client` draws them."""
     torch.manual_seed(client_seed(seed, run.round_idx, run.client_id))
-    n, batch, out = len(indices), train_cfg.batch_size, []
-    for _ in range(train_cfg.local_epochs):
-        order = indices[torch.randperm(n, device=indices.device)]
-        for start in range(0, n, batch):
-            idx = order[start : start + batch]
-            x, y = data.train_x[idx], data.train_y[idx]
-            if data.augment is not None:
-                x = data.augment(x)
-            out.append((x, y))
-    return out
+    return list(local_batches(data, indices, train_cfg))
 
 
 class PackStep:
