@@ -136,6 +136,7 @@ RANGES = {
     "checkpoint.every": ">= 0",
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",
+    "tct.threads": ">= 0",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,
