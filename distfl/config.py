@@ -138,6 +138,7 @@ RANGES = {
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",
     "runtime.pack_size": ">= 0",
+    "tct.threads": ">= 0",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

@@ -101,6 +101,7 @@ class TCTConfig:
     local_solver: str = "closed_form"  # closed_form (exact M steps at a cost independent of M) | iterative (M literal steps)
     compute_dtype: str = "float64"  # dtype of the products with the features in stage 2 (float32: faster, ~1e-6 relative)
     chunk_size: int = 256  # samples per vectorised per-sample-gradient chunk (memory only)
+    threads: int = 0  # intra-op CPU threads while TCT extracts features and eigendecomposes (0: runtime.threads); stage 2's result is bit-identical for equal values, for any number of ranks
     memory_limit_gb: float = 0.0  # refuse to start stage 2 if its memory on one node would exceed this (0: 80% of the memory available now)
     check_invariant: bool = False  # scaffold: also reduce sum_k p_k h_k each round and log its size (doubles the bytes; for tests)
 

@@ -1,6 +1,7 @@
 """TCT as a run: stage 1, eNTK features, normalisation, stage 2, across ranks and through a crash."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,24 @@ def test_tct_learns_and_one_rank_equals_two_ranks(tmp_path):
     calls = two["collectives"]["calls"]
     assert calls["tct_normalise"] == 1 and calls["tct_round"] == TCT["rounds"]
     assert [r["stage2_round"] for r in metrics(tmp_path / "two") if r.get("phase") == "tct"] == list(range(1, 7))
+
+
+def test_phase_threads_keep_one_rank_equal_two_ranks_and_the_log_says_what_stage2_does(tmp_path):
+    """tct.threads=2 (features and decompositions on 2 threads, the rounds on runtime.threads=1): one
+    rank and two ranks give the same bits; each decomposition is announced with its size, its thread
+    count and a time estimate; torch's thread count is restored after the phase."""
+    config = tct_config(tmp_path, threads=2)
+    one = train_ok(config, f"output.dir={tmp_path / 'one'}", "checkpoint.every=0", "runtime.client_state=disk")
+    assert torch.get_num_threads() == 1
+    proc = run_cli(["train", config, f"output.dir={tmp_path / 'two'}", "checkpoint.every=0",
+                    "runtime.client_state=disk"], nproc=2)
+    assert proc.returncode == 0, proc.stderr
+    assert one["phases"]["tct"]["psi_sha256"] == summary(tmp_path / "two")["phases"]["tct"]["psi_sha256"]
+    log = proc.stdout + proc.stderr
+    announced = re.findall(r"TCT stage 2: eigendecomposing client (\d+)/(\d+) \(client \d+, (\d+) x \3, "
+                           r"2 thread\(s\)\), ~[\d.]+ s each, ~\d+ s left", log)
+    assert announced and all(i <= k for i, k, _ in announced)
+    assert re.search(r"TCT: features of client \d+ \(\d+ samples\) done, \d+s, ~\d+s left \(2 thread\(s\)\)", log)
 
 
 def test_scaffold_controls_sum_to_zero_every_round(tmp_path):

@@ -183,9 +183,34 @@ def test_layer_wise_path_for_linear_and_conv_models_vmap_otherwise(simplecnn, re
     reference = vmap(grad(lambda ps, xi: functional_call(simplecnn, (ps, buffers), (xi[None],))[0, 0]),
                      in_dims=(None, 0))(params, x)
     grads_before = [None if p.grad is None else p.grad.clone() for _, p in chosen]
-    layer_wise = _layer_wise_grads(simplecnn, plan, x)
-    for name in params:
-        assert torch.allclose(layer_wise[name], reference[name], atol=1e-6, rtol=1e-5), name
+    offsets, total = [], 0
+    for name, p in chosen:
+        offsets.append((name, total, total + p.numel()))
+        total += p.numel()
+    block = torch.full((6, total), float("nan"))
+    _layer_wise_grads(simplecnn, plan, x, block, offsets)
+    for name, lo, hi in offsets:
+        assert torch.allclose(block[:, lo:hi], reference[name].reshape(6, -1), atol=1e-6, rtol=1e-5), name
     # The parameters' .grad are left alone.
     for (_, p), before in zip(chosen, grads_before):
         assert (p.grad is None and before is None) or torch.equal(p.grad, before)
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 0, 1), (2, 1, 1), (3, 2, 2), ((2, 1), (0, 2), (1, 2))])
+def test_layer_wise_conv_matches_loop_for_stride_padding_dilation(stride, padding, dilation):
+    """The grouped-convolution per-sample weight gradient covers every Conv2d geometry the plan accepts
+    (stride 3 on 13 pixels leaves input rows unused), checked against Algorithm 3's loop."""
+    from distfl.tct.features import _layer_wise_plan
+
+    torch.manual_seed(3)
+    conv = nn.Conv2d(2, 3, (3, 2), stride=stride, padding=padding, dilation=dilation)
+    features = nn.Sequential(conv, nn.ReLU(), nn.Flatten())
+    width = features(torch.zeros(1, 2, 13, 11)).shape[1]
+    model = nn.Sequential()
+    model.features, model.head = features, nn.Linear(width, 4)
+    model.forward = lambda x: model.head(model.features(x))
+    assert _layer_wise_plan(model, feature_parameters(model, "all")) is not None
+    P = num_params(model)
+    index = coordinate_index(P, P, 5)
+    x = torch.randn(7, 2, 13, 11)
+    assert rel_max(entk_features(model, x, index, chunk_size=4), entk_features_loop(model, x, index)) < 1e-5

@@ -30,6 +30,7 @@ the other logits) are set to 0 after normalisation, the population variance (1/n
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -72,6 +73,34 @@ def memory_plan(sizes: list[int], test_samples: int, p: int, num_classes: int, c
     state = len(sizes) * 2 * 8 * q * num_classes
     in_memory = (features if cfg.feature_store == "memory" else 0) + decomposition + state
     return {"features": features, "decompositions": decomposition, "client_state": state, "total": in_memory}
+
+
+@contextlib.contextmanager
+def phase_threads(threads: int):
+    """torch's intra-op threads set to `threads` inside the block, restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def decomposition_cost(solver: LocalLeastSquares) -> float:
+    """Relative cost of `solver.decompose()`: building the d x d matrix (d^2 * other flops) plus its
+    eigendecomposition (~d^3), d being the side eigendecomposed (the samples or the features)."""
+    q = solver.p + int(solver.bias)
+    d, other = (solver.n, q) if solver.basis == "samples" else (q, solver.n)
+    return float(d) ** 2 * other + float(d) ** 3
+
+
+def _seconds_per_cost() -> float:
+    """A first guess of seconds per unit of `decomposition_cost`, from a 256-sample problem (~10 ms)."""
+    probe = LocalLeastSquares(torch.randn(256, 255, generator=torch.Generator().manual_seed(0)),
+                              torch.zeros(256, 1, dtype=torch.float64), basis="samples")
+    t0 = time.perf_counter()
+    probe.decompose()
+    return (time.perf_counter() - t0) / decomposition_cost(probe)
 
 
 def _stats_key(mean: torch.Tensor, std: torch.Tensor) -> str:
@@ -124,13 +153,19 @@ class TCTPhase(Phase):
         t0 = time.perf_counter()
         dtype = DTYPES[cfg.feature_dtype]
         self.train_z, self.train_y = {}, {}
+        test_here = sum(len(data.test_y[s : s + trainer.cfg.eval.batch_size]) for s in self.test_batches)
+        remaining = sum(len(trainer.client_indices[k]) for k in self.clients) + test_here
+        done = 0
         self.normalised: set[str] = set()  # disk files found already normalised with the resumed statistics
         self.disk: dict[str, tuple] = {}  # name -> (marker file, source key, memmap) of the disk store
         for k in self.clients:
             idx = trainer.client_indices[k]
             self.train_z[k] = self._extract(trainer, data.train_x[idx], f"client_{k}", dtype, stats_key)
             self.train_y[k] = data.train_y[idx]
-            logger.info(f"TCT: features of client {k} ({len(idx)} samples) done, {time.perf_counter() - t0:.0f}s")
+            elapsed = time.perf_counter() - t0
+            done += len(idx)
+            logger.info(f"TCT: features of client {k} ({len(idx)} samples) done, {elapsed:.0f}s, "
+                        f"~{elapsed / done * (remaining - done):.0f}s left ({torch.get_num_threads()} thread(s))")
         x = torch.cat([data.test_x[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
             if self.test_batches else data.test_x[:0]
         self.test_y = torch.cat([data.test_y[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
@@ -227,7 +262,9 @@ class TCTPhase(Phase):
         stage1_acc = (trainer.progress["last_eval"] or {}).get("test_acc")
         resumed = trainer.phase_state if trainer.phase_state.get("phase") == self.name else {}
         saved_stats = _stats_key(resumed["mean"], resumed["std"]) if resumed and tc.normalize else None
-        self._features(trainer, logger, saved_stats)
+        threads = tc.threads or cfg.runtime.threads
+        with phase_threads(threads):
+            self._features(trainer, logger, saved_stats)
         t0 = time.perf_counter()
         if tc.normalize:
             if resumed:
@@ -252,7 +289,8 @@ class TCTPhase(Phase):
         if first > 1:
             logger.info(f"TCT: resuming stage 2 at round {first}")
         if tc.local_solver == "closed_form" and tc.solver != "gd":
-            logger.info("TCT: stage 2 decomposes each client's matrix once, in its first round")
+            with phase_threads(threads):
+                self._decompose(solvers, logger)
         t_train = time.perf_counter()
         acc = None
         lam_max = 0.0
@@ -286,6 +324,22 @@ class TCTPhase(Phase):
             "features_s": self.features_s, "normalise_s": normalise_s,
             "stage2_s": time.perf_counter() - t_train, "total_s": time.perf_counter() - t_start,
         }
+
+    def _decompose(self, solvers: dict, logger) -> None:
+        """Every local client's one-time eigendecomposition, before stage 2's rounds, each logged with
+        its size and a time estimate (measured so far, or from a small probe for the first)."""
+        costs = {k: decomposition_cost(s) for k, s in solvers.items()}
+        rate, spent, done = _seconds_per_cost(), 0.0, 0.0
+        for i, (k, solver) in enumerate(solvers.items(), 1):
+            if done:
+                rate = spent / done
+            side = solver.n if solver.basis == "samples" else solver.p + int(solver.bias)
+            left = rate * sum(costs[j] for j in list(solvers)[i - 1:])
+            logger.info(f"TCT stage 2: eigendecomposing client {i}/{len(solvers)} (client {k}, {side} x {side}, "
+                        f"{torch.get_num_threads()} thread(s)), ~{rate * costs[k]:.1f} s each, ~{left:.0f} s left")
+            t0 = time.perf_counter()
+            solver.decompose()
+            spent, done = spent + time.perf_counter() - t0, done + costs[k]
 
     def _round(self, trainer, solvers, psi, t, n_total, q, c, lam_max):
         tc = trainer.cfg.tct

@@ -190,27 +190,36 @@ def entk_features(
 
     vectorised = vmap(grad(logit0), in_dims=(None, 0))
     layer_wise = _layer_wise_plan(model, chosen)
-
-    def per_sample_grad(params, xb):
-        return _layer_wise_grads(model, layer_wise, xb) if layer_wise is not None else vectorised(params, xb)
+    offsets, total = [], 0
+    for name, p in chosen:
+        offsets.append((name, total, total + p.numel()))
+        total += p.numel()
+    # One chunk x P matrix reused for every chunk; the layer-wise path writes each layer's per-sample
+    # gradient straight into its columns, so nothing is concatenated or re-allocated per chunk.
+    block_rows = min(chunk_size, n)
+    block_dtype = chosen[0][1].dtype
+    buffer = torch.empty(block_rows, total, dtype=block_dtype, device=device) if n else None
 
     was_training = model.training
     model.eval()
     try:
         for start in range(0, n, chunk_size):
             xb = x[start:start + chunk_size].to(device)
-            grads = per_sample_grad(primals, xb)
-            # One contiguous chunk x P matrix, then one gather of the chosen columns: much faster than
-            # scattering each parameter's columns separately.
-            block = torch.cat([grads[name].reshape(xb.shape[0], -1) for name in names], dim=1)
-            del grads
+            block = buffer[:xb.shape[0]]
+            if layer_wise is not None:
+                _layer_wise_grads(model, layer_wise, xb, block, offsets)
+            else:
+                grads = vectorised(primals, xb)
+                for name, lo, hi in offsets:
+                    block[:, lo:hi].copy_(grads[name].reshape(xb.shape[0], -1))
+                del grads
             target = result[start:start + xb.shape[0]]
             if target.dtype == block.dtype and target.device == block.device and result.dtype != torch.float16:
                 torch.index_select(block, 1, flat_index, out=target)
             else:
-                block = block.index_select(1, flat_index)
-                _check_range(block, result.dtype)
-                target.copy_(block)
+                picked = block.index_select(1, flat_index)
+                _check_range(picked, result.dtype)
+                target.copy_(picked)
     finally:
         model.train(was_training)
     return result
@@ -227,19 +236,21 @@ def _layer_wise_plan(model: nn.Module, chosen) -> dict | None:
     for name, param in chosen:
         module, key = owner[id(param)]
         if not (isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and module.groups == 1
-                                                   and module.padding_mode == "zeros")):
+                                                   and module.padding_mode == "zeros"
+                                                   and not isinstance(module.padding, str))):
             return None
         plan[name] = (module, key)
     return plan
 
 
-def _layer_wise_grads(model: nn.Module, plan: dict, xb: torch.Tensor) -> dict:
-    """Per-sample gradients of logit 0 for Linear/Conv2d parameters from one batched backward pass.
+def _layer_wise_grads(model: nn.Module, plan: dict, xb: torch.Tensor, block: torch.Tensor, offsets) -> None:
+    """Per-sample gradients of logit 0 for Linear/Conv2d parameters from one batched backward pass,
+    written into `block` (B x P): parameter `name` fills columns lo:hi for each (name, lo, hi) in `offsets`.
 
     In eval mode the samples of a batch do not interact, so the gradient of sum_i f_0(x_i) with
     respect to a layer's output, restricted to sample i, is sample i's own. A Linear layer's per-sample
-    weight gradient is then g_i a_i^T, a Conv2d's is g_i unfold(a_i)^T (a: the layer's input, g: the
-    gradient at its output), and the bias gradients are g_i (summed over positions for a Conv2d).
+    weight gradient is then g_i a_i^T, a Conv2d's the correlation of a_i with g_i (a: the layer's input,
+    g: the gradient at its output), and the bias gradients are g_i (summed over positions for a Conv2d).
     """
     modules = {id(m): m for m, _ in plan.values()}
     inputs, outputs, handles = {}, {}, []
@@ -261,20 +272,33 @@ def _layer_wise_grads(model: nn.Module, plan: dict, xb: torch.Tensor) -> dict:
         for handle in handles:
             handle.remove()
     grads = {k: (g if g is not None else torch.zeros_like(outputs[k])).detach() for k, g in zip(keys, found)}
-    result = {}
-    for name, (module, key) in plan.items():
+    b = xb.shape[0]
+    for name, lo, hi in offsets:
+        module, key = plan[name]
         a, g = inputs[id(module)], grads[id(module)]
-        b = a.shape[0]
+        dest = block[:, lo:hi]
         if isinstance(module, nn.Linear):
-            result[name] = torch.einsum("bo,bi->boi", g, a) if key == "weight" else g
-        else:
-            g = g.reshape(b, g.shape[1], -1)
             if key == "weight":
-                cols = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)
-                result[name] = torch.einsum("bol,bkl->bok", g, cols).reshape(b, *module.weight.shape)
+                torch.mul(g.unsqueeze(2), a.unsqueeze(1), out=dest.view(b, g.shape[1], a.shape[1]))
             else:
-                result[name] = g.sum(-1)
-    return result
+                dest.copy_(g)
+        elif key == "weight":
+            dest.view(b, *module.weight.shape).copy_(_per_sample_conv_weight_grad(module, a, g))
+        else:
+            torch.sum(g.reshape(b, g.shape[1], -1), -1, out=dest)
+
+
+def _per_sample_conv_weight_grad(module: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """B x (Conv2d weight shape): sample i's weight gradient, the correlation of its input a_i with its
+    output gradient g_i (B x O x H' x W'). One grouped convolution over all samples: the batch becomes
+    the groups, and stride and dilation swap roles, as in the weight gradient of a convolution."""
+    b, o, h_out, w_out = g.shape
+    kh, kw = module.kernel_size
+    w = F.conv2d(a.transpose(0, 1), g.reshape(b * o, 1, h_out, w_out), stride=module.dilation,
+                 padding=module.padding, dilation=module.stride, groups=b)
+    # The correlation can reach past the kernel when the stride leaves input rows unused; they are not weights.
+    c = a.shape[1]
+    return w[:, :, :kh, :kw].reshape(c, b, o, kh, kw).permute(1, 2, 0, 3, 4)
 
 
 def entk_features_loop(model: nn.Module, x: torch.Tensor, index: torch.Tensor, which: str = "all") -> torch.Tensor:
