@@ -299,7 +299,7 @@ class Trainer:
             weight=self.algorithm.client_weight(client_id, cohort),
             steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs),
             global_params=self.global_params)
-        if self.store is not None:
+        if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
         return run
 
@@ -317,7 +317,9 @@ class Trainer:
             return
         stats.add("samples", run.num_samples * self.cfg.train.local_epochs)
         stats.add("clients", 1)
-        if self.store is not None:
+        # Only a stateful method's rounds keep client state (TCT keeps a store for its stage 2, but its
+        # stage-1 rounds place clients on any rank: storing their empty state there would duplicate it).
+        if self.store is not None and self.algorithm.stateful:
             self.store.put(run.client_id, run.state)
 
     def _out_of_range(self, stats: StatBuffer, refused: dict[str, int]) -> str:
