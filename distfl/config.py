@@ -50,6 +50,8 @@ class ConfigWarning(UserWarning):
 PHASE_KEYS = ("calibration.", "tct.")
 RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
                   "runtime.device", "runtime.threads", "runtime.deterministic", *PHASE_KEYS)
+# eval.* keys that may not change on resume: a holdout split removes samples from the clients' training data.
+HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""
@@ -68,12 +70,14 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     # A key the saved run does not have (added to distfl later) had its default value there.
     defaults = flatten_dict(config_to_dict(Config()))
     # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
+    # eval.client_split and eval.client_holdout decide which samples the clients train on.
     fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
+    fixed += HOLDOUT_KEYS
     return [k for k in now if k != "output.dir" and saved.get(k, defaults.get(k)) != now[k]
             and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
 
 
-# Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]" or "(0, 1]".
+# Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]", "(0, 1]" or "(0, 1)".
 RANGES = {
     "seed": ">= 0",
     "data.synthetic_train": ">= 1",
@@ -134,6 +138,7 @@ RANGES = {
     "eval.every": ">= 1",
     "eval.batch_size": ">= 1",
     "eval.client_test_size": ">= 0",
+    "eval.client_holdout": "(0, 1)",
     "checkpoint.every": ">= 0",
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",
@@ -467,7 +472,7 @@ for _tag, _pattern, _first in [
 # --- validation -------------------------------------------------------------------------------------
 
 def _range_text(spec: str) -> str:
-    return f"in {spec}" if spec.startswith("[") else spec
+    return f"in {spec}" if spec.startswith(("[", "(")) else spec
 
 
 def _in_range(value, spec: str) -> bool:
@@ -477,6 +482,8 @@ def _in_range(value, spec: str) -> bool:
         return 0 <= value <= 1
     if spec == "(0, 1]":
         return 0 < value <= 1
+    if spec == "(0, 1)":
+        return 0 < value < 1
     if spec.startswith(">="):
         return value >= float(spec[2:])
     if spec.startswith(">"):
@@ -556,7 +563,7 @@ def _plugin_in_range(name: str, option: str, value, spec) -> bool:
         return _in_range(value, spec)
     except (ValueError, TypeError):
         raise ConfigError(f"{name}: Options.{option} has metadata range {spec!r}; valid forms: \">= x\", "
-                          "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\"") from None
+                          "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\", \"(0, 1)\"") from None
 
 
 def _check_files(v: dict) -> None:
@@ -606,6 +613,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.clients_per_round ({v['train.clients_per_round']}) > partition.num_clients "
             f"({v['partition.num_clients']}): a round cannot sample more clients than exist")
+
+    if v["eval.client_split"] == "holdout" and not v["eval.clients"]:
+        raise ConfigError("eval.client_split=holdout holds out part of every client's training data for per-client "
+                          "evaluation, which is off: set eval.clients=true (or eval.client_split=test)")
 
     if v["algorithm.name"] == "tct":
         if v["calibration.method"] != "none":

@@ -143,7 +143,9 @@ class EvalConfig:
     every: int = 5  # evaluate the global model every this many rounds (and after the last)
     batch_size: int = 1000  # evaluation batch size
     clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
-    client_test_size: int = 0  # eval.clients: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
+    client_split: str = "test"  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
+    client_test_size: int = 0  # eval.clients, client_split=test: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
+    client_holdout: float = 0.1  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 
 
 @dataclass
@@ -224,6 +226,7 @@ CHOICES = {
     "runtime.device": ["auto", "cpu", "cuda"],
     "runtime.client_state": ["memory", "disk"],
     "runtime.placement": ["auto", "balanced", "sticky"],
+    "eval.client_split": ["test", "holdout"],
 }
 
 # Keys that only mean something for some choices of another key: setting one explicitly (to a
@@ -257,6 +260,8 @@ APPLIES_ONLY_TO = {
     "model.mlp_hidden": ("model.name", ["mlp"]),
     "model.head_seed": ("model.head", ["sphere", "fixed_random"]),
     "calibration.ridge": ("calibration.method", ["ffc"]),
+    "eval.client_test_size": ("eval.client_split", ["test"]),
+    "eval.client_holdout": ("eval.client_split", ["holdout"]),
     **{f"tct.{key}": ("algorithm.name", ["tct"]) for key in (
         "stage1", "p", "coordinate_seed", "head_seed", "gradient_of", "feature_dtype", "feature_store",
         "normalize", "rounds", "local_steps", "lr", "solver", "local_solver", "compute_dtype", "chunk_size",

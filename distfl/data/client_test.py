@@ -1,5 +1,6 @@
-"""Each client's local test set (eval.clients): drawn from the test split with the client's own label
-distribution, the convention of FedBN and of personalised-FL papers.
+"""Each client's local test set (eval.clients): by default (eval.client_split=test) drawn from the test
+split with the client's own label distribution, the convention of FedBN and of personalised-FL papers;
+with eval.client_split=holdout, a held-out fraction of the client's own training data (see `holdout_split`).
 
 Client k with n_k training samples, n_kc of class c, gets a test set of size S_k:
   S_k = eval.client_test_size, or (0, the default) its share of the test split, max(1, round(n_k |test| / |train|));
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 _CLIENT_TEST_STREAM = 3  # distinct from population.py's cohort (1) and client (2) streams
+_HOLDOUT_STREAM = 4
 
 
 def class_quota(counts: np.ndarray, size: int) -> np.ndarray:
@@ -44,3 +46,33 @@ def client_test_sets(class_counts: np.ndarray, test_labels: np.ndarray, size: in
                  for c, m in enumerate(class_quota(counts, size_k)) if m > 0]
         sets.append(np.sort(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64))
     return sets
+
+
+def holdout_split(parts: list[np.ndarray], labels: np.ndarray, fraction: float,
+                  seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(training, held-out) train-split indices of every client, for eval.client_split=holdout: disjoint,
+    together the client's partition; the training part keeps the partition's order, the held-out is sorted.
+
+    Client k with n_k samples holds out h_k = min(n_k - 1, max(1, round(fraction * n_k))) of them (round:
+    to nearest, ties to even), so a client with >= 2 samples holds out at least 1 and keeps at least 1,
+    and one with 0 or 1 holds out none (it has no local test set and is left out of the statistics).
+    Stratified: h_k is split over the client's classes by `class_quota` (largest remainder), and class c's
+    share drawn without replacement from the client's samples of class c, from the generator keyed by
+    (seed, client) alone, so the split does not depend on the ranks, the round, the method or the other
+    clients. The runner trains on the first part only (Population sizes and weights count it alone).
+    """
+    labels = np.asarray(labels)
+    train, held = [], []
+    for k, part in enumerate(parts):
+        part = np.asarray(part, dtype=np.int64)
+        n_k = len(part)
+        size = min(n_k - 1, max(1, round(fraction * n_k))) if n_k >= 2 else 0
+        own = labels[part]
+        classes = np.unique(own)
+        quota = class_quota(np.array([(own == c).sum() for c in classes]), size)
+        rng = np.random.default_rng([seed, _HOLDOUT_STREAM, k])
+        drawn = [rng.choice(part[own == c], size=int(m), replace=False) for c, m in zip(classes, quota) if m > 0]
+        out = np.sort(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64)
+        held.append(out)
+        train.append(part[~np.isin(part, out)])
+    return train, held

@@ -1,5 +1,6 @@
 """Per-client evaluation (eval.clients): every client of the population scores the model it would use
-on its own local test set (data/client_test.py), beside the global model on the whole test set.
+on its own local test set (data/client_test.py: drawn from the test split, or with eval.client_split=holdout
+held out of its own training data, un-augmented), beside the global model on the whole test set.
 
 The model a client uses is the global model, with FedBN its own BatchNorm from its state (a client never
 sampled yet has none and uses the global BatchNorm). Client c is evaluated on rank c % world_size, the
@@ -38,7 +39,7 @@ def add_client_counts(trainer, stats) -> None:
         indices = trainer.client_test[client]
         for start in range(0, len(indices), batch):
             idx = indices[start : start + batch]
-            hits = worker.module(trainer.data.test_x[idx]).argmax(1) == trainer.data.test_y[idx]
+            hits = worker.module(trainer.client_test_x[idx]).argmax(1) == trainer.client_test_y[idx]
             correct[client] += int(hits.sum())
         total[client] = len(indices)
     stats.add("client_correct", correct)

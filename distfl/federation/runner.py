@@ -26,7 +26,7 @@ import torch
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
 from ..config import PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
-from ..data.client_test import client_test_sets
+from ..data.client_test import client_test_sets, holdout_split
 from ..data.datasets import load_dataset
 from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
@@ -67,11 +67,22 @@ class Trainer:
         self.data = load_dataset(cfg.data, cfg.seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
         parts = partition(labels, cfg.partition, self.data.num_classes, cfg.seed)
+        # eval.client_split=holdout: each client's held-out samples leave its training data here, before
+        # the Population (sizes, weights, class counts) is built; every rank computes the same split.
+        holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
+        if holdout:
+            parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, cfg.seed)
         self.population = Population(parts, labels, self.data.num_classes)
         self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
         if cfg.eval.clients:
-            sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
-                                    cfg.eval.client_test_size, cfg.seed)
+            # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
+            if holdout:
+                sets = held
+                self.client_test_x, self.client_test_y = self.data.train_x, self.data.train_y
+            else:
+                sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
+                                        cfg.eval.client_test_size, cfg.seed)
+                self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
             self.client_test = [torch.from_numpy(s).to(self.device) for s in sets]
 
         def model_factory():
