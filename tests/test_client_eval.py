@@ -130,3 +130,102 @@ def test_client_eval_is_off_by_default(tmp_path, small_config):
     s = train_ok(small_config, f"output.dir={tmp_path / 'r'}")
     assert s["final_client_acc"] is None
     assert not any(k in row for row in metrics(tmp_path / "r") for k in STATISTICS)
+
+
+# ---- eval.client_split=holdout: a held-out fraction of each client's own training data -------------
+
+HOLDOUT = ("eval.clients=true", "eval.client_split=holdout", "eval.client_holdout=0.25")
+
+
+def test_holdout_split_is_a_stratified_deterministic_part_of_each_partition():
+    from distfl.data.client_test import holdout_split
+
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 3, size=300)
+    parts = [rng.permutation(300)[:40], np.arange(100, 110), np.array([7]), np.zeros(0, dtype=np.int64),
+             np.array([3, 4])]
+    train, held = holdout_split(parts, labels, 0.25, seed=9)
+    for part, tr, ho in zip(parts, train, held):
+        assert len(np.intersect1d(tr, ho)) == 0 and sorted(np.concatenate([tr, ho])) == sorted(part)
+        assert tr.tolist() == [i for i in part if i not in set(ho.tolist())]  # the partition's order
+        assert np.all(np.diff(ho) > 0)
+    assert [len(h) for h in held] == [10, 2, 0, 0, 1]  # round(0.25 n), >= 1 and <= n - 1 for n >= 2
+    # Stratified: the 10 held out of client 0 follow its label counts by largest remainder.
+    assert np.bincount(labels[held[0]], minlength=3).tolist() == class_quota(np.bincount(labels[parts[0]], minlength=3), 10).tolist()
+    again = holdout_split([p.copy() for p in parts], labels, 0.25, seed=9)
+    assert all(np.array_equal(a, b) for a, b in zip(again[1], held))
+    # Keyed by (seed, client) alone: other clients do not move a client's split; another seed does.
+    assert np.array_equal(holdout_split(parts[:1], labels, 0.25, seed=9)[1][0], held[0])
+    assert not np.array_equal(holdout_split(parts, labels, 0.25, seed=10)[1][0], held[0])
+
+
+def test_holdout_is_never_trained_on_and_scores_the_logged_statistics(tmp_path, small_config, monkeypatch):
+    """The held-out samples leave the training indices before any training (sizes count the rest), the
+    split is the same for two constructions, and the statistics are the clients' accuracies on them."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.data.client_test import holdout_split
+    from distfl.data.partition import partition
+    from distfl.federation import runner
+
+    cfg = load_config(str(small_config), [f"output.dir={tmp_path / 'r'}", *HOLDOUT])
+    trainer = runner.Trainer(cfg, dist.init("cpu", 1))
+    labels = trainer.data.train_y.numpy()
+    parts = partition(labels, cfg.partition, trainer.data.num_classes, cfg.seed)
+    train, held = holdout_split(parts, labels, 0.25, cfg.seed)
+    for k, part in enumerate(parts):
+        tr, ho = trainer.client_indices[k].numpy(), trainer.client_test[k].numpy()
+        assert np.array_equal(tr, train[k]) and np.array_equal(ho, held[k]) and len(ho) >= 1
+        assert len(np.intersect1d(tr, ho)) == 0 and np.array_equal(np.sort(np.concatenate([tr, ho])), np.sort(part))
+    assert trainer.population.sizes.tolist() == [len(t) for t in train]
+    assert trainer.client_test_x is trainer.data.train_x
+    other = runner.Trainer(load_config(str(small_config), [f"output.dir={tmp_path / 'o'}", *HOLDOUT]),
+                           dist.init("cpu", 1))
+    assert all(torch.equal(a, b) for a, b in zip(other.client_test, trainer.client_test))
+
+    trained = []
+    inner = runner.train_client
+    monkeypatch.setattr(runner, "train_client", lambda w, d, idx, *a: (trained.append(idx.clone()), inner(w, d, idx, *a))[1])
+    for r in (1, 2):
+        trainer.run_round(r)
+    assert len(trained) == 2 * cfg.train.clients_per_round
+    held_all = set(np.concatenate([h.numpy() for h in trainer.client_test]).tolist())
+    assert not any(set(idx.tolist()) & held_all for idx in trained)
+    got = trainer.evaluate_round(clients=True)
+
+    trainer.worker.load(trainer.global_params, trainer.global_buffers)
+    trainer.worker.module.eval()
+    with torch.no_grad():
+        acc = torch.tensor([float((trainer.worker.module(trainer.data.train_x[idx]).argmax(1)
+                                   == trainer.data.train_y[idx]).double().mean()) for idx in trainer.client_test],
+                           dtype=torch.float64)
+    expected = {"client_acc_mean": acc.mean(), "client_acc_std": acc.std(unbiased=False),
+                "client_acc_min": acc.min(), "client_acc_p10": torch.quantile(acc, 0.1)}
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(float(value), rel=1e-12, abs=1e-15), key
+
+
+def test_holdout_one_rank_equals_two_ranks_and_resume(tmp_path, small_config):
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *HOLDOUT)
+    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *HOLDOUT, nproc=2)
+    keys = STATISTICS + ("test_acc",)
+    rows = [{k: r[k] for k in keys} for r in metrics(tmp_path / "one") if "test_acc" in r]
+    assert len(rows) == 2 and rows == [{k: r[k] for k in keys} for r in metrics(tmp_path / "two") if "test_acc" in r]
+    assert one["model_sha256"] == two["model_sha256"] and one["final_client_acc"] == two["final_client_acc"]
+    plain = train_ok(small_config, f"output.dir={tmp_path / 'plain'}", "eval.clients=true")
+    assert plain["model_sha256"] != one["model_sha256"]  # the held-out samples were not trained on
+    # Stopped after round 4 and resumed: the same split, the same run; the split may not change.
+    train_ok(small_config, f"output.dir={tmp_path / 'res'}", *HOLDOUT, "train.rounds=4")
+    proc = run_cli(["train", "--resume", str(tmp_path / "res"), "train.rounds=6", "eval.client_holdout=0.5"])
+    assert proc.returncode != 0 and "eval.client_holdout" in proc.stderr
+    resumed = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "res"))
+    assert resumed["model_sha256"] == one["model_sha256"] and resumed["final_client_acc"] == one["final_client_acc"]
+
+
+@pytest.mark.parametrize("override, key", [("eval.client_holdout=1", "eval.client_holdout"),
+                                           ("eval.client_holdout=0", "eval.client_holdout"),
+                                           ("eval.clients=false", "eval.clients=true")])
+def test_bad_holdout_is_refused_before_work(tmp_path, small_config, override, key):
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'r'}", *HOLDOUT, override])
+    assert proc.returncode == 2 and key in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
