@@ -260,7 +260,6 @@ APPLIES_ONLY_TO = {
     "model.mlp_hidden": ("model.name", ["mlp"]),
     "model.head_seed": ("model.head", ["sphere", "fixed_random"]),
     "calibration.ridge": ("calibration.method", ["ffc"]),
-    "eval.client_test_size": ("eval.client_split", ["test"]),
     "eval.client_holdout": ("eval.client_split", ["holdout"]),
     **{f"tct.{key}": ("algorithm.name", ["tct"]) for key in (
         "stage1", "p", "coordinate_seed", "head_seed", "gradient_of", "feature_dtype", "feature_store",
