@@ -25,7 +25,7 @@ import torch
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
-from ..config import PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
+from ..config import HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
 from ..data.client_test import client_test_sets, holdout_split
 from ..data.datasets import load_dataset
 from ..data.partition import partition
@@ -171,7 +171,8 @@ class Trainer:
         if changed:
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
-                f"only {', '.join(RESUMABLE_KEYS)} may change on resume")
+                f"only {', '.join(RESUMABLE_KEYS)} may change on resume (not {', '.join(HOLDOUT_KEYS)}: "
+                "they decide the clients' training data)")
         self._check_phases_on_resume(state)
         self.resume_warnings = lost_guarantees(state.get("runtime"), self.runtime_identity())
         self.global_params.copy_(state["params"])
