@@ -98,16 +98,26 @@ def slurm_cluster():
         subprocess.run([str(DEV_CLUSTER), "stop"], capture_output=True, text=True, timeout=120)
 
 
-def _wait(job_ids, timeout_s=540):
+def _wait(job_ids, timeout_s=540, run_dir: Path | None = None):
     """Wait for jobs; a requeued job waits ~2 minutes for its begin time, which Slurm sets on requeue:
-    the test lets it start at once (the only thing it changes is the scheduling delay)."""
+    the test lets it start at once (the only thing it changes is the scheduling delay). With `run_dir`,
+    also until that run has completed: a job that requeues itself can be missing from squeue for a moment
+    between its first run's end and its requeue, which once ended the wait before the resumed run."""
     def start_pending_now(active):
         states = slurm_active_jobs()
         for job in active:
             if states.get(job) == "PENDING":
                 subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
 
-    wait_for_jobs(job_ids, timeout_s=timeout_s, poll_s=1, on_poll=start_pending_now)
+    deadline = time.time() + timeout_s
+    while True:
+        wait_for_jobs(job_ids, timeout_s=max(1.0, deadline - time.time()), poll_s=1, on_poll=start_pending_now)
+        done = run_dir is None or ((run_dir / "summary.json").exists() and summary(run_dir)["status"] == "completed")
+        if done:
+            return
+        if time.time() > deadline:
+            raise TimeoutError(f"{run_dir} did not complete within {timeout_s}s")
+        time.sleep(2)
 
 
 def _points(sweep_dir: Path) -> list[dict]:
@@ -170,7 +180,7 @@ def test_interrupted_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, ho
     assert again.returncode == 0 and f"still queued or running on Slurm (left alone: seed=3 as job {job})" \
         in again.stdout, again.stdout + again.stderr
     assert _points(tmp_path / "sw")[0]["job_ids"] == [job]
-    _wait([job])
+    _wait([job], run_dir=run)
 
     log = "".join(p.read_text() for p in sorted((tmp_path / "sw" / "slurm-logs").glob(f"{job}_*_log.*")))
     resumed_at = [int(m) for m in re.findall(r"resuming \S+ at round (\d+)", log)]
@@ -219,7 +229,7 @@ def test_sbatch_time_limit_signal_checkpoints_a_round_longer_than_30s(slurm_clus
     job = proc.stdout.strip().split(";")[0]
     wait_for_marks(marks, 2)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)  # what --signal=B:USR1 does
-    _wait([job])
+    _wait([job], run_dir=run)
 
     log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert "stop signal: checkpoint written after round 1" in log, log
