@@ -32,7 +32,7 @@ write_conf() {
   fi
   mkdir -p /etc/slurm "$STATE/ctld" "$STATE/d" "$STATE/log" "$STATE/run"
   local cpus mem
-  cpus=$(nproc)
+  cpus=$(nproc --all)  # --all: plain nproc obeys OMP_NUM_THREADS, which would shrink the node
   mem=$(awk '/MemTotal/ {m = int($2 / 1024 / 2); print (m > 8000 ? 8000 : m)}' /proc/meminfo)
   cat > "$CONF" <<EOF
 $MARK
@@ -99,7 +99,7 @@ start() {
   for _ in $(seq 100); do
     state=$(sinfo -h -n "$HOST" -o %T 2>/dev/null || true)
     case "$state" in
-      idle*|mixed*|alloc*) echo "dev-cluster: up: node $HOST ($(nproc) CPUs), partition debug"; return 0 ;;
+      idle*|mixed*|alloc*) echo "dev-cluster: up: node $HOST ($(nproc --all) CPUs), partition debug"; return 0 ;;
       down*|drain*) scontrol update nodename="$HOST" state=resume 2>/dev/null || true ;;
     esac
     sleep 0.3
