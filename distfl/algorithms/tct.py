@@ -86,21 +86,27 @@ def phase_threads(threads: int):
         torch.set_num_threads(before)
 
 
-def decomposition_cost(solver: LocalLeastSquares) -> float:
-    """Relative cost of `solver.decompose()`: building the d x d matrix (d^2 * other flops) plus its
-    eigendecomposition (~d^3), d being the side eigendecomposed (the samples or the features)."""
+def decomposition_seconds(solver: LocalLeastSquares, gemm_s: float, eigh_s: float) -> float:
+    """Predicted seconds of `solver.decompose()`: building the d x d matrix (d^2 * other multiply-adds in
+    the compute dtype, `gemm_s` seconds each) plus its float64 eigendecomposition (`eigh_s` per d^3), d being
+    the side eigendecomposed (the samples or the features)."""
     q = solver.p + int(solver.bias)
     d, other = (solver.n, q) if solver.basis == "samples" else (q, solver.n)
-    return float(d) ** 2 * other + float(d) ** 3
+    return gemm_s * float(d) ** 2 * other + eigh_s * float(d) ** 3
 
 
-def _seconds_per_cost() -> float:
-    """A first guess of seconds per unit of `decomposition_cost`, from a 256-sample problem (~10 ms)."""
-    probe = LocalLeastSquares(torch.randn(256, 255, generator=torch.Generator().manual_seed(0)),
-                              torch.zeros(256, 1, dtype=torch.float64), basis="samples")
+def _probe_rates(dtype: torch.dtype) -> tuple[float, float]:
+    """A first guess of (seconds per multiply-add of a Gram product in `dtype`, seconds per d^3 of a float64
+    eigh), from problems large enough (~0.1 s) that per-call overheads do not dominate."""
+    gen = torch.Generator().manual_seed(0)
+    Z = torch.randn(512, 8192, generator=gen).to(dtype)
     t0 = time.perf_counter()
-    probe.decompose()
-    return (time.perf_counter() - t0) / decomposition_cost(probe)
+    K = Z @ Z.T
+    gemm_s = (time.perf_counter() - t0) / (512 * 512 * 8192)
+    K = K.to(torch.float64) / 8192 + torch.eye(512, dtype=torch.float64)
+    t0 = time.perf_counter()
+    torch.linalg.eigh(K)
+    return gemm_s, (time.perf_counter() - t0) / 512 ** 3
 
 
 def _stats_key(mean: torch.Tensor, std: torch.Tensor) -> str:
@@ -328,8 +334,11 @@ class TCTPhase(Phase):
     def _decompose(self, solvers: dict, logger) -> None:
         """Every local client's one-time eigendecomposition, before stage 2's rounds, each logged with
         its size and a time estimate (measured so far, or from a small probe for the first)."""
-        costs = {k: decomposition_cost(s) for k, s in solvers.items()}
-        rate, spent, done = _seconds_per_cost(), 0.0, 0.0
+        first = next(iter(solvers.values()), None)
+        rates = _probe_rates(first.dtype) if first is not None else (0.0, 0.0)
+        costs = {k: decomposition_seconds(s, *rates) for k, s in solvers.items()}
+        # rate: measured seconds per predicted second, 1 until the first client is done
+        rate, spent, done = 1.0, 0.0, 0.0
         for i, (k, solver) in enumerate(solvers.items(), 1):
             if done:
                 rate = spent / done
