@@ -3,6 +3,7 @@ config and run directory name, checked before anything is written; and its recor
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 from ..config import OPTIONS_KEY, config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
 from ..errors import ConfigError, DistflError
 from .slurm import SLURM_OPTIONS, check_slurm_available, check_slurm_options, slurm_active_jobs
-from .state import FINISHED, point_state, value_text
+from .state import FINISHED, SKIPPED, point_state, value_text
 
 EXECUTORS = ("local", "slurm")
 SWEEP_KEYS = ("grid", "seeds", "executor", "nproc", "slurm")
@@ -47,6 +48,11 @@ class Sweep:
     @property
     def swept_keys(self) -> list[str]:
         return sorted(self.grid)
+
+    @property
+    def todo(self) -> list[Point]:
+        """The points to run or submit: those not finished and with no job still queued on Slurm."""
+        return [p for p in self.points if p.state not in SKIPPED]
 
 
 def _check_grid_key(key: str, where: str) -> None:
@@ -159,23 +165,28 @@ def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, execut
 
     sweep_dir = Path(base.output.dir).resolve()
     sweep = Sweep(config_path, list(fixed), grid, seeds, executor, nproc, slurm, sweep_dir)
-    keys = sorted(grid)
-    combos = [[]]
-    for key in keys:
-        combos = [c + [f"{key}={v}"] for c in combos for v in grid[key]]
-    seen_names, seen_configs = {}, {}
-    for combo in combos:
-        prefix = ",".join(_safe_part(o) for o in combo)
-        if len(prefix) > 200:  # many keys: one path component must stay under 255 bytes
-            import hashlib
+    sweep.points = _expand_points(sweep)
+    for point in sweep.points:
+        point.state = point_state(point.run_dir, point.config)
+    _mark_queued(sweep)
+    return sweep
 
-            prefix = prefix[:180] + "-" + hashlib.sha256(",".join(combo).encode()).hexdigest()[:12]
-        for seed in seeds:
+
+def _expand_points(sweep: Sweep) -> list[Point]:
+    """Grid x seeds, grid keys in alphabetical order, seeds innermost; each point's config checked.
+    Refuses two points with one directory name, or with one config."""
+    combos = [[]]
+    for key in sweep.swept_keys:
+        combos = [c + [f"{key}={v}"] for c in combos for v in sweep.grid[key]]
+    points, seen_names, seen_configs = [], {}, {}
+    for combo in combos:
+        prefix = _combo_dir_name(combo)
+        for seed in sweep.seeds:
             name = f"{prefix}/seed={seed}" if prefix else f"seed={seed}"
-            run_dir = sweep_dir / name
+            run_dir = sweep.sweep_dir / name
             overrides = [*combo, f"seed={seed}"]
             try:
-                cfg = load_config(config_path, [*fixed, *overrides, f"output.dir={run_dir}"])
+                cfg = load_config(sweep.config_path, [*sweep.fixed, *overrides, f"output.dir={run_dir}"])
             except ConfigError as exc:
                 raise ConfigError(f"sweep point {name}: {exc}") from None
             d = config_to_dict(cfg)
@@ -187,11 +198,8 @@ def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, execut
                 raise ConfigError(f"sweep points {seen_configs[fingerprint]} and {name} are the same run "
                                   "(their values parse to the same config)")
             seen_names[name], seen_configs[fingerprint] = overrides, name
-            sweep.points.append(Point(name, overrides, run_dir, d))
-    for point in sweep.points:
-        point.state = point_state(point.run_dir, point.config)
-    _mark_queued(sweep)
-    return sweep
+            points.append(Point(name, overrides, run_dir, d))
+    return points
 
 
 def _mark_queued(sweep: Sweep) -> None:
@@ -214,14 +222,23 @@ def _mark_queued(sweep: Sweep) -> None:
             point.state, point.job_id = "queued", previous[point.name]
 
 
+def _combo_dir_name(combo: list[str]) -> str:
+    """The directory of a grid combination ["k=v", ...]: "k=v,k=v" (values made safe), "" for no grid key.
+    Each part, and the whole, is kept well under the 255-byte limit of a path component."""
+    return _shortened(",".join(_safe_part(o) for o in combo), 200, 180, ",".join(combo))
+
+
 def _safe_part(override: str) -> str:
     key, _, value = override.partition("=")
-    text = f"{key}={SAFE.sub('_', value)}"
-    if len(text) > 120:  # keep path components well under the 255-byte limit
-        import hashlib
+    return _shortened(f"{key}={SAFE.sub('_', value)}", 120, 100, override)
 
-        text = text[:100] + "-" + hashlib.sha256(override.encode()).hexdigest()[:12]
-    return text
+
+def _shortened(text: str, limit: int, keep: int, source: str) -> str:
+    """`text` if it has at most `limit` characters, else its first `keep` and a hash of `source` (what
+    `text` was made from, so that texts that are cut alike still differ)."""
+    if len(text) <= limit:
+        return text
+    return text[:keep] + "-" + hashlib.sha256(source.encode()).hexdigest()[:12]
 
 
 def _job_ids(earlier: list, job_id: str | None) -> list:

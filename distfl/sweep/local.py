@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..errors import DistflError, Interrupted
 from .grid import Point, Sweep
-from .inprocess import PACKAGE_ROOT, catch_signals, train_in_process
-from .state import SKIPPED, final_report, skipped_text, train_args
+from .inprocess import PACKAGE_ROOT, signals_handled_by, stop_signals, train_in_process
+from .state import final_report, runs_text, train_args
 
 
 def _child_env() -> dict:
@@ -36,9 +36,9 @@ def run_local(sweep: Sweep, out=None) -> int:
     """Run the points here one after another; 0 when all finished, 3 when stopped by a signal, 1 else."""
     out = out or sys.stdout
     failed = []
-    todo = [p for p in sweep.points if p.state not in SKIPPED]
-    print(f"distfl sweep: {len(sweep.points)} runs in {sweep.sweep_dir}, {skipped_text(sweep)}; "
-          f"running {len(todo)} here, {sweep.nproc} rank(s) each", file=out, flush=True)
+    todo = sweep.todo
+    print(f"distfl sweep: {runs_text(sweep)}; running {len(todo)} here, {sweep.nproc} rank(s) each",
+          file=out, flush=True)
     for i, point in enumerate(todo, 1):
         verb = "resuming" if point.state == "resume" else "running"
         print(f"[{i}/{len(todo)}] {verb} {point.name}", file=out, flush=True)
@@ -58,23 +58,19 @@ def run_local(sweep: Sweep, out=None) -> int:
 
 
 def _run_point_in_process(point: Point, out) -> int:
-    stop = {"trainer": None, "signal": None, "timeout": False}
-    previous = catch_signals(stop)
-    try:
-        summary = train_in_process(point.config, point.state, stop)
-        print(f"  final test accuracy {100 * (summary['final_test_acc'] or 0):.2f}%, "
-              f"{summary['rounds']} rounds in {summary['wall_s']:.1f}s", file=out, flush=True)
-        return 0
-    except Interrupted:
-        return 3
-    except DistflError as exc:
-        print(f"  failed: {exc}", file=out, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_signals() as stop:
+        try:
+            summary = train_in_process(point.config, point.state, stop)
+            print(f"  final test accuracy {100 * (summary['final_test_acc'] or 0):.2f}%, "
+                  f"{summary['rounds']} rounds in {summary['wall_s']:.1f}s", file=out, flush=True)
+            return 0
+        except Interrupted:
+            return 3
+        except DistflError as exc:
+            print(f"  failed: {exc}", file=out, flush=True)
+            return 1
+        except KeyboardInterrupt:
+            return 130
 
 
 def _run_point_subprocess(cmd: list[str], out) -> int:
@@ -92,19 +88,14 @@ def _run_point_subprocess(cmd: list[str], out) -> int:
             except ProcessLookupError:
                 pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    try:
-        while True:
-            try:
-                code = proc.wait()
-                # The ranks exit 3 after the checkpoint; torchrun reports any rank's non-zero exit as 1.
-                return 3 if signalled and code != 0 else code
-            except KeyboardInterrupt:  # the ranks got the SIGINT too; let them finish dying
-                proc.wait()
-                return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with signals_handled_by(forward, (signal.SIGTERM, signal.SIGUSR1)):
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # the ranks got the SIGINT too; let them finish dying
+            proc.wait()
+            return 130
+        # The ranks exit 3 after the checkpoint; torchrun reports any rank's non-zero exit as 1.
+        return 3 if signalled and code != 0 else code
 
 
 def _children(pid: int) -> list[int]:

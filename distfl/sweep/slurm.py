@@ -6,7 +6,6 @@ import difflib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -14,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, DistflError, Interrupted
-from .inprocess import PACKAGE_ROOT, catch_signals, train_in_process
-from .state import FINISHED, SKIPPED, point_state, read_summary, skipped_text
+from .inprocess import PACKAGE_ROOT, stop_signals, train_in_process
+from .state import FINISHED, point_state, read_summary, runs_text
 
 try:  # submitit is a dependency; without it only the Slurm executor is unavailable
     import submitit
@@ -29,9 +28,9 @@ if TYPE_CHECKING:
 
 LOGS_DIR = "slurm-logs"
 
+# --- Slurm options -------------------------------------------------------------------------------
+
 # name -> (type, default, what it is). The names are those of the `sweep.slurm` block and `--slurm KEY=VALUE`.
-
-
 SLURM_OPTIONS = {
     "partition": (str, None, "partition (queue) to submit to; the cluster's default if unset"),
     "time": ("time", 60, "time limit of each job: minutes, or [D-]HH:MM[:SS]"),
@@ -152,6 +151,8 @@ def check_slurm_available() -> None:
         raise ConfigError("--executor slurm needs the submitit package: pip install submitit")
 
 
+# --- what every task of a point's job runs -----------------------------------------------------
+
 class SweepJob(_JobBase):
     """The function submitit runs in every task (rank) of a point's Slurm job.
 
@@ -177,30 +178,26 @@ class SweepJob(_JobBase):
         state = point_state(self.run_dir, self.config)
         if state in FINISHED:
             return self._result(read_summary(self.run_dir))
-        stop = {"trainer": None, "signal": None, "timeout": False}
-        previous = catch_signals(stop)
-        try:
-            summary = train_in_process(self.config, state, stop)
-        except Interrupted as exc:
-            restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-            if stop["timeout"] and restarts < self.max_requeues:
-                self._requeue(f"{exc}; time limit near (restart {restarts + 1} of at most {self.max_requeues})")
-            elif stop["timeout"]:
-                _log(f"{exc}; not requeued: max_requeues={self.max_requeues} reached. Submit the sweep again "
-                     "to continue from the checkpoint")
-            else:
-                _log(f"{exc}; Slurm stopped the job (preemption, requeue or cancel); a requeued job continues "
-                     "from this checkpoint")
-            # SystemExit is not an Exception: submitit writes no result, so the job is not taken as over.
-            raise SystemExit(3) from None
-        except DistflError as exc:
-            if read_summary(self.run_dir) is not None:  # diverged: the summary says so, the point is finished
-                return self._result(read_summary(self.run_dir))
-            raise RuntimeError(f"{self.run_dir}: {exc}") from None
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return self._result(summary)
+        with stop_signals() as stop:
+            try:
+                summary = train_in_process(self.config, state, stop)
+            except Interrupted as exc:
+                restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+                if stop["timeout"] and restarts < self.max_requeues:
+                    self._requeue(f"{exc}; time limit near (restart {restarts + 1} of at most {self.max_requeues})")
+                elif stop["timeout"]:
+                    _log(f"{exc}; not requeued: max_requeues={self.max_requeues} reached. Submit the sweep again "
+                         "to continue from the checkpoint")
+                else:
+                    _log(f"{exc}; Slurm stopped the job (preemption, requeue or cancel); a requeued job continues "
+                         "from this checkpoint")
+                # SystemExit is not an Exception: submitit writes no result, so the job is not taken as over.
+                raise SystemExit(3) from None
+            except DistflError as exc:
+                if read_summary(self.run_dir) is not None:  # diverged: the summary says so, the point is finished
+                    return self._result(read_summary(self.run_dir))
+                raise RuntimeError(f"{self.run_dir}: {exc}") from None
+            return self._result(summary)
 
     def _result(self, summary: dict | None) -> dict:
         summary = summary or {}
@@ -230,6 +227,8 @@ def _log(message: str) -> None:
     print(f"distfl sweep [rank {rank}]: {message}", file=sys.stderr, flush=True)
 
 
+# --- submitting --------------------------------------------------------------------------------
+
 def make_executor(sweep: Sweep):
     """The submitit executor for the sweep's Slurm options (one job per point, job arrays)."""
     logs = sweep.sweep_dir / LOGS_DIR
@@ -254,10 +253,9 @@ def make_executor(sweep: Sweep):
 def submit_slurm(sweep: Sweep, out=None) -> list[Point]:
     """Submit the unfinished points (one job array); record job ids in SWEEP_DIR/sweep.json."""
     out = out or sys.stdout
-    todo = [p for p in sweep.points if p.state not in SKIPPED]
-    print(f"distfl sweep: {len(sweep.points)} runs in {sweep.sweep_dir}, {skipped_text(sweep)}; "
-          f"submitting {len(todo)} to Slurm, {sweep.slurm['nodes']} node(s) x "
-          f"{sweep.slurm['tasks_per_node']} rank(s) each", file=out, flush=True)
+    todo = sweep.todo
+    print(f"distfl sweep: {runs_text(sweep)}; submitting {len(todo)} to Slurm, "
+          f"{sweep.slurm['nodes']} node(s) x {sweep.slurm['tasks_per_node']} rank(s) each", file=out, flush=True)
     if not todo:
         return []
     executor = make_executor(sweep)

@@ -42,10 +42,10 @@ def point_state(run_dir: Path, config: dict) -> str:
     if saved_path.exists():
         import yaml
 
-        saved = flatten_dict(yaml.safe_load(saved_path.read_text()) or {})
-        now = flatten_dict(config)
-        changed = resume_blockers(yaml.safe_load(saved_path.read_text()) or {}, config)
+        saved_config = yaml.safe_load(saved_path.read_text()) or {}
+        changed = resume_blockers(saved_config, config)
         if changed:
+            saved, now = flatten_dict(saved_config), flatten_dict(config)
             shown = ", ".join(f"{k} ({saved.get(k)!r} there, {now[k]!r} now)" for k in changed[:4])
             raise ConfigError(f"{run_dir} holds a different run: {shown}. Use another output.dir for this sweep, "
                               f"or delete that directory to redo it")
@@ -83,10 +83,12 @@ def train_args(run_dir: Path, config: dict, state: str, config_path: str, overri
     return args + ["--overwrite"] if state == "overwrite" else args
 
 
-def skipped_text(sweep: Sweep) -> str:
+def runs_text(sweep: Sweep) -> str:
+    """The "N runs in SWEEP_DIR, F already finished" of the progress lines, and the points left to
+    their Slurm jobs from an earlier submission."""
     finished = sum(p.state in FINISHED for p in sweep.points)
     queued = [p for p in sweep.points if p.state == "queued"]
-    text = f"{finished} already finished"
+    text = f"{len(sweep.points)} runs in {sweep.sweep_dir}, {finished} already finished"
     if queued:
         text += (f", {len(queued)} still queued or running on Slurm (left alone: "
                  f"{', '.join(f'{p.name} as job {p.job_id}' for p in queued)})")
