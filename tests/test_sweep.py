@@ -101,10 +101,12 @@ def test_local_sweep_with_torchrun_ranks(tmp_path):
     assert two["model_sha256"] == train_ok(cfg, f"output.dir={tmp_path / 'one'}", "seed=5")["model_sha256"]
 
 
-def test_stopping_a_local_torchrun_sweep_checkpoints_a_round_longer_than_30s(tmp_path):
-    """SIGTERM to a `--nproc 2` sweep with 40 s of round 1 left: the ranks (signalled directly, not
-    through torchrun's agent, which kills them 30 s after a SIGTERM) checkpoint round 1 and the sweep
-    exits 3; run again, it resumes at round 2 and ends with the one-rank model."""
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_stopping_a_local_sweep_checkpoints_a_round_longer_than_30s(tmp_path, nproc):
+    """SIGTERM to a sweep with 40 s of round 1 left: the run checkpoints round 1 and the sweep exits 3;
+    run again, it resumes at round 2 and ends with the one-rank model. One rank trains in the sweep's
+    own process; `--nproc 2` ranks are signalled directly, not through torchrun's agent, which kills
+    them 30 s after a SIGTERM."""
     import signal
     import subprocess
     import sys
@@ -112,9 +114,11 @@ def test_stopping_a_local_torchrun_sweep_checkpoints_a_round_longer_than_30s(tmp
     cfg = write_config(tmp_path / "c.yaml", train={"rounds": 2}, checkpoint={"every": 0}, eval={"every": 2},
                        output={"dir": str(tmp_path / "sw")})
     env, marks = slow_first_round(tmp_path)
-    sweep = [sys.executable, "-m", "distfl", "sweep", str(cfg), "--nproc", "2", "--seeds", "5"]
+    if nproc == 1:
+        env["RANK"] = "0"  # the slow round is for ranks only; RANK=0 alone is still a world of one process
+    sweep = [sys.executable, "-m", "distfl", "sweep", str(cfg), "--nproc", str(nproc), "--seeds", "5"]
     proc = subprocess.Popen(sweep, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_marks(marks, 2)
+    wait_for_marks(marks, nproc)
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=300)[0]
     run = tmp_path / "sw" / "seed=5"
