@@ -181,3 +181,21 @@ def test_a_directory_holding_another_run_is_refused(tmp_path):
     proc = run_cli(["sweep", cfg, "train.lr=0.2"])
     assert proc.returncode == 2 and "holds a different run: train.lr" in proc.stderr
     _no_traceback(proc)
+
+
+@pytest.mark.parametrize("given,minutes", [("time=2:00:00", 120), ("time=1:30", 2), ("time=90", 90),
+                                            ("time=1-00:00:00", 1440)])
+def test_slurm_time_is_read_as_sbatch_reads_it(given, minutes):
+    """`--slurm time=2:00:00` is two hours, not YAML 1.1's base-60 integer 7200 (minutes)."""
+    from distfl.sweep.slurm import check_slurm_options, parse_slurm_arg
+
+    assert check_slurm_options(parse_slurm_arg(given), "--slurm")["time"] == minutes
+
+
+def test_slurm_time_in_a_sweep_block_is_read_as_sbatch_reads_it(tmp_path):
+    from distfl.config import load_sweep_block
+    from distfl.sweep.slurm import check_slurm_options
+
+    path = tmp_path / "c.yaml"
+    path.write_text("sweep:\n  slurm:\n    time: 2:00:00\n")
+    assert check_slurm_options(load_sweep_block(str(path))["slurm"], "sweep.slurm")["time"] == 120
