@@ -1,6 +1,7 @@
-"""Summarise experiments/gma/results_session2/ (client momentum 0.9, 100 clients, 10 a round, #C=2):
+"""Summarise experiments/gma/results_session2/ (client momentum 0.9, 100 clients, 10 a round, #C=2, 30 rounds)
+or, with --session3, experiments/gma/results_session3/ (the same for 300 rounds, run_session3.sh):
 
-    python experiments/gma/table_session2.py
+    python experiments/gma/table_session2.py [--session3]
 
 Per sweep (local lr, server lr) and mask: best test accuracy and the mean of the evaluations in the last
 10 rounds (the paper's two metrics), each as mean ± sample std over the finished seeds, and GMA − AVG.
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results_session2"
 SWEEPS = [("gma_m09_slr1.0", "0.05", "1"), ("gma_m09_lr0.02_slr1.0", "0.02", "1"), ("gma_m09_lr0.02_slr2.0", "0.02", "2")]
+RESULTS3 = RESULTS.parent / "results_session3"
+SWEEPS3 = [("gma300_m09_lr0.02_slr1.0", "0.02", "1"), ("gma300_m09_lr0.02_slr1.5", "0.02", "1.5")]
 
 
 def seed_metrics(run: Path) -> tuple[float, float]:
@@ -29,12 +33,12 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} ({len(values)} seeds)"
 
 
-def main() -> None:
+def main(results: Path = RESULTS, sweeps=SWEEPS) -> None:
     print("| local lr | server lr | mask | best | mean of last 10 rounds | per seed (best / last-10) |")
     print("|---|---|---|---|---|---|")
-    for sweep, lr, slr in SWEEPS:
+    for sweep, lr, slr in sweeps:
         for mask in ("none", "gma"):
-            runs = sorted((RESULTS / sweep).glob(f"aggregation.mask={mask}_seed=*"))
+            runs = sorted((results / sweep).glob(f"aggregation.mask={mask}_seed=*"))
             if not runs:
                 continue
             got = [seed_metrics(run) for run in runs]
@@ -44,4 +48,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--session3" in sys.argv[1:]:
+        main(RESULTS3, SWEEPS3)
+    else:
+        main()
