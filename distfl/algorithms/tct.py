@@ -109,6 +109,13 @@ def _probe_rates(dtype: torch.dtype) -> tuple[float, float]:
     return gemm_s, (time.perf_counter() - t0) / 512 ** 3
 
 
+def _stable_lr(lam_max: float) -> float:
+    """A round learning rate at most 1 / lambda_max (monotone GD along every eigenvector), one significant digit."""
+    lr = 1.0 / lam_max
+    scale = 10.0 ** math.floor(math.log10(lr))
+    return math.floor(lr / scale) * scale
+
+
 def _stats_key(mean: torch.Tensor, std: torch.Tensor) -> str:
     """Names the normalisation statistics a disk feature file was normalised with."""
     raw = mean.to(torch.float64).cpu().numpy().tobytes() + std.to(torch.float64).cpu().numpy().tobytes()
@@ -384,9 +391,15 @@ class TCTPhase(Phase):
         reduced = stats.reduce(trainer.ctx, name="tct_round")
         trainer.stop_agreed = int(reduced["stop"][0]) > 0
         if int(reduced["nonfinite"][0]):
-            bound = f"; GD on a client is stable only for tct.lr < 2 / lambda_max = {2 / lam_max:.3g}" if lam_max else ""
+            bound, fix = "", "lower tct.lr"
+            if lam_max:
+                bound = f"; GD on a client is stable only for tct.lr < 2 / lambda_max = {2 / lam_max:.3g}"
+                lr = _stable_lr(lam_max)
+                steps = math.ceil(tc.local_steps * tc.lr / lr)
+                fix = (f"lower tct.lr, e.g. tct.lr={lr:g} tct.local_steps={steps}, which keeps M * eta near "
+                       f"{tc.local_steps * tc.lr:g} (the paper, App. B.6: that product sets the accuracy)")
             raise DivergenceError(f"TCT stage 2 round {t}: {int(reduced['nonfinite'][0])} client(s) produced a "
-                                  f"non-finite or huge model (tct.lr={tc.lr} too large{bound}); lower tct.lr")
+                                  f"non-finite or huge model (tct.lr={tc.lr} too large{bound}); {fix}")
         if tc.check_invariant:
             self.invariant = float(reduced["h_sum"].abs().max())
         return reduced["psi"].view(q, c), lam_max
