@@ -12,6 +12,9 @@ cross-entropy features too).
 
 Choices where the paper is silent (all documented in docs/algorithms/spherefed.md):
 - features in eval mode (BatchNorm running statistics), no augmentation, in float64;
+- under FedBN each client's features come from its own model, the global one with its own BatchNorm
+  (a client never sampled has none and uses the global BatchNorm), the rule of per-client evaluation;
+  clients are then placed as in training (sticky with the in-memory store, where their state lives);
 - the rows of Z are always L2-normalised (Eq. 7), also for a model trained without normalisation; the
   calibrated model then normalises its features and is scored as a least-squares classifier;
 - clients: all of them (`calibration.clients=all`, the paper's "each client"), or only the last
@@ -120,9 +123,16 @@ class FFCPhase(Phase):
         stats = StatBuffer([Segment("ztz", upper.shape[1], frac_bits=bits), Segment("zty", d * c, frac_bits=bits),
                             Segment("samples", 1, kind="int"), Segment("zero_features", 1, kind="int")],
                            trainer.device, len(clients))
-        trainer.worker.load(trainer.global_params, trainer.global_buffers)
+        alg = trainer.algorithm
+        # FedBN: a client's features come from its own model, the global one with its own BatchNorm
+        # (kept in its state, on the rank that hosts it under sticky placement); a client never sampled
+        # has none and uses the global BatchNorm, as in per-client evaluation.
+        sticky = alg.fedbn and trainer.sticky
         t_features = time.perf_counter()
-        for k in place(clients, sizes, ctx.world_size, sticky=False)[ctx.rank]:
+        for k in place(clients, sizes, ctx.world_size, sticky=sticky)[ctx.rank]:
+            trainer.worker.load(trainer.global_params, trainer.global_buffers)
+            if alg.fedbn:
+                alg.load_own_model(trainer.store.peek(k) or {}, trainer.worker)
             idx = trainer.client_indices[k]
             a, b, zeros = client_sums(model, trainer.data.train_x[idx], trainer.data.train_y[idx], c,
                                       cfg.calibration.batch_size)
@@ -156,8 +166,11 @@ class FFCPhase(Phase):
         else:  # a fixed head is a frozen buffer of the model
             model.head.weight.copy_(weight)
         apply_calibrated_head(model)
-        acc_after, loss_after = trainer.evaluate()
-        trainer.record_eval(acc_after, loss_after, self.name)
+        # With eval.clients, each client's own model (FedBN: its own BatchNorm) with the calibrated head.
+        after = trainer.evaluate_round(clients=cfg.eval.clients)
+        acc_after, loss_after = after["test_acc"], after["test_loss"]
+        client_stats = {k: v for k, v in after.items() if k.startswith("client_acc_")}
+        trainer.record_eval(acc_after, loss_after, self.name, client_stats)
 
         if ctx.is_main:
             checkpoint.atomic_torch_save(
@@ -166,7 +179,7 @@ class FFCPhase(Phase):
                 Path(trainer.run_dir) / STATS_FILE)
         result = {
             "test_acc_before": acc_before, "test_loss_before": loss_before,
-            "test_acc": acc_after, "test_loss": loss_after,
+            "test_acc": acc_after, "test_loss": loss_after, **client_stats,
             "clients": len(clients), "samples": n, "zero_features": zero, "trace": trace,
             "ridge": cfg.calibration.ridge, **info,
             "features_s": t_reduce - t_features, "reduce_s": t_solve - t_reduce, "solve_s": solve_s,

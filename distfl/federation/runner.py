@@ -478,11 +478,11 @@ class Trainer:
         self.phase_state = {"phase": phase_name, **state}
         self._save_checkpoint(phase_name, self.step)
 
-    def record_eval(self, acc: float, loss: float, label: str) -> None:
+    def record_eval(self, acc: float, loss: float, label: str, client_stats: dict | None = None) -> None:
         """A phase's evaluation of the final model: it becomes the run's final accuracy (`best_test_acc`
-        stays the best over the training rounds)."""
+        stays the best over the training rounds); `client_stats` (eval.clients) its final_client_acc."""
         self.progress["last_eval"] = {"round": self.cfg.train.rounds, "test_acc": acc, "test_loss": loss,
-                                      "phase": label}
+                                      "phase": label, **(client_stats or {})}
 
     def _catch_stop_signals(self) -> dict:
         """SIGTERM / SIGUSR1 (Slurm preemption, time limits) ask for a checkpoint at the end of the round."""
