@@ -170,8 +170,8 @@ def entk_features(
       pass per chunk gives each layer's input a and output gradient g per sample, and only the
       `index` coordinates are formed from them: a Linear weight entry (o, i) is g[:, o] * a[:, i], a
       bias entry is g[:, o] (summed over positions for a Conv2d), a Conv2d weight entry is read from
-      that layer's per-sample weight gradient (one grouped convolution). The chunk x P gradient is
-      never formed;
+      that layer's per-sample weight gradient (`_per_sample_conv_weight_grads`, formed only for a
+      layer with a chosen weight coordinate). The chunk x P gradient is never formed;
     - otherwise (e.g. BatchNorm layers): per-sample gradients of `model(x_i)[0, 0]` with
       `torch.func.vmap(torch.func.grad(...))` over `torch.func.functional_call` (chunk_size x P
       floats per chunk), from which the `index` columns are gathered.
@@ -193,7 +193,8 @@ def entk_features(
             one via `torch.from_numpy(np.memmap(...))`); it may live on another device than the model.
 
     Returns:
-        The N x p tensor (`out` when given, else a new CPU tensor).
+        The N x p tensor (`out` when given, else a new CPU tensor; from 4 MiB on, one in memory advised
+        for transparent huge pages, see `_new_cpu_tensor`).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive (got {chunk_size})")
