@@ -200,15 +200,20 @@ def test_layer_wise_matches_loop_conv_and_linear(tct_cnn, which, p):
     assert rel_max(fast, ref) < 1e-5
 
 
-def test_layer_used_twice_falls_back_to_vmap():
-    """A layer applied twice per forward pass is seen only when running; the result is still Algorithm 3's."""
+@pytest.mark.parametrize("case", ["layer used twice", "Linear on 3-D input"])
+def test_unsupported_forward_falls_back_to_vmap(case):
+    """What the layer-wise path cannot handle is seen only when running; the result is still Algorithm 3's."""
     torch.manual_seed(4)
     model = nn.Sequential()
     model.features, model.head = nn.Linear(6, 6), nn.Linear(6, 3)
-    model.forward = lambda x: model.head(torch.tanh(model.features(torch.tanh(model.features(x)))))
+    if case == "layer used twice":
+        model.forward = lambda x: model.head(torch.tanh(model.features(torch.tanh(model.features(x)))))
+        x = torch.randn(5, 6)
+    else:
+        model.forward = lambda x: model.head(torch.tanh(model.features(x)).mean(1))
+        x = torch.randn(5, 4, 6)
     assert feature_method(model) == "layer-wise"
     index = coordinate_index(num_params(model), 50, 1)
-    x = torch.randn(5, 6)
     assert rel_max(entk_features(model, x, index, chunk_size=2), entk_features_loop(model, x, index)) < 1e-5
 
 
