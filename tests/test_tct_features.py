@@ -11,6 +11,7 @@ from distfl.tct.features import (
     coordinate_index,
     entk_features,
     entk_features_loop,
+    feature_method,
     feature_parameters,
     reinit_head,
 )
@@ -46,13 +47,15 @@ def resnet20():
 
 
 @pytest.mark.parametrize("which", ["all", "extractor"])
-def test_vectorised_matches_loop_simplecnn(simplecnn, which):
+@pytest.mark.parametrize("p", [4000, None])  # None: p = P
+def test_vectorised_matches_loop_simplecnn(simplecnn, which, p):
     P = num_params(simplecnn, which)
-    index = coordinate_index(P, 4000, 123)
+    p = P if p is None else p
+    index = coordinate_index(P, p, 123)
     x = torch.randn(12, 1, 28, 28)
     fast = entk_features(simplecnn, x, index, which=which, chunk_size=5)
     ref = entk_features_loop(simplecnn, x, index, which=which)
-    assert fast.shape == (12, 4000) and fast.dtype == torch.float32
+    assert fast.shape == (12, p) and fast.dtype == torch.float32
     assert rel_max(fast, ref) < 1e-5
 
 
@@ -166,51 +169,68 @@ def test_fp16_overflow_raises(simplecnn):
         entk_features(simplecnn, 1e6 * torch.rand(2, 1, 28, 28), index, out_dtype=torch.float16)
 
 
-def test_layer_wise_path_for_linear_and_conv_models_vmap_otherwise(simplecnn, resnet20):
-    """SimpleCNN (Conv2d + Linear only) takes the one-backward layer-wise path, ResNet-20 (BatchNorm)
-    the torch.func path; both are checked against Algorithm 3 above. Here: the two paths agree."""
-    from distfl.tct.features import _layer_wise_grads, _layer_wise_plan, feature_parameters
-
-    chosen = feature_parameters(simplecnn, "all")
-    plan = _layer_wise_plan(simplecnn, chosen)
-    assert plan is not None and _layer_wise_plan(resnet20, feature_parameters(resnet20, "all")) is None
-    from torch.func import functional_call, grad, vmap
-
-    simplecnn.eval()
-    x = torch.randn(6, 1, 28, 28)
-    params = {n: p.detach() for n, p in chosen}
-    buffers = dict(simplecnn.named_buffers())
-    reference = vmap(grad(lambda ps, xi: functional_call(simplecnn, (ps, buffers), (xi[None],))[0, 0]),
-                     in_dims=(None, 0))(params, x)
-    grads_before = [None if p.grad is None else p.grad.clone() for _, p in chosen]
-    offsets, total = [], 0
-    for name, p in chosen:
-        offsets.append((name, total, total + p.numel()))
-        total += p.numel()
-    block = torch.full((6, total), float("nan"))
-    _layer_wise_grads(simplecnn, plan, x, block, offsets)
-    for name, lo, hi in offsets:
-        assert torch.allclose(block[:, lo:hi], reference[name].reshape(6, -1), atol=1e-6, rtol=1e-5), name
-    # The parameters' .grad are left alone.
-    for (_, p), before in zip(chosen, grads_before):
-        assert (p.grad is None and before is None) or torch.equal(p.grad, before)
+def test_feature_method(simplecnn, resnet20):
+    """Models of Linear and Conv2d layers take the layer-wise path; ResNet-20 (BatchNorm) torch.func."""
+    assert feature_method(simplecnn, "all") == feature_method(simplecnn, "extractor") == "layer-wise"
+    assert feature_method(build_model(ModelConfig(name="tct_cnn"), (1, 28, 28), 10)) == "layer-wise"
+    assert feature_method(resnet20) == "vmap"
 
 
+@pytest.fixture(scope="module")
+def tct_cnn():
+    torch.manual_seed(2)
+    model = build_model(ModelConfig(name="tct_cnn"), (1, 28, 28), 10)
+    reinit_head(model, 7)
+    return model
+
+
+@pytest.mark.parametrize("which", ["all", "extractor"])
+@pytest.mark.parametrize("p", [40, 20_000, None])  # None: p = P, every coordinate in permuted order
+def test_layer_wise_matches_loop_conv_and_linear(tct_cnn, which, p):
+    """tct_cnn (1- and 32-channel padded Conv2d layers, Linear layers) against Algorithm 3's loop. At
+    p = 40 most layers have no chosen coordinate, and 19 samples in chunks of 18 leave a chunk of one
+    and partial groups of samples inside the per-sample convolution and the gather."""
+    assert feature_method(tct_cnn, which) == "layer-wise"
+    P = num_params(tct_cnn, which)
+    index = coordinate_index(P, P if p is None else p, 11)
+    x = torch.randn(19, 1, 28, 28)
+    fast = entk_features(tct_cnn, x, index, which=which, chunk_size=18)
+    ref = entk_features_loop(tct_cnn, x, index, which=which)
+    assert fast.shape == ref.shape == (19, index.numel())
+    assert rel_max(fast, ref) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["layer used twice", "Linear on 3-D input"])
+def test_unsupported_forward_falls_back_to_vmap(case):
+    """What the layer-wise path cannot handle is seen only when running; the result is still Algorithm 3's."""
+    torch.manual_seed(4)
+    model = nn.Sequential()
+    model.features, model.head = nn.Linear(6, 6), nn.Linear(6, 3)
+    if case == "layer used twice":
+        model.forward = lambda x: model.head(torch.tanh(model.features(torch.tanh(model.features(x)))))
+        x = torch.randn(5, 6)
+    else:
+        model.forward = lambda x: model.head(torch.tanh(model.features(x)).mean(1))
+        x = torch.randn(5, 4, 6)
+    assert feature_method(model) == "layer-wise"
+    index = coordinate_index(num_params(model), 50, 1)
+    assert rel_max(entk_features(model, x, index, chunk_size=2), entk_features_loop(model, x, index)) < 1e-5
+
+
+@pytest.mark.parametrize("in_channels", [1, 2])
 @pytest.mark.parametrize("stride,padding,dilation", [(1, 0, 1), (2, 1, 1), (3, 2, 2), ((2, 1), (0, 2), (1, 2))])
-def test_layer_wise_conv_matches_loop_for_stride_padding_dilation(stride, padding, dilation):
-    """The grouped-convolution per-sample weight gradient covers every Conv2d geometry the plan accepts
-    (stride 3 on 13 pixels leaves input rows unused), checked against Algorithm 3's loop."""
-    from distfl.tct.features import _layer_wise_plan
-
+def test_layer_wise_conv_matches_loop_for_stride_padding_dilation(in_channels, stride, padding, dilation):
+    """Both forms of the per-sample Conv2d weight gradient (1 input channel, more) cover every geometry
+    the layer-wise path accepts (stride 3 on 13 pixels leaves input rows unused), against Algorithm 3."""
     torch.manual_seed(3)
-    conv = nn.Conv2d(2, 3, (3, 2), stride=stride, padding=padding, dilation=dilation)
+    conv = nn.Conv2d(in_channels, 3, (3, 2), stride=stride, padding=padding, dilation=dilation)
     features = nn.Sequential(conv, nn.ReLU(), nn.Flatten())
-    width = features(torch.zeros(1, 2, 13, 11)).shape[1]
+    width = features(torch.zeros(1, in_channels, 13, 11)).shape[1]
     model = nn.Sequential()
     model.features, model.head = features, nn.Linear(width, 4)
     model.forward = lambda x: model.head(model.features(x))
-    assert _layer_wise_plan(model, feature_parameters(model, "all")) is not None
+    assert feature_method(model) == "layer-wise"
     P = num_params(model)
     index = coordinate_index(P, P, 5)
-    x = torch.randn(7, 2, 13, 11)
-    assert rel_max(entk_features(model, x, index, chunk_size=4), entk_features_loop(model, x, index)) < 1e-5
+    x = torch.randn(21, in_channels, 13, 11)  # 21 samples: more than CONV_GRAD_SAMPLES, not a multiple
+    assert rel_max(entk_features(model, x, index, chunk_size=20), entk_features_loop(model, x, index)) < 1e-5
