@@ -21,7 +21,11 @@ round loop. This phase is everything after it (Algorithm 2):
 Stage 2 is checkpointed every `checkpoint.every` rounds with the client controls; a resumed run
 recomputes (memory) or reopens (disk) the features, re-applies the saved statistics and continues.
 Disk files are normalised in place, so each one's marker records whether, and with which statistics,
-it was normalised; a resumed run never normalises a file twice (`_extract`).
+it was normalised; a resumed run never normalises a file twice (`_extract`). The disk store also keeps
+the statistics (RUN_DIR/tct/stats.pt, named by the features they come from) and each client's
+decomposition (beside its features, named by all its bits depend on), so a stage 2 that fails before
+its first checkpoint (e.g. tct.lr too large) resumes from stage 1 with new tct.lr, tct.local_steps,
+tct.solver or tct.rounds without extracting or eigendecomposing again.
 
 Choices where the paper is silent (docs/algorithms/tct.md): the head keeps C outputs and logit 0 is
 differentiated (the released code uses a 1-output head; same distribution), the gradient is over every
@@ -124,11 +128,13 @@ def _stats_key(mean: torch.Tensor, std: torch.Tensor) -> str:
 
 
 def _hash(*parts) -> str:
-    """16 hex digits of SHA-256 over `parts` (bytes as they are, anything else as its str)."""
+    """16 hex digits of SHA-256 over `parts`: tensors by their bytes (without a copy when they are
+    contiguous on the CPU), anything else as its str; each part prefixed with its length."""
     digest = hashlib.sha256()
     for part in parts:
-        raw = part if isinstance(part, bytes) else str(part).encode()
-        digest.update(len(raw).to_bytes(8, "little") + raw)
+        raw = part.detach().cpu().contiguous().numpy() if isinstance(part, torch.Tensor) else str(part).encode()
+        digest.update(raw.nbytes.to_bytes(8, "little"))
+        digest.update(raw)
     return digest.hexdigest()[:16]
 
 
@@ -161,8 +167,8 @@ class TCTPhase(Phase):
                         "as the paper's code would)")
         # Names the features of this model (parameters and BatchNorm buffers, the new head included), these
         # coordinates and this gradient; a feature file's key adds its samples.
-        self.model_key = int(_hash(trainer.worker.state_sha256(), self.index.to(torch.int64).numpy().tobytes(),
-                                   cfg.gradient_of)[:14], 16)
+        self.model_key = int(_hash(trainer.worker.state_sha256(), self.index.to(torch.int64), cfg.gradient_of)[:14],
+                             16)
         dist.check_same_on_all_ranks(self.model_key, ctx, "TCT's coordinates and head")
         data = trainer.data
         c = data.num_classes
@@ -220,12 +226,9 @@ class TCTPhase(Phase):
     def _statistics_source(self, trainer) -> str:
         """Names what the normalisation statistics are computed from: the features (model, coordinates,
         gradient, storage dtype) of every client's training samples, in client order."""
-        data = trainer.data
         indices = [torch.as_tensor(trainer.client_indices[k], dtype=torch.int64)
                    for k in range(len(trainer.population))]
-        return _hash(f"{self.model_key:014x}", trainer.cfg.tct.feature_dtype,
-                     data.train_x.contiguous().cpu().numpy().tobytes(),
-                     *(idx.numpy().tobytes() for idx in indices))
+        return _hash(f"{self.model_key:014x}", trainer.cfg.tct.feature_dtype, trainer.data.train_x, *indices)
 
     def _load_statistics(self, trainer, logger) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The statistics of RUN_DIR/tct/stats.pt when they were computed from the features this run
@@ -260,6 +263,7 @@ class TCTPhase(Phase):
             checkpoint.atomic_torch_save({"source": self.statistics_source, "stats_key": _stats_key(mean, std),
                                           "mean": mean.cpu(), "std": std.cpu()}, path)
             checkpoint.fsync(path)
+            checkpoint.fsync(path.parent)
 
     def _extract(self, trainer, x, name: str, dtype, stats_key: str | None) -> torch.Tensor:
         """The features of `x`: computed (memory store), or a memory-mapped file under RUN_DIR/tct/rankR
@@ -433,7 +437,7 @@ class TCTPhase(Phase):
         the threads it runs on, and the torch build and device type."""
         marker, features_key, _ = self.disk[f"client_{k}"]
         key = _hash(features_key, applied, trainer.cfg.tct.feature_dtype,
-                    self.train_y[k].to(torch.int64).cpu().numpy().tobytes(), solver.basis, solver.bias,
+                    self.train_y[k].to(torch.int64), solver.basis, solver.bias,
                     solver.dtype, solver.rows, threads, torch.__version__, solver.device.type)
         return marker.parent / f"client_{k}.decomposition.pt", key
 
