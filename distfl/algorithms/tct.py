@@ -128,12 +128,16 @@ def _stats_key(mean: torch.Tensor, std: torch.Tensor) -> str:
 
 
 def _hash(*parts) -> str:
-    """16 hex digits of SHA-256 over `parts`: tensors by their bytes (without a copy when they are
-    contiguous on the CPU), anything else as its str; each part prefixed with its length."""
+    """16 hex digits of SHA-256 over `parts`: tensors by dtype, shape and bytes (without a copy when
+    they are contiguous on the CPU), anything else as its str; each part prefixed with its length."""
     digest = hashlib.sha256()
     for part in parts:
-        raw = part.detach().cpu().contiguous().numpy() if isinstance(part, torch.Tensor) else str(part).encode()
-        digest.update(raw.nbytes.to_bytes(8, "little"))
+        if isinstance(part, torch.Tensor):
+            digest.update(f"{part.dtype} {tuple(part.shape)}".encode())
+            raw = part.detach().cpu().contiguous().numpy()
+        else:
+            raw = str(part).encode()
+        digest.update(memoryview(raw).nbytes.to_bytes(8, "little"))
         digest.update(raw)
     return digest.hexdigest()[:16]
 
