@@ -261,7 +261,8 @@ class TCTPhase(Phase):
         return found
 
     def _save_statistics(self, trainer, mean: torch.Tensor, std: torch.Tensor) -> None:
-        """RUN_DIR/tct/stats.pt (main rank), written before any file is marked normalised with them."""
+        """RUN_DIR/tct/stats.pt, by the main rank before it marks any file normalised with them (if a crash
+        leaves files marked with statistics that are not there, a resume extracts those files again)."""
         if trainer.ctx.is_main:
             path = Path(trainer.run_dir) / "tct" / STATS_FILE
             checkpoint.atomic_torch_save({"source": self.statistics_source, "stats_key": _stats_key(mean, std),
