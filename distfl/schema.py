@@ -92,7 +92,7 @@ class TCTConfig:
     head_seed: int = 0  # seed of the re-initialised last layer
     gradient_of: str = "all"  # all (Algorithm 3 and the released code: every parameter) | extractor (Algorithm 2: without the head)
     feature_dtype: str = "float32"  # float32 | float16 (what the released code stores; half the memory)
-    feature_store: str = "memory"  # memory (recomputed on resume) | disk (memory-mapped files under RUN_DIR/tct, reused on resume)
+    feature_store: str = "memory"  # memory (recomputed on resume) | disk (memory-mapped files under RUN_DIR/tct, reused on resume, also from stage 1 with new stage-2 keys, with their statistics and each client's decomposition)
     normalize: bool = True  # z-score every coordinate with statistics over all clients (off: the paper's "TCT (woN)")
     rounds: int = 100  # stage-2 rounds T2
     local_steps: int = 500  # stage-2 local full-batch gradient steps M

@@ -193,13 +193,14 @@ def _crash_in_stage2_round(monkeypatch, round_):
 def test_resume_with_disk_features_normalises_them_once(tmp_path, monkeypatch):
     """The disk store normalises its files in place. Resumed after stage-2 round 4's checkpoint, the run
     reuses them as they are (on main it normalised them a second time: 77% fell to 15% on FMNIST);
-    crashed before any stage-2 checkpoint, the statistics are recomputed, so the files are extracted
-    again rather than trusted. Either way the result is the uninterrupted run's, bit for bit."""
+    crashed before any stage-2 checkpoint, the statistics kept in RUN_DIR/tct/stats.pt name the ones
+    the files were normalised with, so they are reused too. Either way the result is the uninterrupted
+    run's, bit for bit."""
     config = tct_config(tmp_path, feature_store="disk")
     through = train_ok(config, f"output.dir={tmp_path / 'through'}")
     memory = train_ok(config, f"output.dir={tmp_path / 'memory'}", "tct.feature_store=memory")
     assert through["phases"]["tct"]["psi_sha256"] == memory["phases"]["tct"]["psi_sha256"]
-    for crash_round, reused in [(5, True), (1, False)]:
+    for crash_round in (5, 1):
         run = tmp_path / f"crashed_in_{crash_round}"
         _crash_in_stage2_round(monkeypatch, crash_round)
         with pytest.raises(RuntimeError, match="simulated crash"):
@@ -210,7 +211,7 @@ def test_resume_with_disk_features_normalises_them_once(tmp_path, monkeypatch):
         resumed = train_ok(None, resume=str(run))
         assert resumed["phases"]["tct"]["psi_sha256"] == through["phases"]["tct"]["psi_sha256"], crash_round
         assert resumed["final_test_acc"] == through["final_test_acc"]
-        assert (features.stat().st_mtime_ns == written) == reused, crash_round
+        assert features.stat().st_mtime_ns == written, crash_round
         assert (run / "tct" / "rank0" / "client_0.complete").read_text().startswith("normalised ")
 
 
@@ -276,3 +277,79 @@ def test_normalisation_and_centred_targets_match_an_independent_computation(tmp_
     for _ in range(rounds):
         uncentred = uncentred - lr * Z.T @ (Z @ uncentred - (Y + 1.0 / c)) / len(Z)
     assert float((uncentred - psi_).norm() / psi_.norm()) > 1e-2
+
+
+def _feature_files(run: Path) -> dict:
+    """(inode, mtime) of every disk feature file of a run: unchanged when a file was not rewritten."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted((run / "tct").glob("rank*/*.float32"))}
+
+
+def _diverged_in_round_1(tmp_path: Path, config: Path) -> Path:
+    """A disk-store run whose stage 2 diverges in round 1 (tct.lr far too large), after its features,
+    statistics and decompositions were computed."""
+    run = tmp_path / "diverged"
+    proc = run_cli(["train", config, "tct.lr=10", f"output.dir={run}"])
+    assert proc.returncode == 2 and "TCT stage 2 round 1" in proc.stderr, proc.stderr
+    assert complete_checkpoints(run)[-1].name == "round_000006"  # no stage-2 checkpoint
+    return run
+
+
+def test_a_diverged_stage2_resumed_with_a_stable_lr_reuses_features_and_decompositions(tmp_path):
+    """Stage 2 fails in round 1; resumed from the last stage-1 checkpoint with a stable tct.lr, it
+    reuses the features (not rewritten), their statistics and every client's decomposition, and equals
+    a run with that tct.lr from the start on 2 ranks, bit for bit."""
+    config = tct_config(tmp_path, feature_store="disk", rounds=2)
+    fresh = train_ok(config, f"output.dir={tmp_path / 'fresh'}", nproc=2)
+    run = _diverged_in_round_1(tmp_path, config)
+    files = _feature_files(run)
+    assert (run / "tct" / "stats.pt").exists() and len(files) == 13  # 12 clients and the test set
+    proc = run_cli(["train", "--resume", run, f"tct.lr={TCT['lr']}"])
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stderr
+    assert "TCT: normalisation statistics reused from" in log and "extracted again" not in log
+    assert sorted(int(k) for k in re.findall(r"decomposition of client (\d+) reused", log)) == list(range(12))
+    assert "eigendecomposing" not in log and "tct_normalise" not in summary(run)["collectives"]["calls"]
+    assert _feature_files(run) == files
+    resumed = summary(run)
+    assert resumed["phases"]["tct"]["psi_sha256"] == fresh["phases"]["tct"]["psi_sha256"]
+    assert resumed["final_test_acc"] == fresh["final_test_acc"] > resumed["phases"]["tct"]["stage1_test_acc"]
+
+
+def test_a_resume_with_broken_or_foreign_stats_and_decompositions_recomputes_them(tmp_path):
+    """Whatever is wrong with a kept file, the resumed run says so, recomputes what it cannot trust and
+    still equals the run with the stable tct.lr from the start: statistics unreadable or of other
+    features (then the features, normalised in place, are extracted again), a decomposition file
+    truncated or saved under another key (only that client is eigendecomposed again)."""
+    import shutil
+
+    config = tct_config(tmp_path, feature_store="disk", rounds=2)
+    fresh = train_ok(config, f"output.dir={tmp_path / 'fresh'}")
+    diverged = _diverged_in_round_1(tmp_path, config)
+    for damage, said in [("truncate", "unreadable"), ("other_source", "they are of other features")]:
+        run = tmp_path / damage
+        shutil.copytree(diverged, run)
+        stats, folder = run / "tct" / "stats.pt", run / "tct" / "rank0"
+        if damage == "truncate":
+            stats.write_bytes(stats.read_bytes()[:100])
+        else:
+            saved = torch.load(stats)
+            torch.save({**saved, "source": "0" * 16}, stats)
+        (folder / "client_3.decomposition.pt").write_bytes(b"not a decomposition")
+        saved = torch.load(folder / "client_5.decomposition.pt")
+        torch.save({**saved, "key": "0" * 16}, folder / "client_5.decomposition.pt")
+        files = _feature_files(run)
+        proc = run_cli(["train", "--resume", run, f"tct.lr={TCT['lr']}"])
+        assert proc.returncode == 0, proc.stderr
+        log = proc.stderr
+        assert f"normalisation statistics in {stats} not reused ({said}" in log, log
+        assert "decomposition of client 3 recomputed: its file is unusable" in log
+        assert "decomposition of client 5 recomputed: its file is of another key" in log
+        reused = sorted(int(k) for k in re.findall(r"decomposition of client (\d+) reused", log))
+        assert reused == [k for k in range(12) if k not in (3, 5)], damage
+        assert re.findall(r"eigendecomposing client \d+/2 \(client (\d+),", log) == ["3", "5"]
+        # normalised with statistics that cannot be vouched for: every file extracted again
+        assert all(files[name] != new for name, new in _feature_files(run).items())
+        assert len(re.findall(r"TCT: features \S+ extracted again", log)) == 13
+        resumed = summary(run)
+        assert resumed["phases"]["tct"]["psi_sha256"] == fresh["phases"]["tct"]["psi_sha256"], damage
+        assert resumed["final_test_acc"] == fresh["final_test_acc"], damage

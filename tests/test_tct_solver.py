@@ -247,3 +247,24 @@ def test_real_entk_features_closed_form_equals_iterative():
     for M in (1, 100):
         assert rel(solver.closed_form(zero, zero, eta, M), solver.iterative(zero, zero, eta, M)) < 1e-12
     assert rel(solver.closed_form(psi0, h, eta, 100), solver.iterative(psi0, h, eta, 100)) < 1e-12
+
+
+@pytest.mark.parametrize("n,p", [(30, 50), (60, 8)])  # kernel (samples) basis, then G's (features) basis
+def test_a_saved_decomposition_gives_the_same_bits_and_a_mismatched_one_is_refused(n, p, tmp_path):
+    """What `decomposition()` returns, saved and loaded into a new solver of the same Z and Y, gives
+    the same closed-form result bit for bit, without decomposing again; one of another shape or basis
+    is refused."""
+    Z, Y, g = problem(n, p)
+    computed = LocalLeastSquares(Z, Y)
+    torch.save(computed.decomposition(), tmp_path / "d.pt")
+    psi0, h = start(computed, g)
+    loaded = LocalLeastSquares(Z, Y)
+    loaded.use_decomposition(torch.load(tmp_path / "d.pt", weights_only=True))
+    assert torch.equal(loaded._U, computed._U)
+    assert torch.equal(loaded.closed_form(psi0, h, 0.01, 40), computed.closed_form(psi0, h, 0.01, 40))
+    other_size = LocalLeastSquares(*problem(n + 1, p + 1)[:2])
+    with pytest.raises(ValueError, match="shape"):
+        other_size.use_decomposition(computed.decomposition())
+    other_basis = LocalLeastSquares(Z, Y, basis="features" if computed.basis == "samples" else "samples")
+    with pytest.raises(ValueError, match="basis"):
+        other_basis.use_decomposition(computed.decomposition())

@@ -21,7 +21,11 @@ round loop. This phase is everything after it (Algorithm 2):
 Stage 2 is checkpointed every `checkpoint.every` rounds with the client controls; a resumed run
 recomputes (memory) or reopens (disk) the features, re-applies the saved statistics and continues.
 Disk files are normalised in place, so each one's marker records whether, and with which statistics,
-it was normalised; a resumed run never normalises a file twice (`_extract`).
+it was normalised; a resumed run never normalises a file twice (`_extract`). The disk store also keeps
+the statistics (RUN_DIR/tct/stats.pt, named by the features they come from) and each client's
+decomposition (beside its features, named by all its bits depend on), so a stage 2 that fails before
+its first checkpoint (e.g. tct.lr too large) resumes from stage 1 with new tct.lr, tct.local_steps,
+tct.solver or tct.rounds without extracting or eigendecomposing again.
 
 Choices where the paper is silent (docs/algorithms/tct.md): the head keeps C outputs and logit 0 is
 differentiated (the released code uses a 1-output head; same distribution), the gradient is over every
@@ -49,6 +53,7 @@ from ..tct.features import coordinate_index, entk_features, feature_bytes, featu
 from ..tct.solver import LocalLeastSquares, fedavg_client_round, scaffold_client_round
 
 MODEL_FILE = "tct_model.pt"  # W and b (psi), the normalisation statistics and the coordinates
+STATS_FILE = "stats.pt"  # disk store: the normalisation statistics, under RUN_DIR/tct, beside the features
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -122,6 +127,31 @@ def _stats_key(mean: torch.Tensor, std: torch.Tensor) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
+def _hash(*parts) -> str:
+    """16 hex digits of SHA-256 over `parts`: tensors by dtype, shape and bytes (without a copy when
+    they are contiguous on the CPU), anything else as its str; each part prefixed with its length."""
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            digest.update(f"{part.dtype} {tuple(part.shape)}".encode())
+            raw = part.detach().cpu().contiguous().numpy()
+        else:
+            raw = str(part).encode()
+        digest.update(memoryview(raw).nbytes.to_bytes(8, "little"))
+        digest.update(raw)
+    return digest.hexdigest()[:16]
+
+
+def _same_on_all_ranks(value: int, ctx) -> bool:
+    """Whether every rank holds `value` (a 56-bit integer); one small all_reduce."""
+    if ctx.world_size == 1:
+        return True
+    slots = torch.zeros(ctx.world_size, dtype=torch.int64, device=ctx.device)
+    slots[ctx.rank] = value
+    dist.all_reduce_sum(slots, ctx, name="tct_reuse_check")
+    return bool((slots == value).all())
+
+
 class TCTPhase(Phase):
     name = "tct"
 
@@ -139,7 +169,10 @@ class TCTPhase(Phase):
             logger.info(f"TCT: tct.p={cfg.p} is larger than the {num} parameters the gradient is taken over; "
                         f"all {num} coordinates are kept (in the permuted order randperm({num})[:{cfg.p}] gives, "
                         "as the paper's code would)")
-        self.model_key = dist.fingerprint(self.index.to(torch.float64)) ^ dist.fingerprint(trainer.worker.params)
+        # Names the features of this model (parameters and BatchNorm buffers, the new head included), these
+        # coordinates and this gradient; a feature file's key adds its samples.
+        self.model_key = int(_hash(trainer.worker.state_sha256(), self.index.to(torch.int64), cfg.gradient_of)[:14],
+                             16)
         dist.check_same_on_all_ranks(self.model_key, ctx, "TCT's coordinates and head")
         data = trainer.data
         c = data.num_classes
@@ -162,6 +195,14 @@ class TCTPhase(Phase):
                 "tct.feature_dtype=float16 (half the features), tct.feature_store=disk (features memory-mapped), "
                 f"or a smaller tct.p (now {self.p})")
         self.plan = plan
+
+        self.logger = logger
+        self.saved_statistics = None  # (mean, std) found in RUN_DIR/tct/stats.pt, of these very features
+        if cfg.feature_store == "disk" and cfg.normalize and stats_key is None:
+            self.statistics_source = self._statistics_source(trainer)
+            self.saved_statistics = self._load_statistics(trainer, logger)
+            if self.saved_statistics is not None:
+                stats_key = _stats_key(*self.saved_statistics)
 
         t0 = time.perf_counter()
         dtype = DTYPES[cfg.feature_dtype]
@@ -186,6 +227,49 @@ class TCTPhase(Phase):
         self.test_z = self._extract(trainer, x, "test", dtype, stats_key)
         self.features_s = time.perf_counter() - t0
 
+    def _statistics_source(self, trainer) -> str:
+        """Names what the normalisation statistics are computed from: the features (model, coordinates,
+        gradient, storage dtype) of every client's training samples, in client order."""
+        indices = [torch.as_tensor(trainer.client_indices[k], dtype=torch.int64)
+                   for k in range(len(trainer.population))]
+        return _hash(f"{self.model_key:014x}", trainer.cfg.tct.feature_dtype, trainer.data.train_x, *indices)
+
+    def _load_statistics(self, trainer, logger) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The statistics of RUN_DIR/tct/stats.pt when they were computed from the features this run
+        extracts (`_statistics_source`) and every rank finds the same; else None, and the log says why."""
+        path = Path(trainer.run_dir) / "tct" / STATS_FILE
+        found, why = None, None
+        if path.exists():
+            try:
+                saved = torch.load(path, map_location="cpu", weights_only=True)
+                mean, std = saved["mean"], saved["std"]
+                if saved["source"] != self.statistics_source or tuple(mean.shape) != (self.p,) \
+                        or tuple(std.shape) != (self.p,):
+                    why = "they are of other features"
+                elif saved["stats_key"] != _stats_key(mean, std):
+                    why = "they do not match their key"
+                else:
+                    found = (mean.to(torch.float64), std.to(torch.float64))
+            except Exception as exc:  # torch raises several types for truncated or foreign files
+                why = f"unreadable ({type(exc).__name__})"
+        if not _same_on_all_ranks(int(_stats_key(*found)[:14], 16) if found else 0, trainer.ctx):
+            found, why = None, why or "the ranks found different files"
+        if why:
+            logger.info(f"TCT: normalisation statistics in {path} not reused ({why}); they are computed again")
+        elif found:
+            logger.info(f"TCT: normalisation statistics reused from {path}")
+        return found
+
+    def _save_statistics(self, trainer, mean: torch.Tensor, std: torch.Tensor) -> None:
+        """RUN_DIR/tct/stats.pt, by the main rank before it marks any file normalised with them (if a crash
+        leaves files marked with statistics that are not there, a resume extracts those files again)."""
+        if trainer.ctx.is_main:
+            path = Path(trainer.run_dir) / "tct" / STATS_FILE
+            checkpoint.atomic_torch_save({"source": self.statistics_source, "stats_key": _stats_key(mean, std),
+                                          "mean": mean.cpu(), "std": std.cpu()}, path)
+            checkpoint.fsync(path)
+            checkpoint.fsync(path.parent)
+
     def _extract(self, trainer, x, name: str, dtype, stats_key: str | None) -> torch.Tensor:
         """The features of `x`: computed (memory store), or a memory-mapped file under RUN_DIR/tct/rankR
         (disk store). A disk file is normalised in place later, so its marker `NAME.complete` says what
@@ -208,6 +292,9 @@ class TCTPhase(Phase):
         if reuse and found[0] == "normalised":
             self.normalised.add(name)
         if not reuse:
+            if found:
+                self.logger.info(f"TCT: features {name} extracted again (its marker says '{' '.join(found)}': "
+                                 f"not raw features of key {key} nor normalised with the statistics in use)")
             marker.unlink(missing_ok=True)
         mode = "r+" if reuse else "w+"
         np_dtype = np.float16 if dtype == torch.float16 else np.float32
@@ -282,8 +369,12 @@ class TCTPhase(Phase):
         if tc.normalize:
             if resumed:
                 mean, std = resumed["mean"].to(trainer.device), resumed["std"].to(trainer.device)
+            elif self.saved_statistics is not None:
+                mean, std = (t.to(trainer.device) for t in self.saved_statistics)
             else:
                 mean, std = self._statistics(trainer)
+                if tc.feature_store == "disk":
+                    self._save_statistics(trainer, mean, std)
             self._normalise_all(mean, std, _stats_key(mean, std))
         else:
             mean = std = torch.zeros(0)
@@ -302,8 +393,13 @@ class TCTPhase(Phase):
         if first > 1:
             logger.info(f"TCT: resuming stage 2 at round {first}")
         if tc.local_solver == "closed_form" and tc.solver != "gd":
+            cache = {}
+            if tc.feature_store == "disk":
+                applied = _stats_key(mean, std) if tc.normalize else "raw"
+                cache = {k: self._decomposition_file(trainer, k, solver, applied, threads)
+                         for k, solver in solvers.items()}
             with phase_threads(threads):
-                self._decompose(solvers, logger)
+                self._decompose(solvers, logger, cache)
         t_train = time.perf_counter()
         acc = None
         lam_max = 0.0
@@ -338,9 +434,43 @@ class TCTPhase(Phase):
             "stage2_s": time.perf_counter() - t_train, "total_s": time.perf_counter() - t_start,
         }
 
-    def _decompose(self, solvers: dict, logger) -> None:
+    def _decomposition_file(self, trainer, k: int, solver: LocalLeastSquares, applied: str,
+                            threads: int) -> tuple[Path, str]:
+        """Where client k's decomposition is kept with the disk store (beside its features), and the key
+        naming everything its bits depend on: the feature file (model, coordinates, samples), the
+        statistics applied to it, the labels, the solver's basis, bias, compute dtype and block size,
+        the threads it runs on, and the torch build and device type."""
+        marker, features_key, _ = self.disk[f"client_{k}"]
+        key = _hash(features_key, applied, trainer.cfg.tct.feature_dtype,
+                    self.train_y[k].to(torch.int64), solver.basis, solver.bias,
+                    solver.dtype, solver.rows, threads, torch.__version__, solver.device.type)
+        return marker.parent / f"client_{k}.decomposition.pt", key
+
+    def _load_decomposition(self, k: int, solver: LocalLeastSquares, path: Path, key: str, logger) -> bool:
+        """Give `solver` client k's saved decomposition if `path` holds one of `key`; say why not if it
+        holds another. Loaded one client at a time onto the solver's device, as it would be computed."""
+        if not path.exists():
+            return False
+        try:
+            saved = torch.load(path, map_location=solver.device, weights_only=True)
+            if saved.get("key") != key:
+                why = "its file is of another key"
+            else:
+                solver.use_decomposition(saved)
+                logger.info(f"TCT stage 2: decomposition of client {k} reused")
+                return True
+        except Exception as exc:  # unreadable (torch raises several types) or of the wrong shape
+            why = f"its file is unusable ({type(exc).__name__}: {exc})"
+        logger.info(f"TCT stage 2: decomposition of client {k} recomputed: {why}")
+        return False
+
+    def _decompose(self, solvers: dict, logger, cache: dict) -> None:
         """Every local client's one-time eigendecomposition, before stage 2's rounds, each logged with
-        its size and a time estimate (measured so far, or from a small probe for the first)."""
+        its size and a time estimate (measured so far, or from a small probe for the first). With the
+        disk store (`cache`: client -> (file, key)) a saved decomposition of the same key is loaded
+        instead, and a computed one is saved (atomically: a crash leaves the old file or the new)."""
+        solvers = {k: s for k, s in solvers.items() if not (k in cache and self._load_decomposition(k, s, *cache[k],
+                                                                                                      logger))}
         first = next(iter(solvers.values()), None)
         rates = _probe_rates(first.dtype) if first is not None else (0.0, 0.0)
         costs = {k: decomposition_seconds(s, *rates) for k, s in solvers.items()}
@@ -356,6 +486,11 @@ class TCTPhase(Phase):
             t0 = time.perf_counter()
             solver.decompose()
             spent, done = spent + time.perf_counter() - t0, done + costs[k]
+            if k in cache:
+                path, key = cache[k]
+                saved = {name: (t.cpu() if isinstance(t, torch.Tensor) else t)
+                         for name, t in solver.decomposition().items()}
+                checkpoint.atomic_torch_save({"key": key, **saved}, path)
 
     def _round(self, trainer, solvers, psi, t, n_total, q, c, lam_max):
         tc = trainer.cfg.tct

@@ -178,6 +178,26 @@ class LocalLeastSquares:
         self._lam, self._U = lam, V
         self._ZtY = self._ztT_mm(self.Y) / self.n
 
+    def decomposition(self) -> dict:
+        """What `decompose()` caches (U, lambda, Zt^T Y / n, and the basis), to be saved and given back to
+        `use_decomposition` of a solver of the same Z, Y, bias, compute dtype and basis."""
+        self.decompose()
+        return {"basis": self.basis, "U": self._U, "lam": self._lam, "ZtY": self._ZtY}
+
+    def use_decomposition(self, saved: dict) -> None:
+        """Take `saved` (from `decomposition()`) as this solver's decomposition instead of computing it.
+        The caller vouches that it is of the same Z, Y, bias and compute dtype; the basis, the shapes
+        and the dtype are checked here (ValueError)."""
+        d = self.n if self.basis == "samples" else self.p + int(self.bias)
+        expected = {"U": (d, d), "lam": (d,), "ZtY": self.psi_shape}
+        if saved.get("basis") != self.basis:
+            raise ValueError(f"basis {saved.get('basis')!r}, not {self.basis!r}")
+        for name, shape in expected.items():
+            t = saved.get(name)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != torch.float64:
+                raise ValueError(f"{name} is not a float64 tensor of shape {shape}")
+        self._U, self._lam, self._ZtY = (saved[name].to(self.device) for name in ("U", "lam", "ZtY"))
+
     @property
     def lambda_max(self) -> float:
         """Largest eigenvalue of G = Zt^T Zt / n; the M-step GD is stable iff eta < 2 / lambda_max."""
