@@ -23,7 +23,7 @@ import yaml
 
 from distfl import schema
 from distfl.errors import ConfigError
-from distfl.schema import APPLIES_ONLY_TO, CHOICES, NUM_CLASSES, PLUGIN_KEYS, Config
+from distfl.schema import APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, Config
 
 __all__ = [
     "ConfigWarning",
@@ -95,6 +95,7 @@ RANGES = {
     "partition.subsample": "(0, 1]",
     "model.gn_groups": ">= 1",
     "model.mlp_hidden": ">= 1",
+    "model.feature_dim": ">= 0",
     "model.head_seed": ">= 0",
     "calibration.ridge": ">= 0",
     "tct.p": ">= 1",
@@ -614,6 +615,8 @@ def validate(cfg: Config) -> None:
             f"train.clients_per_round ({v['train.clients_per_round']}) > partition.num_clients "
             f"({v['partition.num_clients']}): a round cannot sample more clients than exist")
 
+    check_feature_dim(v["model.name"], v["model.feature_dim"])
+
     if v["eval.client_split"] == "holdout" and not v["eval.clients"]:
         raise ConfigError("eval.client_split=holdout holds out part of every client's training data for per-client "
                           "evaluation, which is off: set eval.clients=true (or eval.client_split=test)")
@@ -635,6 +638,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"partition.classes_per_client ({v['partition.classes_per_client']}) > number of classes "
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
+
+
+def check_feature_dim(model_name: str, feature_dim: int) -> None:
+    """ConfigError unless model.feature_dim is 0 (the model's own width) or the model can change its width."""
+    if feature_dim and model_name not in FEATURE_DIM_MODELS:
+        raise ConfigError(f"model.feature_dim={feature_dim} is only supported by model.name in "
+                          f"[{', '.join(FEATURE_DIM_MODELS)}]; model.name={model_name} has a fixed feature "
+                          "width: set model.feature_dim=0")
 
 
 def _float32(x: float) -> float:

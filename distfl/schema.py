@@ -43,6 +43,7 @@ class ModelConfig:
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
+    feature_dim: int = 0  # simplecnn: width d of the feature layer (the head's input: C x d for head=sphere); 0 = the model's own (84). When set, the last hidden FC has d units and the FC before it max(120, d). Other models refuse a non-zero value
     head: str = "linear"  # linear (learnable, with bias) | sphere (SphereFed: fixed C x d head with orthonormal rows by QR, normalised features, MSE) | fixed_random (fixed He-initialised head, FedBABU-like)
     head_seed: int = 0  # sphere, fixed_random: seed of the fixed head matrix (its own generator, independent of `seed`); identical on every rank
     loss: str = "auto"  # auto (mse for head=sphere, else ce) | ce (cross-entropy) | mse (squared error to one-hot targets)
@@ -228,6 +229,9 @@ CHOICES = {
     "runtime.placement": ["auto", "balanced", "sticky"],
     "eval.client_split": ["test", "holdout"],
 }
+
+# The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.
+FEATURE_DIM_MODELS = ["simplecnn"]
 
 # Keys that only mean something for some choices of another key: setting one explicitly (to a
 # non-default value) for a choice that ignores it gives a warning (sweeps vary the controlling key).

@@ -1,12 +1,16 @@
 """Tests for distfl.models: shapes, the features/head split, parameter counts, seeding, GN, errors."""
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 from torch import nn
 
+from distfl.config import load_config
 from distfl.errors import ConfigError
 from distfl.models import build_model
+from distfl.models.heads import FixedHead
 from distfl.schema import ModelConfig
 
 NAMES = ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "pfl_cnn"]
@@ -205,3 +209,62 @@ def test_global_avg_pool_equals_adaptive_avg_pool():
     x = torch.randn(4, 8, 5, 7, dtype=torch.float64)
     expected = nn.Flatten()(nn.AdaptiveAvgPool2d(1)(x))
     assert torch.allclose(GlobalAvgPool()(x), expected, rtol=0, atol=1e-15)
+
+
+# --- model.feature_dim (simplecnn) ------------------------------------------------------------------
+
+def state_hash(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for key, tensor in model.state_dict().items():
+        digest.update(key.encode())
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# sha256 of the initial state_dict of simplecnn (1x28x28, 10 classes, torch.manual_seed(0)), taken from
+# the code before model.feature_dim existed (main at 437d20e, torch 2.15): the default must not move.
+MAIN_HASHES = {"linear": "5872a3d6b69133c310419ee520cf131898c98a55ef76b9fedb63b9b368917790",
+               "sphere": "d13e8eb340b3f727c24ad13a3f166b5aa69660a72d1907492eabcb3e78458d61"}
+
+
+@pytest.mark.parametrize("head", ["linear", "sphere"])
+def test_simplecnn_default_width_is_unchanged(head):
+    default = build("simplecnn", (1, 28, 28), 10, head=head)
+    assert default.feature_dim == 84
+    assert n_params(default) == (44_426 if head == "linear" else 44_426 - 850)  # the sphere head is a buffer
+    assert state_hash(default) == MAIN_HASHES[head]
+    assert state_hash(build("simplecnn", (1, 28, 28), 10, head=head, feature_dim=84)) == MAIN_HASHES[head]
+
+
+def test_simplecnn_feature_dim_sets_the_feature_layer_and_head():
+    cfg = load_config(None, ["model.feature_dim=256", "model.head=sphere"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (1, 28, 28), 10).eval()
+    assert model.feature_dim == 256
+    assert (model.features.fc1.in_features, model.features.fc1.out_features) == (256, 256)
+    assert (model.features.fc2.in_features, model.features.fc2.out_features) == (256, 256)
+    assert isinstance(model.head, FixedHead) and model.head.weight.shape == (10, 256)
+    w = model.head.weight.double()
+    assert torch.allclose(w @ w.T, torch.eye(10, dtype=torch.float64), atol=1e-6)
+    x = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert model.features(x).shape == (5, 256)
+        z = model.represent(x)
+        assert torch.allclose(z.norm(dim=1), torch.ones(5), atol=1e-6)
+        assert torch.allclose(model(x), z @ model.head.weight.T, atol=1e-6)
+    # conv 156 + 2,416; fc1 256 * 256 + 256; fc2 the same; the sphere head holds no parameters
+    assert n_params(model) == 156 + 2_416 + 2 * 65_792
+
+    narrow = build("simplecnn", (1, 28, 28), 10, feature_dim=100)  # the FC before it keeps 120 units
+    assert (narrow.features.fc1.out_features, narrow.features.fc2.out_features) == (120, 100)
+    assert (narrow.head.out_features, narrow.head.in_features) == (10, 100)
+
+
+def test_feature_dim_refused_for_models_with_a_fixed_width():
+    with pytest.raises(ConfigError, match=r"model\.feature_dim=256 .*model\.name=lenet5"):
+        load_config(None, ["model.name=lenet5", "model.feature_dim=256"])
+    with pytest.raises(ConfigError, match=r"model\.feature_dim=256 .*model\.name=resnet20"):
+        build("resnet20", (3, 32, 32), 10, feature_dim=256)
+    with pytest.raises(ConfigError, match=r"model\.feature_dim"):
+        load_config(None, ["model.feature_dim=-1"])
+    assert load_config(None, ["model.name=lenet5", "model.feature_dim=0"]).model.feature_dim == 0

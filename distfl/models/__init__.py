@@ -9,6 +9,7 @@ No model contains dropout or in-place activations.
 | name        | source                                            | params, 10 classes (default input) | params, 100 classes  |
 |-------------|---------------------------------------------------|------------------------------------|----------------------|
 | simplecnn   | NIID-Bench SimpleCNNMNIST (TCT, FMNIST)           | 44,426 (1x28x28)                   |                      |
+| (d = 256)   | simplecnn with model.feature_dim=256 (SphereFed)  | 136,726 (1x28x28)                  |                      |
 | tct_cnn     | TCT paper's FMNIST net: 2 conv+pool, 2 FC         | 454,922 (1x28x28)                  |                      |
 | lenet5      | classic LeNet-5, ReLU + max-pool (GMA)            | 61,706 (1x28x28)                   |                      |
 | cifar_cnn   | FedADC 4 conv + 4 FC, widths our choice           | 1,156,202 (3x32x32)                |                      |
@@ -29,6 +30,7 @@ from typing import Callable
 
 from torch import nn
 
+from distfl.config import check_feature_dim
 from distfl.errors import ConfigError
 from distfl.models.base import Classifier
 from distfl.models.cifar_cnn import build_cifar_cnn
@@ -48,7 +50,7 @@ __all__ = ["Classifier", "MODELS", "build_model"]
 
 # name -> builder(cfg, input_shape, num_classes)
 MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]] = {
-    "simplecnn": lambda cfg, shape, k: build_simplecnn(shape, k),
+    "simplecnn": lambda cfg, shape, k: build_simplecnn(shape, k, cfg.feature_dim),
     "tct_cnn": lambda cfg, shape, k: build_tct_cnn(shape, k),
     "lenet5": lambda cfg, shape, k: build_lenet5(shape, k),
     "cifar_cnn": lambda cfg, shape, k: build_cifar_cnn(shape, k),
@@ -66,8 +68,9 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
     """Build the model `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs.
 
     Raises ConfigError for an unknown name, a bad shape or class count, or an input too small for
-    the model's conv stack.
+    the model's conv stack, or a model.feature_dim the model does not support.
     """
+    check_feature_dim(cfg.name, cfg.feature_dim)
     if cfg.name not in MODELS:
         from distfl.plugins import load_plugin
 
