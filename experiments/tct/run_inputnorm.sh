@@ -20,8 +20,12 @@ for seed in "${seeds[@]}"; do
     cmd=("$PY" -m distfl train configs/paper/tct/fmnist.yaml "${SETTING[@]}" "data.normalize=$norm" "seed=$seed"
          "output.dir=$RUNS/$name")
     mkdir -p "$RUNS" "$KEEP/$name"
-    echo ">> ${cmd[*]}"
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 "${cmd[@]}" --overwrite > "$RUNS/$name.log" 2>&1 || { echo "$name failed (see $RUNS/$name.log)"; continue; }
+    if grep -qs '"status": "completed"' "$RUNS/$name/summary.json"; then
+      echo "$name: finished in $RUNS, copying it"  # e.g. a run that outlived this script
+    else
+      echo ">> ${cmd[*]}"
+      PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 "${cmd[@]}" --overwrite > "$RUNS/$name.log" 2>&1 || { echo "$name failed (see $RUNS/$name.log)"; continue; }
+    fi
     echo "PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 10 ${cmd[*]} --overwrite" > "$KEEP/$name/command.txt"
     cp "$RUNS/$name/summary.json" "$RUNS/$name/metrics.jsonl" "$KEEP/$name/"
     tail -1 "$RUNS/$name.log"
