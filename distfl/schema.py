@@ -16,6 +16,7 @@ class DataConfig:
     path: str = ""  # files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
     augment: str = "auto"  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
+    normalize: str = "auto"  # input scaling after pixels / 255: auto (CIFAR: (x - mean) / std with the fixed per-channel stats in distfl/data/datasets.py CIFAR_STATS; fmnist, synthetic, files: none) | none (the [0, 1] pixels; files and synthetic: as read or generated) | mean_std ((x - mean) / std per channel, both splits, with the mean and population std of the training split computed in float64; FMNIST: 0.2860 / 0.3530)
     synthetic_train: int = 2000  # synthetic: training samples
     synthetic_test: int = 500  # synthetic: test samples
     synthetic_classes: int = 10  # synthetic: number of classes
@@ -196,6 +197,7 @@ class Config:
 CHOICES = {
     "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files"],
     "data.augment": ["auto", "none", "crop_flip"],
+    "data.normalize": ["auto", "none", "mean_std"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
     "train.cohort": ["random", "sequential"],
     "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],

@@ -526,6 +526,8 @@ class Trainer:
             "num_params": self.worker.num_params,
             "algorithm": self.cfg.algorithm.name,
             "dataset": self.cfg.data.dataset,
+            # data.normalize: the per-channel [mean, std] applied to the inputs, or None
+            "input_normalization": self.data.normalization and [list(v) for v in self.data.normalization],
             "distfl_version": __version__,
             "torch_version": torch.__version__,
         }
