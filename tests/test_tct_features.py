@@ -25,12 +25,17 @@ def rel_max(a, b):
     return float((a - b).abs().max() / b.abs().max())
 
 
-@pytest.fixture(scope="module")
-def simplecnn():
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(name="simplecnn"), (1, 28, 28), 10)
+def _fmnist_model(name: str, seed: int):
+    """An FMNIST-shaped `name` model with TCT's re-initialised head (head seed 7)."""
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig(name=name), (1, 28, 28), 10)
     reinit_head(model, 7)
     return model
+
+
+@pytest.fixture(scope="module")
+def simplecnn():
+    return _fmnist_model("simplecnn", 0)
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +183,7 @@ def test_feature_method(simplecnn, resnet20):
 
 @pytest.fixture(scope="module")
 def tct_cnn():
-    torch.manual_seed(2)
-    model = build_model(ModelConfig(name="tct_cnn"), (1, 28, 28), 10)
-    reinit_head(model, 7)
-    return model
+    return _fmnist_model("tct_cnn", 2)
 
 
 @pytest.mark.parametrize("which", ["all", "extractor"])
