@@ -61,9 +61,14 @@ def cmd_train(args) -> int:
 def _print_result(summary: dict, cfg) -> None:
     if _is_main_process():
         acc = summary["final_test_acc"]
-        print(f"final test accuracy {100 * acc:.2f}% (best {100 * summary['best_test_acc']:.2f}% at round "
-              f"{summary['best_round']}), {summary['rounds']} rounds in {summary['wall_s']:.1f}s; "
-              f"summary: {Path(cfg.output.dir) / 'summary.json'}")
+        best = f"{100 * summary['best_test_acc']:.2f}% at round {summary['best_round']}"
+        phases = list(summary.get("phases") or {})
+        # After a phase (TCT's stage 2, FFC) the final model is the phase's; `best_test_acc` stays the
+        # best over the training rounds before it, so say so rather than call it the run's best.
+        where = (f"after {' + '.join(phases)}; best of the {summary['rounds']} training rounds {best}"
+                 if phases else f"best {best}")
+        print(f"final test accuracy {100 * acc:.2f}% ({where}), {summary['rounds']} rounds in "
+              f"{summary['wall_s']:.1f}s; summary: {Path(cfg.output.dir) / 'summary.json'}")
         clients = summary.get("final_client_acc")
         if clients:
             print(f"per-client accuracy (eval.clients): mean {100 * clients['mean']:.2f}%, std "

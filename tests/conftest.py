@@ -38,12 +38,13 @@ def write_config(path: Path, base: dict = SMALL, **sections) -> Path:
     return path
 
 
-def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bool = False, paths=()):
-    """`distfl ARGS`. nproc == 1: in this process (fast; no torch import); nproc > 1 or subprocess_:
+def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bool = False, paths=(), env=None):
+    """`distfl ARGS`. nproc == 1: in this process (fast; no torch import); nproc > 1, subprocess_ or env:
     a fresh process, under torchrun (gloo on CPU) for nproc > 1. Returns a CompletedProcess.
     `paths`: more PYTHONPATH entries for the subprocesses (an out-of-tree plugin package); an in-process
-    run sees what is on sys.path."""
-    if nproc == 1 and not subprocess_:
+    run sees what is on sys.path. `env`: the subprocesses' whole environment instead (e.g.
+    `env_with_sitecustomize`)."""
+    if nproc == 1 and not subprocess_ and env is None:
         from distfl.cli import main
 
         out, err = io.StringIO(), io.StringIO()
@@ -55,7 +56,8 @@ def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bo
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "distfl", *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, paths)]), "OMP_NUM_THREADS": "1"}
+    if env is None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, paths)]), "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 

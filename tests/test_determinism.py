@@ -2,13 +2,10 @@
 runtime says which guarantee it loses, and an op with no deterministic kernel stops the run by name."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from conftest import REPO, env_with_sitecustomize, run_cli, train_ok, write_config
+from conftest import env_with_sitecustomize, run_cli, train_ok, write_config
 from distfl import dist
 from distfl.errors import ConfigError
 
@@ -31,9 +28,7 @@ def test_ranks_with_different_initial_models_stop_at_start(tmp_path):
     cfg = write_config(tmp_path / "small.yaml")
     run = tmp_path / "run"
     env = env_with_sitecustomize(tmp_path, PERTURB_RANK_1)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "distfl", "train", str(cfg), f"output.dir={run}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli(["train", cfg, f"output.dir={run}"], nproc=2, env=env, timeout=300)
     assert proc.returncode != 0
     assert "ranks disagree on the initial model" in proc.stderr and "same torch build" in proc.stderr
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()  # no round ran

@@ -1,6 +1,7 @@
 """TCT as a run: stage 1, eNTK features, normalisation, stage 2, across ranks and through a crash."""
 from __future__ import annotations
 
+import collections
 import re
 from pathlib import Path
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import metrics, run_cli, summary, train_ok, write_config
+from conftest import env_with_sitecustomize, metrics, run_cli, summary, train_ok, write_config
+from distfl.algorithms import tct as tct_module
 from distfl.algorithms.tct import MODEL_FILE, TCTPhase
 from distfl.checkpoint import complete_checkpoints, load
 
@@ -52,6 +54,14 @@ def test_phase_threads_keep_one_rank_equal_two_ranks_and_the_log_says_what_stage
                            r"2 thread\(s\)\), ~[\d.]+ s each, ~\d+ s left", log)
     assert announced and all(i <= k for i, k, _ in announced)
     assert re.search(r"TCT: features of client \d+ \(\d+ samples\) done, \d+s, ~\d+s left \(2 thread\(s\)\)", log)
+    # the final line gives stage 2's accuracy and does not call stage 1's best the run's best
+    two = summary(tmp_path / "two")
+    final = re.search(r"final test accuracy ([\d.]+)% \(after tct; best of the (\d+) training rounds ([\d.]+)% at "
+                      r"round (\d+)\)", proc.stdout)
+    assert final, proc.stdout
+    assert float(final[1]) == round(100 * two["phases"]["tct"]["test_acc"], 2) != float(final[3])
+    assert (int(final[2]), float(final[3]), int(final[4])) == \
+        (two["rounds"], round(100 * two["best_test_acc"], 2), two["best_round"])
 
 
 def test_scaffold_controls_sum_to_zero_every_round(tmp_path):
@@ -110,6 +120,47 @@ def test_disk_features_float16_and_ablations_run(tmp_path):
     for solver, extra in [("fedavg", {}), ("gd", {"lr": 0.01})]:
         out = train_ok(tct_config(tmp_path, solver=solver, **extra), f"output.dir={tmp_path / solver}")
         assert out["phases"]["tct"]["solver"] == solver and out["final_test_acc"] > 0.3
+
+
+# Loaded at start-up by rank 1 only: its file system reports 1 MB free.
+SMALL_DISK_ON_RANK_1 = """
+import os
+if os.environ.get("RANK") == "1":
+    import collections, shutil
+    shutil.disk_usage = lambda path: collections.namedtuple("usage", "total used free")(2**40, 2**40 - 2**20, 2**20)
+"""
+
+
+def test_disk_store_too_big_for_the_disk_is_refused_on_every_rank_before_extraction(tmp_path, monkeypatch):
+    """Before extracting, the disk store's bytes (features + decompositions) are compared with the free space:
+    when one rank's file system is short, every rank stops with the advice and no feature file is written;
+    a resume counts the files already there as space."""
+    Usage = collections.namedtuple("Usage", "total used free")
+    config = tct_config(tmp_path, feature_store="disk")
+    run = tmp_path / "short"
+    env = env_with_sitecustomize(tmp_path, SMALL_DISK_ON_RANK_1)
+    proc = run_cli(["train", config, f"output.dir={run}"], nproc=2, env=env)
+    assert proc.returncode != 0
+    # the main rank prints it: its own disk is large, it stops on rank 1's
+    refusals = re.findall(r"TCT's disk store needs [\d.]+ GB under .* more than a rank's file system has free "
+                          r"\(([\d.]+) GB free on this rank's\)", proc.stderr)
+    assert len(refusals) == 1 and float(refusals[0]) > 0.01, proc.stderr
+    assert not list((run / "tct").rglob("client_*.float32"))
+
+    # 1 rank: a disk just below what the store writes is refused, just above it trains
+    train_ok(config, f"output.dir={tmp_path / 'ok'}")
+    store = tmp_path / "ok" / "tct"
+    written = sum(f.stat().st_size for f in store.rglob("*") if f.suffix in (".float32", ".pt") and
+                  f.name != tct_module.STATS_FILE)
+    for free, refused in ((int(0.97 * written), True), (int(1.03 * written), False)):
+        monkeypatch.setattr(tct_module.shutil, "disk_usage", lambda path, free=free: Usage(2**40, 2**40 - free, free))
+        proc = run_cli(["train", config, f"output.dir={tmp_path / f'free{free}'}"])
+        assert (proc.returncode == 2) == refused, proc.stderr
+        assert ("TCT's disk store needs" in proc.stderr and "smaller tct.p" in proc.stderr) == refused
+    # a resume counts the run's own files as space
+    monkeypatch.setattr(tct_module.shutil, "disk_usage", lambda path: Usage(2**40, 2**40 - 2**10, 2**10))
+    assert tct_module.disk_shortfall(tmp_path / "ok", written)[0] == 0
+    assert tct_module.disk_shortfall(tmp_path / "new" / "run", written) == (written - 2**10, 2**10)
 
 
 def test_p_larger_than_the_model_keeps_every_coordinate(tmp_path):

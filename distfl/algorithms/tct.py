@@ -38,6 +38,7 @@ import contextlib
 import hashlib
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -77,7 +78,23 @@ def memory_plan(sizes: list[int], test_samples: int, p: int, num_classes: int, c
     decomposition = sum(8 * min(n, q) ** 2 for n in sizes) if cfg.local_solver == "closed_form" else 0
     state = len(sizes) * 2 * 8 * q * num_classes
     in_memory = (features if cfg.feature_store == "memory" else 0) + decomposition + state
-    return {"features": features, "decompositions": decomposition, "client_state": state, "total": in_memory}
+    # the disk store writes the features and, per client, its decomposition with Zt^T Y / n (q x C float64)
+    on_disk = features + decomposition + (len(sizes) * 8 * q * num_classes if decomposition else 0) \
+        if cfg.feature_store == "disk" else 0
+    return {"features": features, "decompositions": decomposition, "client_state": state, "total": in_memory,
+            "disk": on_disk}
+
+
+def disk_shortfall(run_dir: Path, need: int) -> tuple[int, int]:
+    """(bytes missing, bytes free) for writing `need` bytes under RUN_DIR/tct, counting the files already
+    there as space (a resume reuses them or rewrites them in place)."""
+    tct_dir = Path(run_dir) / "tct"
+    present = sum(f.stat().st_size for f in tct_dir.rglob("*") if f.is_file()) if tct_dir.exists() else 0
+    existing = tct_dir
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    return max(0, need - present - free), free
 
 
 @contextlib.contextmanager
@@ -212,6 +229,18 @@ class TCTPhase(Phase):
                 f"{gb(limit):.2f} GB (tct.memory_limit_gb, default 80% of available memory). Use "
                 "tct.feature_dtype=float16 (half the features), tct.feature_store=disk (features memory-mapped), "
                 f"or a smaller tct.p (now {self.p})")
+        if cfg.feature_store == "disk":
+            # every rank decides on the same sum, so a refusal stops all of them before any extraction
+            missing, free = disk_shortfall(trainer.run_dir, plan["disk"])
+            short = dist.all_reduce_sum(torch.tensor([int(missing > 0)], dtype=torch.int64, device=ctx.device),
+                                        ctx, name="tct_disk_check")
+            if int(short.item()):
+                raise ConfigError(
+                    f"TCT's disk store needs {gb(plan['disk']):.2f} GB under {Path(trainer.run_dir) / 'tct'} "
+                    f"(features {gb(plan['features']):.2f} GB, decompositions "
+                    f"{gb(plan['disk'] - plan['features']):.2f} GB, less what is there already), more than a "
+                    f"rank's file system has free ({gb(free):.2f} GB free on this rank's). Free space, point "
+                    f"output.dir at a larger disk, or use tct.feature_dtype=float16 or a smaller tct.p (now {self.p})")
         self.plan = plan
 
         self.logger = logger

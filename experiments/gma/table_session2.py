@@ -1,5 +1,6 @@
 """Summarise experiments/gma/results_session2/ (client momentum 0.9, 100 clients, 10 a round, #C=2, 30 rounds)
-or, with --session3, experiments/gma/results_session3/ (the same for 300 rounds, run_session3.sh):
+or, with --session3, experiments/gma/results_session3/ (the same for 300 rounds, and 10 clients all every
+round for 150 rounds; run_session3.sh):
 
     python experiments/gma/table_session2.py [--session3]
 
@@ -14,9 +15,12 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results_session2"
-SWEEPS = [("gma_m09_slr1.0", "0.05", "1"), ("gma_m09_lr0.02_slr1.0", "0.02", "1"), ("gma_m09_lr0.02_slr2.0", "0.02", "2")]
+# (sweep directory, clients / per round, local lr, server lr)
+SWEEPS = [("gma_m09_slr1.0", "100 / 10", "0.05", "1"), ("gma_m09_lr0.02_slr1.0", "100 / 10", "0.02", "1"),
+          ("gma_m09_lr0.02_slr2.0", "100 / 10", "0.02", "2")]
 RESULTS3 = RESULTS.parent / "results_session3"
-SWEEPS3 = [("gma300_m09_lr0.02_slr1.0", "0.02", "1"), ("gma300_m09_lr0.02_slr1.5", "0.02", "1.5")]
+SWEEPS3 = [("gma300_m09_lr0.02_slr1.0", "100 / 10", "0.02", "1"), ("gma300_m09_lr0.02_slr1.5", "100 / 10", "0.02", "1.5"),
+           ("gma10c_m09_lr0.01_slr1.0", "10 / 10", "0.01", "1")]
 
 
 def seed_metrics(run: Path) -> tuple[float, float]:
@@ -34,9 +38,9 @@ def mean_std(values: list[float]) -> str:
 
 
 def main(results: Path = RESULTS, sweeps=SWEEPS) -> None:
-    print("| local lr | server lr | mask | best | mean of last 10 rounds | per seed (best / last-10) |")
-    print("|---|---|---|---|---|---|")
-    for sweep, lr, slr in sweeps:
+    print("| clients / per round | local lr | server lr | mask | best | mean of last 10 rounds | per seed (best / last-10) |")
+    print("|---|---|---|---|---|---|---|")
+    for sweep, clients, lr, slr in sweeps:
         for mask in ("none", "gma"):
             runs = sorted((results / sweep).glob(f"aggregation.mask={mask}_seed=*"))
             if not runs:
@@ -44,7 +48,7 @@ def main(results: Path = RESULTS, sweeps=SWEEPS) -> None:
             got = [seed_metrics(run) for run in runs]
             per_seed = ", ".join(f"{b:.2f} / {m:.2f}" for b, m in got)
             label = "AVG" if mask == "none" else "GMA"
-            print(f"| {lr} | {slr} | {label} | {mean_std([b for b, _ in got])} | {mean_std([m for _, m in got])} | {per_seed} |")
+            print(f"| {clients} | {lr} | {slr} | {label} | {mean_std([b for b, _ in got])} | {mean_std([m for _, m in got])} | {per_seed} |")
 
 
 if __name__ == "__main__":
