@@ -4,7 +4,7 @@
 # writes runs/fedadc/s${SEED}_b${BETA}/<method>/ and appends one line per run to experiments/fedadc/runs.log
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PY:-/work/venv/bin/python}
+PY=${PY:-python}  # the Python with distfl installed (e.g. PY=.venv/bin/python)
 SEED=${1:?seed}; BETA=${2:?beta}; shift 2
 METHODS=${*:-fedavg slowmo fedadc_nesterov fedadc_heavy_ball fedadc_plus}
 for m in $METHODS; do

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tag=$1; config=$2; shift 2
-py=${PYTHON:-/work/venv/bin/python}
+py=${PYTHON:-python}  # the Python with distfl installed (e.g. PYTHON=.venv/bin/python)
 out=runs/fedfor/$tag
 res=experiments/fedfor/results/$tag
 cmd=(nice -n 10 "$py" -m distfl train "configs/paper/fedfor/$config.yaml" "output.dir=$out" "$@")
