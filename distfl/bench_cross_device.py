@@ -73,7 +73,7 @@ def bench_cross_device(rounds: int, repeats: int, log) -> dict:
         device = str(runs[1].trainer.device)
         train = runs[1].cfg.train
         per_client = int(runs[1].trainer.population.sizes.max())  # iid: every client holds the same
-        steps = rounds * train.clients_per_round * local_steps(per_client, train.batch_size, train.local_epochs)
+        steps = rounds * train.clients_per_round * local_steps(per_client, train.batch_size, train.local_epochs, train.local_steps)
     median = {p: statistics.median(v) for p, v in per_round.items()}
     return {
         "workload": WORKLOAD, "rounds": rounds, "repeats": repeats, "device": device,

@@ -128,6 +128,7 @@ RANGES = {
     "train.rounds": ">= 1",
     "train.clients_per_round": ">= 1",
     "train.local_epochs": ">= 1",
+    "train.local_steps": ">= 0",
     "train.batch_size": ">= 1",
     "train.lr": "> 0",
     "train.weight_decay": ">= 0",
@@ -614,6 +615,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.clients_per_round ({v['train.clients_per_round']}) > partition.num_clients "
             f"({v['partition.num_clients']}): a round cannot sample more clients than exist")
+
+    if v["train.local_steps"] and v["train.local_epochs"] != 1:
+        raise ConfigError(f"train.local_steps={v['train.local_steps']} fixes the local steps of a round, so "
+                          f"train.local_epochs={v['train.local_epochs']} would be ignored: set one of them "
+                          "(train.local_epochs=1 with local_steps, or train.local_steps=0)")
 
     check_feature_dim(v["model.name"], v["model.feature_dim"])
 

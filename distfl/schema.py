@@ -129,6 +129,7 @@ class TrainConfig:
     clients_per_round: int = 10  # cohort size, sampled without replacement each round
     cohort: str = "random"  # random (seeded sample each round) | sequential (round t takes the next clients_per_round ids: fresh clients every round)
     local_epochs: int = 1  # passes over the client's data per round
+    local_steps: int = 0  # 0: local_epochs passes per round; > 0: exactly this many local SGD steps per round (FedADC's H), in fresh random orders of the client's data, a new one each time a pass runs out (needs local_epochs 1)
     batch_size: int = 32  # local mini-batch size (the last partial batch of an epoch is kept)
     lr: float = 0.05  # local SGD learning rate
     lr_schedule: str = "constant"  # local lr by round: constant | cosine (from lr to lr_min over the rounds after warm-up) | step (times lr_gamma every lr_step_every rounds)

@@ -73,7 +73,7 @@ def test_a_segment_with_a_bound_gets_the_unit_of_its_bound_not_the_update_bound(
     is summed exactly in a unit fitted to its own bound; past the bound it is refused, naming it."""
     from distfl.federation.aggregate import LOSS_BOUND, round_segments
 
-    segments = round_segments([Segment("delta", 2)], max_client_samples=3000, local_epochs=8)
+    segments = round_segments([Segment("delta", 2)], max_samples_trained=3000 * 8)
     bound = LOSS_BOUND * 3000 * 8
     stats = StatBuffer(segments, torch.device("cpu"), max_terms=100)
     assert stats.limits["loss_sum"] == bound and stats.limits["delta"] == 2.0**22 / 100

@@ -89,6 +89,14 @@ def test_fednova_with_equal_local_steps_is_fedavg(tmp_path):
     assert torch.allclose(runs["fedavg"][0].global_params, runs["fednova"][0].global_params, atol=1e-6)
 
 
+def test_fednova_with_fixed_local_steps_is_fedavg_whatever_the_client_sizes(tmp_path, small_config):
+    """train.local_steps gives every client of the Dirichlet split (sizes 40-400) the same step count,
+    so FedNova's normalisation is the identity again (the test below shows it is not under epochs)."""
+    runs = _round_updates(small_config, tmp_path, fedavg=["train.local_steps=12"],
+                          fednova=["algorithm.name=fednova", "train.local_steps=12"])
+    assert torch.allclose(runs["fedavg"][0].global_params, runs["fednova"][0].global_params, atol=1e-6)
+
+
 def test_fednova_normalises_unequal_local_work(tmp_path, small_config):
     """Under Dirichlet sizes clients take different step counts, and FedNova differs from FedAvg."""
     runs = _round_updates(small_config, tmp_path, fedavg=[], fednova=["algorithm.name=fednova"])

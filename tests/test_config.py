@@ -215,6 +215,13 @@ def test_clients_per_round_exceeds_num_clients():
     load_config(None, ["partition.num_clients=10", "train.clients_per_round=10"])
 
 
+def test_local_steps_with_several_local_epochs_is_refused():
+    msg = error(load_config, None, ["train.local_steps=8", "train.local_epochs=2"])
+    assert "train.local_steps=8" in msg and "train.local_epochs=2 would be ignored" in msg
+    assert load_config(None, ["train.local_steps=8"]).train.local_steps == 8
+    assert "train.local_steps must be >= 0" in error(load_config, None, ["train.local_steps=-1"])
+
+
 def test_classes_per_client_exceeds_classes():
     msg = error(load_config, None, ["partition.scheme=n_classes", "partition.classes_per_client=11"])
     assert "partition.classes_per_client (11)" in msg and "(10, from data.dataset=fmnist)" in msg

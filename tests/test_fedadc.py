@@ -87,10 +87,12 @@ def test_round_one_is_fedavg_bit_for_bit(tmp_path, small_config, extra):
 
 
 # ---- 4: the local steps with a non-zero gradient, against the paper's updates written out ----------------
-def _local_models_on_a_quadratic(tmp_path, small_config, monkeypatch, variant, curvature, target, m):
+def _local_models_on_a_quadratic(tmp_path, small_config, monkeypatch, variant, curvature, target, m, fixed_steps):
     """One real round (the runtime's local loop) with the loss 0.5 sum_j c_j (w_j - a_j)^2, whose
-    gradient c (w - a) is known; returns [(client, H_i, client model)] and the round's start theta."""
-    trainer = _trainer(small_config, tmp_path, variant, [*FEDADC, f"algorithm.variant={variant}"])
+    gradient c (w - a) is known; returns [(client, H_i, client model)] and the round's start theta.
+    fixed_steps: train.local_steps (0: one epoch)."""
+    trainer = _trainer(small_config, tmp_path, variant, [*FEDADC, f"algorithm.variant={variant}",
+                                                         f"train.local_steps={fixed_steps}"])
     alg = trainer.algorithm
 
     def quadratic(model, x, y, run):
@@ -102,7 +104,8 @@ def _local_models_on_a_quadratic(tmp_path, small_config, monkeypatch, variant, c
     inner = alg.client_statistics
 
     def recording(run, worker, stats):
-        assert run.steps == -(-run.num_samples // 16)  # H_i: one epoch of batch 16 (SMALL)
+        # H_i: the fixed local steps, or one epoch of batch 16 (SMALL)
+        assert run.steps == (fixed_steps or -(-run.num_samples // 16))
         seen.append((run.client_id, run.steps, worker.params.detach().clone()))
         inner(run, worker, stats)
 
@@ -114,7 +117,9 @@ def _local_models_on_a_quadratic(tmp_path, small_config, monkeypatch, variant, c
     return seen, theta
 
 
-def test_nesterov_and_heavy_ball_local_steps_with_a_nonzero_gradient(tmp_path, small_config, monkeypatch):
+@pytest.mark.parametrize("fixed_steps", [0, 8, 23], ids=["one_epoch", "H=8", "H=23_past_one_pass"])
+def test_nesterov_and_heavy_ball_local_steps_with_a_nonzero_gradient(tmp_path, small_config, monkeypatch,
+                                                                      fixed_steps):
     """Algorithm 3 with m_bar = beta_local m / H_i, float64 by hand:
     nesterov (consecutive):    w <- w - eta m_bar;  w <- w - eta grad f(w)
     heavy ball (simultaneous): w <- w - eta (grad f(w) + m_bar)
@@ -126,7 +131,8 @@ def test_nesterov_and_heavy_ball_local_steps_with_a_nonzero_gradient(tmp_path, s
     c, a = curvature.double(), target.double()
     models = {}
     for variant in ("nesterov", "heavy_ball"):
-        seen, theta = _local_models_on_a_quadratic(tmp_path, small_config, monkeypatch, variant, curvature, target, m)
+        seen, theta = _local_models_on_a_quadratic(tmp_path, small_config, monkeypatch, variant, curvature, target, m,
+                                                   fixed_steps)
         for _, steps, params in seen:
             w, m_bar = theta.double(), beta * m.double() / steps
             for _ in range(steps):

@@ -15,6 +15,7 @@ ALGORITHMS = [
     ("scaffold", []),
     ("feddyn", ["algorithm.alpha=0.1"]),
     ("fednova", ["train.momentum=0.5", "train.weight_decay=0.001"]),
+    ("fedadc", ["train.local_steps=23"]),  # fixed local steps, past one pass over most clients' data
 ]
 
 

@@ -51,11 +51,11 @@ STANDARD_SEGMENTS = (
 )
 
 
-def round_segments(algorithm_segments, max_client_samples: int, local_epochs: int) -> list[Segment]:
-    """A round's segments. loss_sum is bounded by LOSS_BOUND per sample times the samples the largest
-    client of the cohort processes (its size times the local epochs), so its unit follows its content,
-    not the model update's."""
-    loss_bound = LOSS_BOUND * max(1, max_client_samples) * max(1, local_epochs)
+def round_segments(algorithm_segments, max_samples_trained: int) -> list[Segment]:
+    """A round's segments. loss_sum is bounded by LOSS_BOUND per sample times the most samples a client
+    of the cohort trains on in the round (its size times the local epochs, or what its fixed local
+    steps cover), so its unit follows its content, not the model update's."""
+    loss_bound = LOSS_BOUND * max(1, max_samples_trained)
     standard = [replace(s, bound=loss_bound) if s.name == "loss_sum" else s for s in STANDARD_SEGMENTS]
     return standard + list(algorithm_segments)
 

@@ -89,15 +89,29 @@ class ClientRun:
     loss_sum: torch.Tensor | None = None  # sum of per-batch mean loss * batch size, after training
 
 
-def local_steps(num_samples: int, batch_size: int, epochs: int) -> int:
-    return epochs * -(-num_samples // batch_size)
+def local_steps(num_samples: int, batch_size: int, epochs: int, steps: int = 0) -> int:
+    """Local SGD steps of a client in a round: `steps` when it is set (train.local_steps), else
+    `epochs` passes over its data (the last partial batch of a pass counts as a step)."""
+    return steps if steps else epochs * -(-num_samples // batch_size)
+
+
+def samples_trained(num_samples: int, batch_size: int, epochs: int, steps: int = 0) -> int:
+    """Samples a client's local steps cover in a round (a sample counts once per batch it is in)."""
+    if not steps:
+        return num_samples * epochs
+    per_pass = -(-num_samples // batch_size)
+    full, rest = divmod(steps, per_pass)
+    return full * num_samples + min(rest * batch_size, num_samples)
 
 
 def local_batches(data, indices: torch.Tensor, train_cfg) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """A client's (x, y) mini-batches for `train_cfg.local_epochs` epochs, each epoch in a fresh random
-    order, drawn from the torch global RNG as they are consumed (the caller seeds it per client)."""
+    """A client's (x, y) mini-batches for one round: passes over its data, each in a fresh random
+    order, drawn from the torch global RNG as they are consumed (the caller seeds it per client).
+    `train_cfg.local_epochs` whole passes, or with `train_cfg.local_steps` > 0 exactly that many
+    batches, going on into a new order when a pass runs out."""
     n, batch = len(indices), train_cfg.batch_size
-    for _ in range(train_cfg.local_epochs):
+    left = local_steps(n, batch, train_cfg.local_epochs, train_cfg.local_steps) if n else 0
+    while left:
         order = indices[torch.randperm(n, device=indices.device)]
         for start in range(0, n, batch):
             idx = order[start : start + batch]
@@ -105,10 +119,13 @@ def local_batches(data, indices: torch.Tensor, train_cfg) -> Iterator[tuple[torc
             if data.augment is not None:
                 x = data.augment(x)
             yield x, y
+            left -= 1
+            if not left:
+                return
 
 
 def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm) -> None:
-    """Run `train_cfg.local_epochs` of SGD on one client, starting from `run.global_params`.
+    """Run a round of local SGD on one client (`local_batches`), starting from `run.global_params`.
 
     All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
     (seed, round, client), so a client trains identically on whichever rank hosts it.

@@ -34,7 +34,7 @@ from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
 from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
-from .local import ClientRun, FlatModel, local_steps, train_client
+from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
 from .phases import build_phases
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
@@ -268,8 +268,8 @@ class Trainer:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
         else:
             packs = place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
-        largest = max((int(self.population.sizes[k]) for k in cohort), default=1)
-        stats = StatBuffer(round_segments(self.algorithm.all_segments(), largest, cfg.train.local_epochs),
+        largest = max((self._samples_trained(k) for k in cohort), default=1)
+        stats = StatBuffer(round_segments(self.algorithm.all_segments(), largest),
                            self.device, len(cohort))
         refused: dict[str, int] = {}  # statistic -> clients of this rank whose value was out of its range
         for pack in packs:
@@ -304,12 +304,17 @@ class Trainer:
                 "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
                 "server_lr": server_lr, **self.algorithm.round_metrics}
 
+    def _samples_trained(self, client_id: int) -> int:
+        train = self.cfg.train
+        return samples_trained(int(self.population.sizes[client_id]), train.batch_size, train.local_epochs,
+                               train.local_steps)
+
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
         run = ClientRun(
             client_id=client_id, round_idx=round_idx, num_samples=n,
             weight=self.algorithm.client_weight(client_id, cohort),
-            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs),
+            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps),
             global_params=self.global_params)
         if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
@@ -327,7 +332,7 @@ class Trainer:
             refused[exc.segment] = refused.get(exc.segment, 0) + 1
             stats.add("nonfinite", 1)
             return
-        stats.add("samples", run.num_samples * self.cfg.train.local_epochs)
+        stats.add("samples", self._samples_trained(run.client_id))
         stats.add("clients", 1)
         # Only a stateful method's rounds keep client state (TCT keeps a store for its stage 2, but its
         # stage-1 rounds place clients on any rank: storing their empty state there would duplicate it).

@@ -4,8 +4,8 @@
 #   run_session3.sh 100   Table 2's FedAvg row: 100 clients, 10 a round, local lr 0.02 (the lr at which
 #                         momentum 0.9 trains here, results.md), 300 rounds, server lr 1 then 1.5
 #   run_session3.sh 10    Tables 2/6/10: 10 clients, all every round, local lr 0.01 (Table 10's column
-#                         0.01: AVG 86.49, GMA 87.0 at server lr 1), 150 rounds, server lr 1; the two seeds'
-#                         sweeps run side by side in $S/gma10c_m09_lr0.01_slr1.0_s0 and _s1
+#                         0.01: AVG 86.49, GMA 87.0 at server lr 1), 150 rounds, server lr 1 then 1.5; the
+#                         two seeds' sweeps run side by side in $S/gma10c_m09_lr0.01_slrSLR_s0 and _s1
 # Runs resume (distfl sweep): rerun after a stop. Copy finished points to experiments/gma/results_session3/
 # (flattened as aggregation.mask=M_seed=S) and run python experiments/gma/table_session2.py --session3.
 set -euo pipefail
@@ -20,10 +20,12 @@ case "${1:-100}" in
          sweep output.dir=$S/gma300_m09_lr0.02_slr$slr train.lr=0.02 server.lr=$slr train.rounds=300
        done ;;
   10)  # one sweep per seed, side by side (each run is one rank: two use both cores)
-       for seed in 0 1; do
-         sweep output.dir=$S/gma10c_m09_lr0.01_slr1.0_s$seed partition.num_clients=10 train.clients_per_round=10 \
-           train.lr=0.01 server.lr=1.0 train.rounds=150 checkpoint.every=10 --seeds $seed &
-       done
-       wait ;;
+       for slr in 1.0 1.5; do
+         for seed in 0 1; do
+           sweep output.dir=$S/gma10c_m09_lr0.01_slr${slr}_s$seed partition.num_clients=10 train.clients_per_round=10 \
+             train.lr=0.01 server.lr=$slr train.rounds=150 checkpoint.every=10 --seeds $seed &
+         done
+         wait
+       done ;;
   *) echo "usage: $0 100|10" >&2; exit 2 ;;
 esac
