@@ -7,7 +7,7 @@
 #   run_fig1.sh seeds LR_AVG LR_SLOWMO:B LR_ADC:B
 #                               each method at its seed-0 best on seeds 1 (and FedADC+ lambda = 0.35 at
 #                               FedADC's best on seeds 0 and 1)
-# ROUNDS (default 150) sets the round budget. Every sweep resumes: rerun the same line after a stop.
+# ROUNDS (default 150) sets the round budget, LRS the grid's lrs. Every sweep resumes: rerun the same line after a stop.
 # Table: python experiments/fedadc/table_fig1.py
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=1
 sweep() { local name=$1; shift
   "$py" -m distfl sweep configs/paper/fedadc/fmnist_fig1.yaml output.dir=$S/$name train.rounds=$R "$@"; }
 adc() { echo "algorithm.name=fedadc algorithm.variant=nesterov algorithm.beta_local=$1 algorithm.beta_global=$1"; }
-LRS=0.01,0.025,0.05,0.1
+LRS=${LRS:-0.01,0.025,0.05,0.1}  # the grid's local lrs (LRS=0.025,0.05,0.1 drops 0.01, see results.md)
 case "${1:-}" in
   grid)
     ( sweep fedavg --grid train.lr=$LRS --seeds 0
