@@ -6,6 +6,7 @@
 #   run_session3.sh 10    Tables 2/6/10: 10 clients, all every round, local lr 0.01 (Table 10's column
 #                         0.01: AVG 86.49, GMA 87.0 at server lr 1), 150 rounds, server lr 1 then 1.5; the
 #                         two seeds' sweeps run side by side in $S/gma10c_m09_lr0.01_slrSLR_s0 and _s1
+#   run_session3.sh 10fixed   server lr 1, 10 clients, on seed 0's split (partition.scheme=file) trained with seed 1
 # Runs resume (distfl sweep): rerun after a stop. Copy finished points to experiments/gma/results_session3/
 # (flattened as aggregation.mask=M_seed=S) and run python experiments/gma/table_session2.py --session3.
 set -euo pipefail
@@ -27,5 +28,16 @@ case "${1:-100}" in
          done
          wait
        done ;;
-  *) echo "usage: $0 100|10" >&2; exit 2 ;;
+  10fixed)  # the 10-client setting at server lr 1 on seed 0's split, trained with seed 1: the spread of a
+       # training seed alone (the paper's runs differ by +-0.05; our seeds also redraw the split)
+       "$py" -m distfl partition configs/paper/gma/fmnist_label_skew.yaml partition.num_clients=10 seed=0 \
+         --out $S/gma10c_split_seed0.npz > /dev/null
+       for mask in none gma; do  # one sweep per mask, side by side
+         nice -n "${NICE:-5}" "$py" -m distfl sweep configs/paper/gma/fmnist_label_skew.yaml train.momentum=0.9 \
+           eval.every=2 checkpoint.every=10 output.tensorboard=false output.dir=$S/gma10c_split0_m09_lr0.01_slr1.0_$mask \
+           partition.scheme=file partition.path=$S/gma10c_split_seed0.npz partition.num_clients=10 \
+           train.clients_per_round=10 train.lr=0.01 server.lr=1.0 train.rounds=150 --seeds 1 --grid aggregation.mask=$mask &
+       done
+       wait ;;
+  *) echo "usage: $0 100|10|10fixed" >&2; exit 2 ;;
 esac
