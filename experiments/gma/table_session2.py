@@ -20,7 +20,8 @@ SWEEPS = [("gma_m09_slr1.0", "100 / 10", "0.05", "1"), ("gma_m09_lr0.02_slr1.0",
           ("gma_m09_lr0.02_slr2.0", "100 / 10", "0.02", "2")]
 RESULTS3 = RESULTS.parent / "results_session3"
 SWEEPS3 = [("gma300_m09_lr0.02_slr1.0", "100 / 10", "0.02", "1"), ("gma300_m09_lr0.02_slr1.5", "100 / 10", "0.02", "1.5"),
-           ("gma10c_m09_lr0.01_slr1.0", "10 / 10", "0.01", "1"), ("gma10c_m09_lr0.01_slr1.5", "10 / 10", "0.01", "1.5")]
+           ("gma10c_m09_lr0.01_slr1.0", "10 / 10", "0.01", "1"), ("gma10c_m09_lr0.01_slr1.5", "10 / 10", "0.01", "1.5"),
+           ("gma10c_split0_m09_lr0.01_slr1.0", "10 / 10, seed 0's split", "0.01", "1")]
 
 
 def seed_metrics(run: Path) -> tuple[float, float]:
