@@ -93,18 +93,19 @@ def batch_sizes_of_rounds(population, cfg, rounds: int) -> list[list[int]]:
     """Per round, the batch sizes of every local SGD step the round's clients take, in order.
 
     The cohorts are the runner's (Population.cohort with the config's seed, size and rule); a client
-    with n samples takes ceil(n / batch) steps an epoch, the last one partial (federation/local.py).
+    with n samples takes the batches of `federation.local.batch_sizes` (ceil(n / batch) an epoch, the last
+    one partial, or train.local_steps of them).
     """
+    from .federation.local import batch_sizes
+
     tc = cfg.train
-    batch_size, local_epochs = tc.batch_size, tc.local_epochs
+    batch_size, local_epochs, local_steps = tc.batch_size, tc.local_epochs, tc.local_steps
     rule = {"rule": tc.cohort} if hasattr(tc, "cohort") else {}
     out = []
     for t in range(1, rounds + 1):
         sizes = []
         for c in population.cohort(cfg.seed, t, tc.clients_per_round, **rule):
-            n = int(population.sizes[c])
-            epoch = [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else [])
-            sizes += epoch * local_epochs
+            sizes += batch_sizes(int(population.sizes[c]), batch_size, local_epochs, local_steps)
         out.append(sizes)
     return out
 

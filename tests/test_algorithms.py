@@ -90,7 +90,7 @@ def test_fednova_with_equal_local_steps_is_fedavg(tmp_path):
 
 
 def test_fednova_with_fixed_local_steps_is_fedavg_whatever_the_client_sizes(tmp_path, small_config):
-    """train.local_steps gives every client of the Dirichlet split (sizes 40-400) the same step count,
+    """train.local_steps gives every client of the Dirichlet split (unequal sizes) the same step count,
     so FedNova's normalisation is the identity again (the test below shows it is not under epochs)."""
     runs = _round_updates(small_config, tmp_path, fedavg=["train.local_steps=12"],
                           fednova=["algorithm.name=fednova", "train.local_steps=12"])

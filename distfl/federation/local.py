@@ -95,13 +95,18 @@ def local_steps(num_samples: int, batch_size: int, epochs: int, steps: int = 0) 
     return steps if steps else epochs * -(-num_samples // batch_size)
 
 
+def batch_sizes(num_samples: int, batch_size: int, epochs: int, steps: int = 0) -> list[int]:
+    """The sizes of a client's mini-batches in a round, in order, as `local_batches` draws them: passes
+    over the data with the last batch of each pass partial, `epochs` of them, or cut at `steps`."""
+    one_pass = [batch_size] * (num_samples // batch_size) + ([num_samples % batch_size] if num_samples % batch_size else [])
+    count = local_steps(num_samples, batch_size, epochs, steps)
+    passes = -(-count // len(one_pass)) if one_pass else 0
+    return (one_pass * passes)[:count]
+
+
 def samples_trained(num_samples: int, batch_size: int, epochs: int, steps: int = 0) -> int:
     """Samples a client's local steps cover in a round (a sample counts once per batch it is in)."""
-    if not steps:
-        return num_samples * epochs
-    per_pass = -(-num_samples // batch_size)
-    full, rest = divmod(steps, per_pass)
-    return full * num_samples + min(rest * batch_size, num_samples)
+    return sum(batch_sizes(num_samples, batch_size, epochs, steps))
 
 
 def local_batches(data, indices: torch.Tensor, train_cfg) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
