@@ -91,10 +91,15 @@ def ffc_markdown(res: dict) -> str:
 
 def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> dict:
     """eNTK features of 256 FMNIST training samples for `model_name` at p coordinates (None: all P):
-    `entk_features` (chunks of 128) and Algorithm 3's loop interleaved, alternating which goes first;
+    `entk_features` (the TCT phase's defaults: chunks of `tct.chunk_size`, coordinates in
+    `tct.coordinate_order`) and Algorithm 3's loop on the same coordinates, interleaved, alternating which goes first;
     beside them one batched forward + backward pass over the same samples (logit 0 summed, gradients
-    with respect to the parameters), which any batched extraction needs, so loop / that is what a
-    batched method can gain at most."""
+    with respect to the parameters) for scale. What an exact method computes per sample is the
+    multiply-adds of the Linear and Conv2d layers' forward pass, their input gradients (all but the
+    first layer's) and their per-sample weight gradients, each as many as the forward's
+    (`_layer_macs`; the Linear ones an upper bound when p < P): at this thread's
+    float32 matmul rate (`_matmul_gflops`) that gives the least time any method can take, and the
+    speedup over the loop it allows."""
     import torch
 
     from .config import load_config
@@ -105,7 +110,8 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
     torch.manual_seed(0)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     num = sum(q.numel() for q in model.parameters())
-    index = coordinate_index(num, num if p is None else p, 123)
+    tct = cfg.tct
+    index = coordinate_index(num, num if p is None else p, tct.coordinate_seed, tct.coordinate_order)
     x = data.train_x[:256]
 
     def forward_backward():
@@ -123,7 +129,7 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
         for what in (("fast", "loop", "pass") if rep % 2 == 0 else ("loop", "fast", "pass")):
             t0, c0 = time.perf_counter(), time.thread_time()
             if what == "fast":
-                fast = entk_features(model, x, index, chunk_size=128)
+                fast = entk_features(model, x, index, chunk_size=tct.chunk_size)
             elif what == "loop":
                 ref = entk_features_loop(model, x, index)
             else:
@@ -134,8 +140,14 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
             f"loop {wall['loop'][-1]:.3f} s")
     med = statistics.median
     fast_s, loop_s, pass_s = wall["fast"], wall["loop"], wall["pass"]
-    return {"model": model_name, "samples": len(x), "params": num, "coordinates": index.numel(),
-            "method": feature_method(model), "chunk_size": 128, "repeats": repeats,
+    macs, first = _layer_macs(model, x[:1])
+    flops = 2 * (3 * macs - first) * len(x)
+    gflops = _matmul_gflops()
+    return {"model": model_name, "flops": flops, "matmul_gflops": gflops,
+            "loop_gflops": flops / med(loop_s) / 1e9, "vectorised_gflops": flops / med(fast_s) / 1e9,
+            "speedup_at_matmul_rate": med(loop_s) / (flops / (gflops * 1e9)), "samples": len(x), "params": num, "coordinates": index.numel(),
+            "method": feature_method(model), "chunk_size": tct.chunk_size,
+            "coordinate_order": tct.coordinate_order, "repeats": repeats,
             "vectorised_s": med(fast_s), "loop_s": med(loop_s), "forward_backward_s": med(pass_s),
             "vectorised_s_all": fast_s, "loop_s_all": loop_s, "forward_backward_s_all": pass_s,
             "speedup": med(loop_s) / med(fast_s), "speedup_bound": med(loop_s) / med(pass_s),
@@ -143,6 +155,46 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
             "cpu_speedup": med(cpu["loop"]) / med(cpu["fast"]), "cpu_speedup_bound": med(cpu["loop"]) / med(cpu["pass"]),
             "target_speedup": 10, "max_relative_difference": float((fast - ref).abs().max() / ref.abs().max()),
             "vectorised_samples_per_s": len(x) / med(fast_s), "loop_samples_per_s": len(x) / med(loop_s)}
+
+
+def _layer_macs(model, x1) -> tuple[int, int]:
+    """Multiply-adds of one forward pass of the model's Linear and Conv2d layers on one sample: all of
+    them, and the first layer's."""
+    import torch
+    from torch import nn
+
+    macs, handles = [], []
+
+    def count(module, args, output):
+        per_output = module.in_features if isinstance(module, nn.Linear) else \
+            module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+        macs.append(output.numel() * per_output)
+
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            handles.append(module.register_forward_hook(count))
+    try:
+        with torch.no_grad():
+            model.eval()(x1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sum(macs), macs[0]
+
+
+def _matmul_gflops() -> float:
+    """This thread's float32 rate on a 1024 x 1024 matmul (median of 5), in GFLOP/s: about the most
+    any CPU kernel of the features reaches on it."""
+    import torch
+
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * 1024 ** 3 / statistics.median(times) / 1e9
 
 
 def bench_tct(repeats: int, log) -> dict:
@@ -219,9 +271,12 @@ def _features_rows(f: dict) -> list[tuple[str, str, str]]:
          f">= {f['target_speedup']}x: {'met' if f['speedup'] >= f['target_speedup'] else '**not met**'}"),
         ("... the same in thread CPU time: batched / loop (speedup)",
          f"{f['cpu_s']['fast']:.3f} s / {f['cpu_s']['loop']:.3f} s ({f['cpu_speedup']:.2f}x)", ""),
-        ("... one batched forward + backward alone, wall (bound: loop / this; in CPU time)",
+        ("... one batched forward + backward with parameter gradients, for scale (loop / this; in CPU time)",
          f"{f['forward_backward_s']:.3f} s ({f['speedup_bound']:.1f}x; {f['cpu_speedup_bound']:.1f}x)", ""),
-    ]
+    ] + ([(f"... arithmetic: ~{f['flops'] / 1e9:.1f} GFLOP (forward, input and per-sample weight gradients); the loop runs it at "
+           f"{f['loop_gflops']:.0f} GFLOP/s, the batched at {f['vectorised_gflops']:.0f}, this thread's 1024^2 "
+           "matmul at (speedup that rate would give)",
+           f"{f['matmul_gflops']:.0f} GFLOP/s ({f['speedup_at_matmul_rate']:.1f}x)", "")] if "flops" in f else [])
 
 
 def tct_markdown(res: dict) -> str:

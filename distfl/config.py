@@ -52,6 +52,9 @@ RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "ou
                   "runtime.device", "runtime.threads", "runtime.deterministic", *PHASE_KEYS)
 # eval.* keys that may not change on resume: a holdout split removes samples from the clients' training data.
 HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
+# Keys whose default changed after they were added: the value a saved config that lacks the key ran with
+# (it predates the key), where that differs from today's default.
+PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn"}
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""
@@ -68,7 +71,7 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     """Dotted keys whose values differ between two config dicts and may not change on resume."""
     saved, now = flatten_dict(saved), flatten_dict(now)
     # A key the saved run does not have (added to distfl later) had its default value there.
-    defaults = flatten_dict(config_to_dict(Config()))
+    defaults = {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS}
     # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
     # eval.client_split and eval.client_holdout decide which samples the clients train on.
     fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()

@@ -127,3 +127,15 @@ def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
     assert res["max_abs_diff_vs_pack_1"]["1"] == 0.0
     assert all(v < 1e-4 for v in res["max_abs_diff_vs_pack_1"].values())
     assert "| 10 |" in out.with_suffix(".md").read_text()
+
+
+def test_tct_bench_counts_the_multiply_adds_of_the_papers_network():
+    """The features bench's arithmetic row rests on this count: tct_cnn on one 28 x 28 image, layer by
+    layer from its documented shapes (5x5 convs keep the size, 2x2 pools halve it)."""
+    from distfl.bench_methods import _layer_macs
+
+    model = build_model(ModelConfig(name="tct_cnn"), (1, 28, 28), 10)
+    conv1 = 28 * 28 * 32 * (1 * 5 * 5)
+    conv2 = 14 * 14 * 64 * (32 * 5 * 5)
+    fc1, head = 128 * (64 * 7 * 7), 10 * 128
+    assert _layer_macs(model, torch.zeros(1, 1, 28, 28)) == (conv1 + conv2 + fc1 + head, conv1)

@@ -86,20 +86,26 @@ def test_closed_form_stage2_equals_iterative(tmp_path):
     assert closed["final_test_acc"] == loop["final_test_acc"]
 
 
-def test_resume_inside_stage2_equals_running_through(tmp_path, monkeypatch):
-    config = tct_config(tmp_path)
-    through = train_ok(config, f"output.dir={tmp_path / 'through'}")
+def crash_in_stage2_round_5(monkeypatch, *args) -> None:
+    """`distfl train *args` in this process, crashing at the start of stage-2 round 5 (after round 4's
+    checkpoint)."""
     original = TCTPhase._round
 
-    def crash_in_round_5(self, trainer, solvers, psi_, t, *args):
+    def crash_in_round_5(self, trainer, solvers, psi_, t, *rest):
         if t == 5:
             raise RuntimeError("simulated crash in stage 2")
-        return original(self, trainer, solvers, psi_, t, *args)
+        return original(self, trainer, solvers, psi_, t, *rest)
 
     monkeypatch.setattr(TCTPhase, "_round", crash_in_round_5)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_cli(["train", config, f"output.dir={tmp_path / 'crashed'}"])
+        run_cli(["train", *args])
     monkeypatch.undo()
+
+
+def test_resume_inside_stage2_equals_running_through(tmp_path, monkeypatch):
+    config = tct_config(tmp_path)
+    through = train_ok(config, f"output.dir={tmp_path / 'through'}")
+    crash_in_stage2_round_5(monkeypatch, config, f"output.dir={tmp_path / 'crashed'}")
     assert complete_checkpoints(tmp_path / "crashed")[-1].name == "tct_000010"  # 6 rounds + stage-2 round 4
     proc = run_cli(["train", "--resume", tmp_path / "crashed"], nproc=2)  # and on another world size
     assert proc.returncode == 0, proc.stderr
@@ -110,6 +116,53 @@ def test_resume_inside_stage2_equals_running_through(tmp_path, monkeypatch):
     assert resumed["collectives"]["calls"]["tct_round"] == 2
     rows = [r["round"] for r in metrics(tmp_path / "crashed")]
     assert rows == list(range(1, 13))
+
+
+def test_coordinate_order_changes_only_the_order_of_the_stage2_model(tmp_path):
+    """tct.coordinate_order: parameter (the default: faster features) and drawn (the released code's)
+    keep the same coordinates; normalisation is per coordinate and stage 2 starts from zero, so the
+    stage-2 model is the same up to that permutation of its rows (float round-off: the kernel's sums
+    run in another order) and so are its predictions."""
+    config = tct_config(tmp_path)
+    by_parameter = train_ok(config, f"output.dir={tmp_path / 'parameter'}")
+    drawn = train_ok(config, f"output.dir={tmp_path / 'drawn'}", "tct.coordinate_order=drawn")
+    a, b = (torch.load(tmp_path / name / MODEL_FILE) for name in ("parameter", "drawn"))
+    assert not torch.equal(a["coordinates"], b["coordinates"])
+    order = b["coordinates"].argsort()  # drawn position of each coordinate in parameter order
+    assert torch.equal(a["coordinates"], b["coordinates"][order])
+    for key in ("mean", "std"):
+        assert torch.allclose(a[key], b[key][order], rtol=1e-12, atol=1e-15)
+    weights, bias = a["psi"][:-1], a["psi"][-1]
+    assert torch.allclose(weights, b["psi"][:-1][order], rtol=1e-8, atol=1e-12 * weights.abs().max())
+    assert torch.allclose(bias, b["psi"][-1], rtol=1e-8, atol=1e-12)
+    assert by_parameter["final_test_acc"] == drawn["final_test_acc"]
+
+
+def test_a_stage2_checkpoint_from_before_coordinate_order_resumes_only_in_drawn_order(tmp_path, monkeypatch):
+    """A run checkpointed inside stage 2 by a distfl without tct.coordinate_order used drawn order; its
+    model's rows are in that order, so resuming it with today's default (parameter) is refused, and with
+    tct.coordinate_order=drawn it finishes as a drawn run from the start does."""
+    import hashlib
+    import json
+
+    config = tct_config(tmp_path)
+    through = train_ok(config, f"output.dir={tmp_path / 'through'}", "tct.coordinate_order=drawn")
+    crash_in_stage2_round_5(monkeypatch, config, f"output.dir={tmp_path / 'old'}", "tct.coordinate_order=drawn")
+    saved = tmp_path / "old" / "config.yaml"  # as an older distfl wrote them: no such key
+    saved.write_text("".join(line for line in saved.read_text().splitlines(True) if "coordinate_order" not in line))
+    for path in complete_checkpoints(tmp_path / "old"):
+        state = torch.load(path / "state.pt", weights_only=False)
+        del state["config"]["tct"]["coordinate_order"]
+        torch.save(state, path / "state.pt")
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["files"]["state.pt"] = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli(["train", "--resume", tmp_path / "old"])
+    assert proc.returncode == 2 and "tct.coordinate_order cannot change now" in proc.stderr
+    proc = run_cli(["train", "--resume", tmp_path / "old", "tct.coordinate_order=drawn"])
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming stage 2 at round 5" in proc.stderr
+    assert summary(tmp_path / "old")["phases"]["tct"]["psi_sha256"] == through["phases"]["tct"]["psi_sha256"]
 
 
 def test_disk_features_float16_and_ablations_run(tmp_path):

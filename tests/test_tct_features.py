@@ -7,6 +7,7 @@ from torch import nn
 
 from distfl.models import build_model
 from distfl.schema import ModelConfig
+from distfl.tct import features as features_module
 from distfl.tct.features import (
     coordinate_index,
     entk_features,
@@ -118,6 +119,14 @@ def test_coordinate_index_is_algorithm3_mask():
     assert len(set(a.tolist())) == 1000
 
 
+def test_coordinate_index_in_parameter_order_is_the_same_coordinates_sorted():
+    drawn = coordinate_index(44426, 1000, 123)
+    assert torch.equal(coordinate_index(44426, 1000, 123, order="parameter"), drawn.sort().values)
+    assert torch.equal(coordinate_index(500, 100_000, 123, "parameter"), torch.arange(500))
+    with pytest.raises(ValueError, match="order"):
+        coordinate_index(500, 10, 123, "sorted")
+
+
 def test_coordinate_index_p_larger_than_P():
     idx = coordinate_index(500, 100_000, 123)
     assert idx.shape == (500,)
@@ -152,24 +161,28 @@ def test_reinit_head_is_seeded_default_linear_init():
     assert not torch.equal(m1.head.weight, m2.head.weight)
 
 
-def test_fp16_output_and_out_argument(simplecnn):
-    index = coordinate_index(num_params(simplecnn), 2000, 9)
+@pytest.mark.parametrize("p", [2000, None])  # None: p = P in parameter order, every layer written directly
+def test_fp16_output_and_out_argument(simplecnn, p):
+    P = num_params(simplecnn)
+    index = coordinate_index(P, P if p is None else p, 9, "drawn" if p else "parameter")
+    p = index.numel()
     x = torch.randn(7, 1, 28, 28)
     fp32 = entk_features(simplecnn, x, index, chunk_size=4)
     fp16 = entk_features(simplecnn, x, index, chunk_size=4, out_dtype=torch.float16)
     assert fp16.dtype == torch.float16
     assert torch.equal(fp16, fp32.to(torch.float16))
-    out = torch.full((7, 2000), float("nan"), dtype=torch.float16)
+    out = torch.full((7, p), float("nan"), dtype=torch.float16)
     assert entk_features(simplecnn, x, index, chunk_size=4, out_dtype=torch.float16, out=out) is out
     assert torch.equal(out, fp16)
     with pytest.raises(ValueError, match="dtype"):
         entk_features(simplecnn, x, index, out=out)  # out is fp16, out_dtype defaults to fp32
     with pytest.raises(ValueError, match="shape"):
-        entk_features(simplecnn, x, index, out=torch.empty(6, 2000))
+        entk_features(simplecnn, x, index, out=torch.empty(6, p))
 
 
-def test_fp16_overflow_raises(simplecnn):
-    index = torch.arange(num_params(simplecnn))
+@pytest.mark.parametrize("order", ["drawn", "parameter"])  # gathered / written directly
+def test_fp16_overflow_raises(simplecnn, order):
+    index = coordinate_index(num_params(simplecnn), num_params(simplecnn), 0, order)
     with pytest.raises(ValueError, match="float16"):
         entk_features(simplecnn, 1e6 * torch.rand(2, 1, 28, 28), index, out_dtype=torch.float16)
 
@@ -186,15 +199,34 @@ def tct_cnn():
     return _fmnist_model("tct_cnn", 2)
 
 
+def _whole_and_partial_layers(model, which: str) -> torch.Tensor:
+    """A sorted index holding every coordinate of some parameters (written directly) and a random
+    fifth of the others' (gathered, in several runs of output columns)."""
+    sizes = [p.numel() for _, p in feature_parameters(model, which)]
+    gen = torch.Generator().manual_seed(2)
+    parts, start = [], 0
+    for t, size in enumerate(sizes):
+        whole = t in (0, 1, len(sizes) - 1)  # conv1 weight and bias, the last bias
+        parts.append(start + (torch.arange(size) if whole else torch.randperm(size, generator=gen)[:size // 5]))
+        start += size
+    return torch.cat(parts)
+
+
 @pytest.mark.parametrize("which", ["all", "extractor"])
-@pytest.mark.parametrize("p", [40, 20_000, None])  # None: p = P, every coordinate in permuted order
-def test_layer_wise_matches_loop_conv_and_linear(tct_cnn, which, p):
+@pytest.mark.parametrize("p,order", [(40, "drawn"), (20_000, "drawn"), (20_000, "parameter"), (None, "drawn"),
+                                     (None, "parameter"), ("whole and partial layers", "parameter")])
+def test_layer_wise_matches_loop_conv_and_linear(tct_cnn, which, p, order):
     """tct_cnn (1- and 32-channel padded Conv2d layers, Linear layers) against Algorithm 3's loop. At
     p = 40 most layers have no chosen coordinate, and 19 samples in chunks of 18 leave a chunk of one
-    and partial groups of samples inside the per-sample convolution and the gather."""
+    and partial groups of samples inside the per-sample convolution and the gather. p = P (None) in
+    parameter order writes every layer directly; in drawn order it gathers every coordinate; the
+    mixed index does both in one chunk."""
     assert feature_method(tct_cnn, which) == "layer-wise"
     P = num_params(tct_cnn, which)
-    index = coordinate_index(P, P if p is None else p, 11)
+    if p == "whole and partial layers":
+        index = _whole_and_partial_layers(tct_cnn, which)
+    else:
+        index = coordinate_index(P, P if p is None else p, 11, order)
     x = torch.randn(19, 1, 28, 28)
     fast = entk_features(tct_cnn, x, index, which=which, chunk_size=18)
     ref = entk_features_loop(tct_cnn, x, index, which=which)
@@ -219,9 +251,11 @@ def test_unsupported_forward_falls_back_to_vmap(case):
     assert rel_max(entk_features(model, x, index, chunk_size=2), entk_features_loop(model, x, index)) < 1e-5
 
 
+@pytest.mark.parametrize("order", ["drawn", "parameter"])  # conv weights gathered / written directly
 @pytest.mark.parametrize("in_channels", [1, 2])
 @pytest.mark.parametrize("stride,padding,dilation", [(1, 0, 1), (2, 1, 1), (3, 2, 2), ((2, 1), (0, 2), (1, 2))])
-def test_layer_wise_conv_matches_loop_for_stride_padding_dilation(in_channels, stride, padding, dilation):
+def test_layer_wise_conv_matches_loop_for_stride_padding_dilation(in_channels, stride, padding, dilation, order,
+                                                                  monkeypatch):
     """Both forms of the per-sample Conv2d weight gradient (1 input channel, more) cover every geometry
     the layer-wise path accepts (stride 3 on 13 pixels leaves input rows unused), against Algorithm 3."""
     torch.manual_seed(3)
@@ -233,6 +267,9 @@ def test_layer_wise_conv_matches_loop_for_stride_padding_dilation(in_channels, s
     model.forward = lambda x: model.head(model.features(x))
     assert feature_method(model) == "layer-wise"
     P = num_params(model)
-    index = coordinate_index(P, P, 5)
-    x = torch.randn(21, in_channels, 13, 11)  # 21 samples: more than CONV_GRAD_SAMPLES, not a multiple
+    index = coordinate_index(P, P, 5, order)
+    x = torch.randn(21, in_channels, 13, 11)
+    # Groups of 8 samples per per-sample convolution: chunks of 20 leave a partial group.
+    per_sample = (x[0].numel() + conv(x[:1]).numel()) * 4
+    monkeypatch.setattr(features_module, "CONV_GRAD_BYTES", 8 * per_sample + 1)
     assert rel_max(entk_features(model, x, index, chunk_size=20), entk_features_loop(model, x, index)) < 1e-5

@@ -4,11 +4,12 @@ Stage 1 is `train.rounds` rounds of any algorithm (`tct.stage1`, default FedAvg)
 round loop. This phase is everything after it (Algorithm 2):
 
 1. Convexify: re-initialise the last layer from `tct.head_seed`, pick p coordinates of the parameter
-   vector from `tct.coordinate_seed` (Algorithm 3's `randperm(P)[:p]`), and give every training and
-   test sample its eNTK feature z = (d f_1(x) / d theta)[coordinates], the per-sample gradient of the
-   first logit, model in eval mode (distfl/tct/features.py, `torch.func`). Features stay on the rank
-   that hosts the client (client c on rank c % world size), in memory or in memory-mapped files; they
-   are never gathered.
+   vector from `tct.coordinate_seed` (Algorithm 3's `randperm(P)[:p]`, kept in parameter order unless
+   `tct.coordinate_order: drawn`), and give every training and test sample its eNTK feature
+   z = (d f_1(x) / d theta)[coordinates], the per-sample gradient of the first logit, model in eval
+   mode (distfl/tct/features.py: layer-wise from one batched backward pass, `torch.func` for other
+   models). Features stay on the rank that hosts the client (client c on rank c % world size), in
+   memory or in memory-mapped files; they are never gathered.
 2. Normalise (one collective): per-coordinate mean and variance over all clients from float64 sums
    of z and z^2; every client's sums travel in their own slot of one all_reduce and every rank adds the
    slots in client order, so the statistics are the same bits for any number of ranks. Test features
@@ -198,12 +199,13 @@ class TCTPhase(Phase):
         reinit_head(model, cfg.head_seed)
         chosen = feature_parameters(model, cfg.gradient_of)
         num = sum(p.numel() for _, p in chosen)
-        self.index = coordinate_index(num, cfg.p, cfg.coordinate_seed)
+        self.index = coordinate_index(num, cfg.p, cfg.coordinate_seed, cfg.coordinate_order)
         self.p = len(self.index)
         if cfg.p > num:
             logger.info(f"TCT: tct.p={cfg.p} is larger than the {num} parameters the gradient is taken over; "
-                        f"all {num} coordinates are kept (in the permuted order randperm({num})[:{cfg.p}] gives, "
-                        "as the paper's code would)")
+                        f"all {num} coordinates are kept" + (
+                            f" (in the permuted order randperm({num})[:{cfg.p}] gives, as the paper's code would)"
+                            if cfg.coordinate_order == "drawn" else ", in parameter order"))
         # Names the features of this model (parameters and BatchNorm buffers, the new head included), these
         # coordinates and this gradient; a feature file's key adds its samples.
         self.model_key = int(_hash(trainer.worker.state_sha256(), self.index.to(torch.int64), cfg.gradient_of)[:14],

@@ -75,8 +75,12 @@ def reinit_head(model: nn.Module, seed: int) -> None:
             head.bias.copy_(bias)
 
 
-def coordinate_index(num_params: int, p: int, seed: int) -> torch.LongTensor:
-    """The subsampling mask S of Algorithm 3: `randperm(num_params, generator seeded with seed)[:p]`.
+def coordinate_index(num_params: int, p: int, seed: int, order: str = "drawn") -> torch.LongTensor:
+    """The subsampling mask S of Algorithm 3: `randperm(num_params, generator seeded with seed)[:p]`,
+    in that order (`order="drawn"`) or sorted into parameter order (`order="parameter"`, the TCT
+    phase's default `tct.coordinate_order`): the same coordinates, so the same features up to a fixed
+    permutation of their columns, which stage 2 does not see (docs/algorithms/tct.md). In parameter
+    order `entk_features` writes every layer whose coordinates are all kept as one block.
 
     Drawn on the CPU from `torch.Generator().manual_seed(seed)`, which yields the same permutation as
     Algorithm 3's `torch.manual_seed(seed); torch.randperm(num_params)`, on every process. The paper
@@ -89,8 +93,11 @@ def coordinate_index(num_params: int, p: int, seed: int) -> torch.LongTensor:
     num_params, p = int(num_params), int(p)
     if num_params < 1 or p < 1:
         raise ValueError(f"num_params and p must be positive (got num_params={num_params}, p={p})")
+    if order not in ("drawn", "parameter"):
+        raise ValueError(f"order must be 'drawn' or 'parameter' (got {order!r})")
     gen = torch.Generator().manual_seed(int(seed))
-    return torch.randperm(num_params, generator=gen)[:p]
+    index = torch.randperm(num_params, generator=gen)[:p]
+    return index.sort().values if order == "parameter" else index
 
 
 def feature_parameters(model: nn.Module, which: str = "all") -> list[tuple[str, nn.Parameter]]:
@@ -217,11 +224,10 @@ def entk_features(
             target = result[start:start + xb.shape[0]]
             if plan is not None:
                 try:
-                    source = plan.source(model, xb)
+                    plan.write(model, xb, target)
                 except _NotLayerWise:  # found only when running (e.g. a layer used twice, a Linear on 3-D input)
                     plan = None
                 else:
-                    plan.gather(source, target)
                     continue
             if vectorised is None:
                 vectorised = _VmapFeatures(model, chosen, index)
@@ -301,20 +307,54 @@ GATHER_ROWS = 32
 
 
 class _GatherPlan:
-    """The layer-wise path. Per chunk of samples, a B x S `source` matrix holds, for each layer with a
-    chosen coordinate, the per-sample pieces its gradients are made of: a column of ones; for a Linear
-    layer its output gradient g (B x O) and input a (B x I); for a Conv2d layer its per-sample weight
-    gradient (B x weight.numel()) and its output gradient summed over positions (B x O). Feature j is
-    then source[:, left[j]] * source[:, right[j]]:
-    Linear weight (o, i): g_o * a_i; Linear bias o: g_o * 1; Conv2d weight or bias entry: entry * 1.
+    """The layer-wise path. In eval mode the samples of a batch do not interact, so the gradient of
+    sum_i f_0(x_i) with respect to a layer's output, restricted to sample i, is sample i's own: one
+    backward pass gives every sample's output gradient g at every layer, beside the layer's input a.
+    From them, per chunk of samples:
 
-    In eval mode the samples of a batch do not interact, so the gradient of sum_i f_0(x_i) with respect
-    to a layer's output, restricted to sample i, is sample i's own: one backward pass serves all samples.
+    - a parameter whose every coordinate the index holds, in parameter order at consecutive positions
+      (every parameter when the index is sorted and p >= P; `tct.coordinate_order: parameter`), is
+      written straight into its block of the output: a Linear weight as the outer products g_i a_i^T,
+      a Conv2d weight as the per-sample weight gradients, a bias as g_i (summed over positions for a
+      Conv2d);
+    - the other coordinates are gathered from a B x S `source` matrix holding, for each layer with such
+      a coordinate, the per-sample pieces its gradients are made of: a column of ones; for a Linear
+      layer g (B x O) and a (B x I); for a Conv2d layer its per-sample weight gradient
+      (B x weight.numel()) and g summed over positions (B x O). Feature j is then
+      source[:, left[j]] * source[:, right[j]]: Linear weight (o, i): g_o * a_i; Linear bias o: g_o * 1;
+      Conv2d weight or bias entry: entry * 1.
     """
 
     def __init__(self, chosen, owners: dict, index: torch.Tensor):
         device = chosen[0][1].device
         self.dtype = chosen[0][1].dtype
+        sizes = torch.tensor([p.numel() for _, p in chosen])
+        start = torch.cumsum(sizes, 0) - sizes
+        owner_of = torch.searchsorted(torch.cumsum(sizes, 0), index, right=True)
+        local = index - start[owner_of]
+
+        # Whole parameters at consecutive positions, in order: written directly (`blocks`).
+        self.blocks: list[tuple[str, nn.Module, int, int]] = []  # (kind, module, first output column, size)
+        direct = torch.zeros(index.numel(), dtype=torch.bool)
+        counts = torch.bincount(owner_of, minlength=len(chosen))
+        for t, (name, param) in enumerate(chosen):
+            size = param.numel()
+            if int(counts[t]) != size:
+                continue
+            lo = int((owner_of == t).nonzero()[0])
+            if not torch.equal(local[lo:lo + size], torch.arange(size)):
+                continue
+            module, key = owners[name]
+            kind = key if key == "bias" else ("linear_weight" if isinstance(module, nn.Linear) else "conv_weight")
+            self.blocks.append((kind, module, lo, size))
+            direct[lo:lo + size] = True
+        rest = (~direct).nonzero().flatten()
+        self.rest = rest.numel()
+        # The gathered columns as runs of consecutive output columns: (first column, end, first gathered).
+        breaks = (torch.nonzero(rest[1:] - rest[:-1] != 1).flatten() + 1).tolist()
+        edges = [0] + breaks + [self.rest]
+        self.runs = [(int(rest[i]), int(rest[j - 1]) + 1, i) for i, j in zip(edges[:-1], edges[1:]) if j > i]
+
         self.pieces: list[tuple[str, nn.Module, int]] = []  # (kind, module, first source column)
         placed: dict[tuple[str, int], int] = {}
         width = 1  # column 0: ones
@@ -327,13 +367,11 @@ class _GatherPlan:
                 width += size
             return placed[(kind, id(module))]
 
-        # Coordinate k of parameter t (local coordinate k - start[t]) is
+        # Gathered coordinate k of parameter t (local coordinate k - start[t]) is
         #   left  = left_base[t]  + local // divisor[t]
         #   right = right_base[t] + local %  divisor[t]
         # divisor = in_features for a Linear weight (entry (o, i) = g_o * a_i), else 1 with right = 0 (ones).
-        sizes = torch.tensor([p.numel() for _, p in chosen])
-        start = torch.cumsum(sizes, 0) - sizes
-        owner_of = torch.searchsorted(torch.cumsum(sizes, 0), index, right=True)
+        owner_of, local = owner_of[rest], local[rest]
         used = torch.bincount(owner_of, minlength=len(chosen)) > 0
         left_base = torch.zeros(len(chosen), dtype=torch.long)
         right_base = torch.zeros(len(chosen), dtype=torch.long)
@@ -351,15 +389,36 @@ class _GatherPlan:
                 left_base[t] = column("conv_weight", module, module.weight.numel())
             else:
                 left_base[t] = column("g_sum", module, module.out_channels)
-        local = index - start[owner_of]
         d = divisor[owner_of]
         self.width = width
         self.left = (left_base[owner_of] + local.div(d, rounding_mode="floor")).to(device)
         right = right_base[owner_of] + local.remainder(d)
         self.right = right.to(device) if bool((right != 0).any()) else None  # None: every factor is 1
-        self.modules = list({id(m): m for _, m, _ in self.pieces}.values())
+        self.modules = list({id(m): m for m in [m for _, m, _ in self.pieces] + [m for _, m, _, _ in self.blocks]}.values())
 
-    def source(self, model: nn.Module, xb: torch.Tensor) -> torch.Tensor:
+    def write(self, model: nn.Module, xb: torch.Tensor, target: torch.Tensor) -> None:
+        """target (B x p) = the chunk's features."""
+        inputs, grads = self._layers(model, xb)
+        for kind, module, lo, size in self.blocks:
+            a, g = inputs[id(module)], grads[id(module)]
+            dest = target[:, lo:lo + size]
+            if kind == "bias":
+                _write(g.sum((2, 3)) if g.dim() == 4 else g, dest)
+                continue
+            shaped = dest.view(xb.shape[0], *module.weight.shape)
+            on_target = dest.dtype == self.dtype and dest.device == xb.device
+            block = shaped if on_target else torch.empty(shaped.shape, dtype=self.dtype, device=xb.device)
+            if kind == "linear_weight":  # one product per entry: exact (bmm writes a strided block ~1.5x faster than mul)
+                torch.bmm(g.unsqueeze(2), a.unsqueeze(1), out=block)
+            else:
+                _per_sample_conv_weight_grads(module, a, g, block)
+            if not on_target:
+                _write(block, shaped)
+        if self.rest:
+            self._gather(self._source(inputs, grads, xb), target)
+
+    def _layers(self, model: nn.Module, xb: torch.Tensor) -> tuple[dict, dict]:
+        """Each hooked layer's input and output gradient for the chunk, by id(module)."""
         inputs, outputs, handles = {}, {}, []
 
         def forward_hook(module, args, output):
@@ -382,6 +441,9 @@ class _GatherPlan:
             for handle in handles:
                 handle.remove()
         grads = {k: (g if g is not None else torch.zeros_like(outputs[k])).detach() for k, g in zip(keys, found)}
+        return inputs, grads
+
+    def _source(self, inputs: dict, grads: dict, xb: torch.Tensor) -> torch.Tensor:
         b = xb.shape[0]
         source = torch.empty(b, self.width, dtype=self.dtype, device=xb.device)
         source[:, 0] = 1
@@ -398,9 +460,10 @@ class _GatherPlan:
                 _per_sample_conv_weight_grads(module, a, g, dest)
         return source
 
-    def gather(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        """target (B x p) = source[:, left] * source[:, right], GATHER_ROWS rows at a time."""
-        direct = target.dtype == source.dtype and target.device == source.device and target.is_contiguous()
+    def _gather(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """The gathered columns of target = source[:, left] * source[:, right], GATHER_ROWS rows at a time."""
+        whole = self.rest == target.shape[1]  # no direct blocks: the gathered columns are all of target's
+        direct = whole and target.dtype == source.dtype and target.device == source.device and target.is_contiguous()
         factor = None
         for r in range(0, source.shape[0], GATHER_ROWS):
             rows, dest = source[r:r + GATHER_ROWS], target[r:r + GATHER_ROWS]
@@ -410,13 +473,20 @@ class _GatherPlan:
                     factor = torch.empty(min(GATHER_ROWS, source.shape[0]), self.left.numel(),
                                          dtype=source.dtype, device=source.device)
                 picked.mul_(torch.index_select(rows, 1, self.right, out=factor[:rows.shape[0]]))
-            if not direct:
+            if direct:
+                continue
+            if whole:
                 _write(picked, dest)
+            else:
+                for lo, hi, first in self.runs:
+                    _write(picked[:, first:first + hi - lo], dest[:, lo:hi])
 
 
-# Samples per expanded-weight convolution (measured on tct_cnn's 32->64 5x5 layer: 4-16 samples at a
-# time ran 2-2.5x faster per sample than 32-128; SimpleCNN's 6->16 layer varies little).
-CONV_GRAD_SAMPLES = 16
+# Samples per expanded-weight convolution: as many as keep one call's inputs and output gradients within
+# this many bytes (about a core's L2 cache). Measured on CPU, 1 thread: tct_cnn's 32->64 5x5 layer
+# (~90 KB a sample) ran 2-2.5x faster per sample 4-16 at a time than 32-128 at a time, SimpleCNN's 6->16
+# layer (~8 KB a sample) ~10% faster 64-128 at a time than 16.
+CONV_GRAD_BYTES = 1 << 20
 
 
 def _per_sample_conv_weight_grads(module: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> None:
@@ -439,8 +509,10 @@ def _per_sample_conv_weight_grads(module: nn.Conv2d, a: torch.Tensor, g: torch.T
         # The correlation can reach past the kernel when the stride leaves input rows unused; they are not weights.
         out.copy_(w[:, :, :kh, :kw].reshape(c, b, o, kh, kw).permute(1, 2, 0, 3, 4))
         return
-    for s in range(0, b, CONV_GRAD_SAMPLES):
-        a_s, g_s = a[s:s + CONV_GRAD_SAMPLES], g[s:s + CONV_GRAD_SAMPLES]
+    per_sample = (a[0].numel() + g[0].numel()) * a.element_size()
+    step = max(1, CONV_GRAD_BYTES // per_sample)
+    for s in range(0, b, step):
+        a_s, g_s = a[s:s + step], g[s:s + step]
         n = a_s.shape[0]
         weight = module.weight.detach().repeat(n, 1, 1, 1)  # only its shape matters for the weight gradient
         w_grad = torch.ops.aten.convolution_backward(
