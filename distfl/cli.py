@@ -93,18 +93,19 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from .config import load_config
+    from .config import data_seed, load_config
     from .data.datasets import load_dataset
     from .data.partition import describe, partition, save_partition
 
     if args.out is not None:
         _check_npz_out(args.out)
     cfg = load_config(args.config, args.overrides)
-    data = load_dataset(cfg.data, cfg.seed)
+    seed = data_seed(cfg)
+    data = load_dataset(cfg.data, seed)
     labels = data.train_y.numpy()
-    parts = partition(labels, cfg.partition, data.num_classes, cfg.seed)
+    parts = partition(labels, cfg.partition, data.num_classes, seed)
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
-          f"{cfg.partition.num_clients} clients, seed {cfg.seed}")
+          f"{cfg.partition.num_clients} clients, seed {seed}")
     print(describe(parts, labels, data.num_classes))
     if args.out is not None:
         save_partition(parts, args.out)

@@ -96,6 +96,7 @@ RANGES = {
     "partition.max_attempts": ">= 0",
     "partition.imbalance_ratio": "(0, 1]",
     "partition.subsample": "(0, 1]",
+    "partition.seed": ">= -1",
     "model.gn_groups": ">= 1",
     "model.mlp_hidden": ">= 1",
     "model.feature_dim": ">= 0",
@@ -153,7 +154,7 @@ RANGES = {
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,
 # torch's generators 64.
-SEED_MAX = {"seed": 2**32 - 1, "model.head_seed": 2**64 - 1, "tct.coordinate_seed": 2**64 - 1,
+SEED_MAX = {"seed": 2**32 - 1, "partition.seed": 2**32 - 1, "model.head_seed": 2**64 - 1, "tct.coordinate_seed": 2**64 - 1,
             "tct.head_seed": 2**64 - 1}
 
 
@@ -686,6 +687,11 @@ def _caller_stacklevel() -> int:
 
 
 # --- output -----------------------------------------------------------------------------------------
+
+def data_seed(cfg: Config) -> int:
+    """The seed of the run's data (`partition.seed`, or the run's `seed` when that is -1)."""
+    return cfg.seed if cfg.partition.seed < 0 else cfg.partition.seed
+
 
 def config_to_dict(cfg: Config) -> dict:
     """A plain nested dict of the config, in schema order (YAML/JSON-dumpable)."""

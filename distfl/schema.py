@@ -36,6 +36,7 @@ class PartitionConfig:
     max_attempts: int = 0  # dirichlet, quantity: redraws before giving up with an error; 0 = the scheme's default (dirichlet 1000, quantity 2000000: NIID-Bench's 100 clients at alpha 0.5 need ~70,000)
     imbalance_ratio: float = 0.01  # longtail: smallest / largest class count of a client (Cao et al. 2019)
     subsample: float = 0.1  # longtail: each client first draws this fraction of the training set
+    seed: int = -1  # seed of the data: the client split, what is drawn from it (eval.client_split holdout, the clients' test sets) and a synthetic dataset; -1: the run's `seed`. Set it to train several seeds (model init, batches, cohorts) on one split
 
 
 @dataclass

@@ -351,6 +351,33 @@ def test_partition_cli_writes_the_split_training_uses(small_config, tmp_path):
     assert reused["model_sha256"] == direct["model_sha256"]
 
 
+def test_partition_seed_holds_the_split_while_the_run_seed_varies(small_config, tmp_path):
+    """partition.seed draws the data (synthetic set, split) as `seed` would, and training with another
+    `seed` on it is a run on that saved split: the same model, bit for bit. The run's seed still sets
+    the rest (initial model, batches)."""
+    def split(name, *overrides):
+        out = tmp_path / f"{name}.npz"
+        proc = run_cli(["partition", small_config, "--out", out, *overrides])
+        assert proc.returncode == 0, proc.stderr
+        with np.load(out) as saved:
+            return out, [saved[f"client_{i}"] for i in range(len(saved.files))]
+
+    seed0, parts0 = split("seed0", "seed=0")
+    _, held = split("held", "seed=5", "partition.seed=0")
+    _, own = split("own", "seed=5")
+    assert all(np.array_equal(a, b) for a, b in zip(parts0, held))
+    assert not all(np.array_equal(a, b) for a, b in zip(parts0, own))
+
+    short = ["train.rounds=2", "checkpoint.every=0"]
+    held_run = train_ok(small_config, "seed=1", "partition.seed=0", *short, f"output.dir={tmp_path / 'held'}")
+    # (partition.seed=0 here too: the small config's data is synthetic, drawn from the data's seed)
+    on_file = train_ok(small_config, "seed=1", "partition.seed=0", "partition.scheme=file", f"partition.path={seed0}",
+                       f"partition.num_clients={len(parts0)}", *short, f"output.dir={tmp_path / 'file'}")
+    assert held_run["model_sha256"] == on_file["model_sha256"]
+    seed0_run = train_ok(small_config, "seed=0", *short, f"output.dir={tmp_path / 'seed0'}")
+    assert seed0_run["model_sha256"] != held_run["model_sha256"]
+
+
 def test_partition_cli_rejects_a_bad_out_before_any_work(small_config, tmp_path):
     proc = run_cli(["partition", small_config, "--out", tmp_path / "split.txt"])
     assert proc.returncode == 2

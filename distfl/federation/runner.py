@@ -25,7 +25,8 @@ import torch
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
-from ..config import HOLDOUT_KEYS, PHASE_KEYS, PREVIOUS_DEFAULTS, RESUMABLE_KEYS, config_to_dict, dump_config, flatten_dict, resume_blockers
+from ..config import (HOLDOUT_KEYS, PHASE_KEYS, PREVIOUS_DEFAULTS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config,
+                      flatten_dict, resume_blockers)
 from ..data.client_test import client_test_sets, holdout_split
 from ..data.datasets import load_dataset
 from ..data.partition import partition
@@ -64,14 +65,15 @@ class Trainer:
         # the directory is refused, before any work if the directory exists (else once it is created).
         self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
 
-        self.data = load_dataset(cfg.data, cfg.seed).to(self.device)
+        seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
+        self.data = load_dataset(cfg.data, seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
-        parts = partition(labels, cfg.partition, self.data.num_classes, cfg.seed)
+        parts = partition(labels, cfg.partition, self.data.num_classes, seed)
         # eval.client_split=holdout: each client's held-out samples leave its training data here, before
         # the Population (sizes, weights, class counts) is built; every rank computes the same split.
         holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
         if holdout:
-            parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, cfg.seed)
+            parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, seed)
         self.population = Population(parts, labels, self.data.num_classes)
         self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
         if cfg.eval.clients:
@@ -81,7 +83,7 @@ class Trainer:
                 self.client_test_x, self.client_test_y = self.data.train_x, self.data.train_y
             else:
                 sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
-                                        cfg.eval.client_test_size, cfg.seed)
+                                        cfg.eval.client_test_size, seed)
                 self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
             self.client_test = [torch.from_numpy(s).to(self.device) for s in sets]
 

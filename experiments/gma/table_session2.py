@@ -5,7 +5,8 @@ round for 150 rounds; run_session3.sh):
     python experiments/gma/table_session2.py [--session3]
 
 Per sweep (local lr, server lr) and mask: best test accuracy and the mean of the evaluations in the last
-10 rounds (the paper's two metrics), each as mean ± sample std over the finished seeds, and GMA − AVG.
+10 rounds (the paper's two metrics), each as mean ± sample std over the finished seeds; then GMA − AVG
+paired by seed (each seed has its own split, so the pair shares its data), over the seeds both finished.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ SWEEPS = [("gma_m09_slr1.0", "100 / 10", "0.05", "1"), ("gma_m09_lr0.02_slr1.0",
 RESULTS3 = RESULTS.parent / "results_session3"
 SWEEPS3 = [("gma300_m09_lr0.02_slr1.0", "100 / 10", "0.02", "1"), ("gma300_m09_lr0.02_slr1.5", "100 / 10", "0.02", "1.5"),
            ("gma10c_m09_lr0.01_slr1.0", "10 / 10", "0.01", "1"), ("gma10c_m09_lr0.01_slr1.5", "10 / 10", "0.01", "1.5"),
-           ("gma10c_split0_m09_lr0.01_slr1.0", "10 / 10, seed 0's split", "0.01", "1")]
+           ("gma10c_m09_lr0.01_slr2.0", "10 / 10", "0.01", "2"),
+           ("gma10c_split0_m09_lr0.01_slr1.0", "10 / 10, seed 0's split", "0.01", "1"),
+           ("gma10c_m0_lr0.1_slr1.0", "10 / 10, client momentum 0", "0.1", "1")]
 
 
 def seed_metrics(run: Path) -> tuple[float, float]:
@@ -42,14 +45,22 @@ def main(results: Path = RESULTS, sweeps=SWEEPS) -> None:
     print("| clients / per round | local lr | server lr | mask | best | mean of last 10 rounds | per seed (best / last-10) |")
     print("|---|---|---|---|---|---|---|")
     for sweep, clients, lr, slr in sweeps:
+        by_mask = {}
         for mask in ("none", "gma"):
             runs = sorted((results / sweep).glob(f"aggregation.mask={mask}_seed=*"))
             if not runs:
                 continue
-            got = [seed_metrics(run) for run in runs]
+            by_mask[mask] = {run.name.split("_seed=")[1]: seed_metrics(run) for run in runs}
+            got = list(by_mask[mask].values())
             per_seed = ", ".join(f"{b:.2f} / {m:.2f}" for b, m in got)
             label = "AVG" if mask == "none" else "GMA"
             print(f"| {clients} | {lr} | {slr} | {label} | {mean_std([b for b, _ in got])} | {mean_std([m for _, m in got])} | {per_seed} |")
+        seeds = sorted(set(by_mask.get("none", {})) & set(by_mask.get("gma", {})), key=int)
+        if seeds:
+            diff = [tuple(g - a for g, a in zip(by_mask["gma"][k], by_mask["none"][k])) for k in seeds]
+            per_seed = ", ".join(f"{b:+.2f} / {m:+.2f}" for b, m in diff)
+            print(f"| {clients} | {lr} | {slr} | GMA − AVG, paired (seeds {', '.join(seeds)}) | "
+                  f"{mean_std([b for b, _ in diff])} | {mean_std([m for _, m in diff])} | {per_seed} |")
 
 
 if __name__ == "__main__":
