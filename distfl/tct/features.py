@@ -10,7 +10,7 @@ the gradient of the first output logit with respect to the network parameters, f
 (Algorithm 3). The pieces here:
 
 - `reinit_head`:        step (i), the fixed-seed re-initialisation of `model.head` (identical on all ranks);
-- `coordinate_index`:   step (iii), the subsampling mask S of Algorithm 3;
+- `coordinate_index`:   step (iii), the subsampling mask S of Algorithm 3 (drawn or parameter order);
 - `feature_parameters`: which parameters the gradient is taken over ("all" = Algorithm 3 and the
                         released code, "extractor" = Algorithm 2);
 - `entk_features`:      step (ii)+(iii), batched over chunks of samples: layer-wise for Linear/Conv2d
@@ -178,7 +178,10 @@ def entk_features(
       `index` coordinates are formed from them: a Linear weight entry (o, i) is g[:, o] * a[:, i], a
       bias entry is g[:, o] (summed over positions for a Conv2d), a Conv2d weight entry is read from
       that layer's per-sample weight gradient (`_per_sample_conv_weight_grads`, formed only for a
-      layer with a chosen weight coordinate). The chunk x P gradient is never formed;
+      layer with a chosen weight coordinate). A parameter whose coordinates are all in `index`, in
+      order at consecutive positions (an index in parameter order, `coordinate_index(...,
+      order="parameter")`), is written into the output as one block. The chunk x P gradient is
+      never formed;
     - otherwise (e.g. BatchNorm layers): per-sample gradients of `model(x_i)[0, 0]` with
       `torch.func.vmap(torch.func.grad(...))` over `torch.func.functional_call` (chunk_size x P
       floats per chunk), from which the `index` columns are gathered.
@@ -193,7 +196,8 @@ def entk_features(
         index: coordinates to keep (`coordinate_index`), a 1-D integer tensor over the flattened
             gradient of `feature_parameters(model, which)`.
         which: "all" (default) or "extractor", see `feature_parameters`.
-        chunk_size: samples per batched gradient; bounds memory. Does not change the result.
+        chunk_size: samples per batched gradient; bounds memory. Changes the result only by float
+            round-off (batched kernels may sum in another order).
         out_dtype: float32 (default) or float16 (what the released code stores; half the memory).
             A value outside the float16 range raises ValueError rather than storing inf.
         out: optional existing N x p tensor of dtype `out_dtype` to write into (e.g. a memory-mapped
