@@ -6,7 +6,8 @@ round for 150 rounds; run_session3.sh):
 
 Per sweep (local lr, server lr) and mask: best test accuracy and the mean of the evaluations in the last
 10 rounds (the paper's two metrics), each as mean ± sample std over the finished seeds; then GMA − AVG
-paired by seed (each seed has its own split, so the pair shares its data), over the seeds both finished.
+paired by seed (each seed has its own split, so the pair shares its data), over the seeds both finished,
+with the 95% t-interval of the mean difference.
 """
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ def seed_metrics(run: Path) -> tuple[float, float]:
     return 100 * max(a for _, a in evals), 100 * sum(tail) / len(tail)
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom, for the paired differences' interval.
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36}
+
+
+def paired(values: list[float]) -> str:
+    """mean ± std, and the 95% t-interval of the mean difference when there are 2-8 pairs."""
+    text = mean_std(values)
+    if 2 <= len(values) <= 8:
+        half = T975[len(values) - 1] * statistics.stdev(values) / len(values) ** 0.5
+        text += f", 95% CI [{statistics.mean(values) - half:+.2f}, {statistics.mean(values) + half:+.2f}]"
+    return text
+
+
 def mean_std(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.2f} (1 seed)"
@@ -60,7 +74,7 @@ def main(results: Path = RESULTS, sweeps=SWEEPS) -> None:
             diff = [tuple(g - a for g, a in zip(by_mask["gma"][k], by_mask["none"][k])) for k in seeds]
             per_seed = ", ".join(f"{b:+.2f} / {m:+.2f}" for b, m in diff)
             print(f"| {clients} | {lr} | {slr} | GMA − AVG, paired (seeds {', '.join(seeds)}) | "
-                  f"{mean_std([b for b, _ in diff])} | {mean_std([m for _, m in diff])} | {per_seed} |")
+                  f"{paired([b for b, _ in diff])} | {paired([m for _, m in diff])} | {per_seed} |")
 
 
 if __name__ == "__main__":
