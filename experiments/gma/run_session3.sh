@@ -10,7 +10,8 @@
 #                         e.g. 10 1.0 "2 3" (the paper's 4 seeds), 10 2.0 "0 1" (the grid's server lr 2)
 #   run_session3.sh 10m0 "SLRS" "SEEDS"   Table 6's momentum-0 row: the same with client momentum 0 at local lr 0.1
 #                         (the same effective step lr / (1 - momentum) as 0.01 at momentum 0.9; Table 6 gives no lr)
-#   run_session3.sh 10fixed   server lr 1, 10 clients, on seed 0's split (partition.scheme=file) trained with seed 1
+#   run_session3.sh 10fixed [SLR] [SEEDS]   10 clients on seed 0's split (partition.seed=0), trained with the
+#                         seeds SEEDS (default 1) at server lr SLR (default 1.0)
 # Runs resume (distfl sweep): rerun after a stop. Copy finished points to experiments/gma/results_session3/
 # (flattened as aggregation.mask=M_seed=S) and run python experiments/gma/table_session2.py --session3.
 set -euo pipefail
@@ -33,15 +34,15 @@ case "${1:-100}" in
          done
          wait
        done ;;
-  10fixed)  # the 10-client setting at server lr 1 on seed 0's split, trained with seed 1: the spread of a
-       # training seed alone (the paper's runs differ by +-0.05; our seeds also redraw the split)
-       "$py" -m distfl partition configs/paper/gma/fmnist_label_skew.yaml partition.num_clients=10 seed=0 \
-         --out $S/gma10c_split_seed0.npz > /dev/null
-       for mask in none gma; do  # one sweep per mask, side by side
-         nice -n "${NICE:-5}" "$py" -m distfl sweep configs/paper/gma/fmnist_label_skew.yaml train.momentum=0.9 \
-           eval.every=2 checkpoint.every=10 output.tensorboard=false output.dir=$S/gma10c_split0_m09_lr0.01_slr1.0_$mask \
-           partition.scheme=file partition.path=$S/gma10c_split_seed0.npz partition.num_clients=10 \
-           train.clients_per_round=10 train.lr=0.01 server.lr=1.0 train.rounds=150 --seeds 1 --grid aggregation.mask=$mask &
+  10fixed)  # seed 0's split held (partition.seed=0), trained with other seeds: 10fixed [SLR] [SEEDS]
+       # (default 1.0 "1"); the paper's runs differ by +-0.05, our seeds also redraw the split. One sweep
+       # per mask, side by side. (Training seed 1 first ran on the split saved by `distfl partition ...
+       # seed=0 --out` with partition.scheme=file: the same split, the same bits.)
+       slr=${2:-1.0}; seeds=${3:-1}
+       for mask in none gma; do
+         sweep output.dir=$S/gma10c_split0_m09_lr0.01_slr${slr}_t${seeds// /}_$mask partition.seed=0 \
+           partition.num_clients=10 train.clients_per_round=10 train.momentum=0.9 train.lr=0.01 server.lr=$slr \
+           train.rounds=150 checkpoint.every=10 --seeds "${seeds// /,}" --grid aggregation.mask=$mask &
        done
        wait ;;
   *) echo "usage: $0 100|10|10m0|10fixed" >&2; exit 2 ;;
