@@ -212,6 +212,20 @@ def _whole_and_partial_layers(model, which: str) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def test_a_whole_parameter_interleaved_with_another_is_gathered_not_written_as_a_block():
+    """Every coordinate of the first bias is in the index and its local positions 0, 1, ... look
+    consecutive, but another parameter's coordinates sit between them: the columns must still be each
+    coordinate's own."""
+    torch.manual_seed(5)
+    model = nn.Sequential()
+    model.features, model.head = nn.Linear(3, 2), nn.Linear(2, 2)
+    model.forward = lambda x: model.head(torch.tanh(model.features(x)))
+    # features.weight: 0-5, features.bias: 6-7, head.weight: 8-11, head.bias: 12-13
+    index = torch.tensor([6, 9, 7, 8, 0, 1, 2, 3, 4, 5, 10, 11, 12, 13])
+    x = torch.randn(4, 3)
+    assert rel_max(entk_features(model, x, index), entk_features_loop(model, x, index)) < 1e-6
+
+
 @pytest.mark.parametrize("which", ["all", "extractor"])
 @pytest.mark.parametrize("p,order", [(40, "drawn"), (20_000, "drawn"), (20_000, "parameter"), (None, "drawn"),
                                      (None, "parameter"), ("whole and partial layers", "parameter")])

@@ -346,7 +346,7 @@ class _GatherPlan:
             if int(counts[t]) != size:
                 continue
             lo = int((owner_of == t).nonzero()[0])
-            if not torch.equal(local[lo:lo + size], torch.arange(size)):
+            if not torch.equal(index[lo:lo + size], start[t] + torch.arange(size)):
                 continue
             module, key = owners[name]
             kind = key if key == "bias" else ("linear_weight" if isinstance(module, nn.Linear) else "conv_weight")
