@@ -67,16 +67,20 @@ def flatten_dict(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def saved_values(saved: dict) -> dict:
+    """A saved run's config (nested, as in its config.yaml or checkpoint), flat, with every key it
+    predates at the value it ran with: today's default, or its `PREVIOUS_DEFAULTS` entry."""
+    return {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS, **flatten_dict(saved)}
+
+
 def resume_blockers(saved: dict, now: dict) -> list[str]:
     """Dotted keys whose values differ between two config dicts and may not change on resume."""
-    saved, now = flatten_dict(saved), flatten_dict(now)
-    # A key the saved run does not have (added to distfl later) had its default value there.
-    defaults = {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS}
+    saved, now = saved_values(saved), flatten_dict(now)
     # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
     # eval.client_split and eval.client_holdout decide which samples the clients train on.
     fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
     fixed += HOLDOUT_KEYS
-    return [k for k in now if k != "output.dir" and saved.get(k, defaults.get(k)) != now[k]
+    return [k for k in now if k != "output.dir" and saved.get(k) != now[k]
             and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
 
 

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import flatten_dict
+from .config import saved_values
 from .errors import DistflError
 
 IGNORED_PREFIXES = ("seed", "output.", "checkpoint.", "runtime.")
@@ -78,7 +78,8 @@ def load_run(run_dir: Path) -> Run:
     import yaml
 
     try:
-        config = flatten_dict(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        # Keys the run predates at the values it ran with, so runs of older and newer distfl group together.
+        config = saved_values(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     except (OSError, yaml.YAMLError) as exc:
         raise DistflError(f"cannot read {run_dir / 'config.yaml'}: {exc}") from None
     summary = None

@@ -47,10 +47,15 @@ def test_report_of_a_finished_sweep(tmp_path):
     unfinished = sweep_dir / "algorithm.name=fedprox" / "seed=1"
     (unfinished / "summary.json").unlink()
     runs = [sweep_dir / "algorithm.name=fedavg" / "seed=0", sweep_dir / "algorithm.name=fedprox" / "seed=0", unfinished]
+    # A run from a distfl that predates train.local_steps groups with one that has it at its default.
+    saved = runs[1] / "config.yaml"
+    text = saved.read_text()
+    assert "\n  local_steps: 0\n" in text
+    saved.write_text(text.replace("\n  local_steps: 0\n", "\n"))
     proc = run_cli(["report", *runs, "--out", tmp_path / "r2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["algorithm.name"]: r for r in _csv(tmp_path / "r2" / "report.csv")}
-    assert rows["fedprox"]["runs"] == "2" and rows["fedprox"]["completed"] == "1"
+    assert len(rows) == 2 and rows["fedprox"]["runs"] == "2" and rows["fedprox"]["completed"] == "1"
     assert float(rows["fedprox"]["final_acc_mean"]) == summary(runs[1])["final_test_acc"]
     assert rows["fedprox"]["final_acc_std"] == ""  # one run: no standard deviation
     assert f"{unfinished}: unfinished" in (tmp_path / "r2" / "report.md").read_text()

@@ -25,8 +25,8 @@ import torch
 
 from .. import __version__, checkpoint, dist
 from ..algorithms import build_algorithm
-from ..config import (HOLDOUT_KEYS, PHASE_KEYS, PREVIOUS_DEFAULTS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config,
-                      flatten_dict, resume_blockers)
+from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config, flatten_dict,
+                      resume_blockers, saved_values)
 from ..data.client_test import client_test_sets, holdout_split
 from ..data.datasets import load_dataset
 from ..data.partition import partition
@@ -201,9 +201,9 @@ class Trainer:
         names = [p.name for p in self.phases]
         started = done + ([state["phase_state"]["phase"]] if state.get("phase_state") else [])
         if started:
-            saved = {k: v for k, v in flatten_dict(state["config"]).items() if k.startswith(PHASE_KEYS)}
+            saved = saved_values(state["config"])
             now = {k: v for k, v in flatten_dict(config_to_dict(self.cfg)).items() if k.startswith(PHASE_KEYS)}
-            changed = [k for k, v in now.items() if saved.get(k, PREVIOUS_DEFAULTS.get(k, v)) != v]
+            changed = [k for k, v in now.items() if saved.get(k) != v]
             if changed or any(n not in names for n in done):
                 raise CheckpointError(
                     f"{self.run_dir} already began {', '.join(started)} after training, with the settings it was "
