@@ -27,6 +27,8 @@ SWEEPS3 = [("gma300_m09_lr0.02_slr1.0", "100 / 10", "0.02", "1"), ("gma300_m09_l
            ("gma10c_split0_m09_lr0.01_slr1.0", "10 / 10, seed 0's split", "0.01", "1"),
            ("gma10c_split0_m09_lr0.01_slr2.0", "10 / 10, seed 0's split", "0.01", "2"),
            ("gma10c_m0_lr0.1_slr1.0", "10 / 10, client momentum 0", "0.1", "1")]
+# Runs of another sweep that belong to a sweep's rows too: seed 0's runs are on seed 0's split.
+ALSO = {"gma10c_split0_m09_lr0.01_slr1.0": [("gma10c_m09_lr0.01_slr1.0", "0")]}
 
 
 def seed_metrics(run: Path) -> tuple[float, float]:
@@ -63,6 +65,9 @@ def main(results: Path = RESULTS, sweeps=SWEEPS) -> None:
         by_mask = {}
         for mask in ("none", "gma"):
             runs = sorted((results / sweep).glob(f"aggregation.mask={mask}_seed=*"))
+            runs += [results / other / f"aggregation.mask={mask}_seed={seed}" for other, seed in ALSO.get(sweep, [])
+                     if (results / other / f"aggregation.mask={mask}_seed={seed}").is_dir()]
+            runs.sort(key=lambda run: int(run.name.split("_seed=")[1]))
             if not runs:
                 continue
             by_mask[mask] = {run.name.split("_seed=")[1]: seed_metrics(run) for run in runs}
