@@ -16,7 +16,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl bench [--suite runtime|ffc|tct|cross-device] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
-       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR]
+       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY]
        distfl --version
 Run under torchrun for several ranks:  torchrun --nproc_per_node=2 -m distfl train CONFIG"""
 
@@ -162,7 +162,8 @@ def cmd_sweep(args) -> int:
 def cmd_report(args) -> int:
     from .report import main as report_main
 
-    return report_main(args.paths, out_dir=args.out)
+    by = [k for k in args.by.split(",") if k] if args.by else None
+    return report_main(args.paths, out_dir=args.out, by=by)
 
 
 def _command_usage(command: str) -> str:
@@ -234,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", help="sweep directories and/or run directories")
     p.add_argument("--out", help="where to write report.md, report.csv and the plots (default: "
                                  "SWEEP_DIR/report, or ./report for several paths)")
+    p.add_argument("--by", metavar="KEY,KEY", help="group the runs by these config keys (default: the swept "
+                                                   "keys, or the keys whose values differ between the runs)")
     p.set_defaults(func=cmd_report)
     for command, p in sub.choices.items():
         p.usage = _command_usage(command)

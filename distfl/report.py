@@ -1,7 +1,8 @@
 """`distfl report SWEEP_DIR|RUN_DIR ...`: one table and two plots for a sweep.
 
-Runs are grouped by the swept keys (from SWEEP_DIR/sweep.json, or else every config key whose value
-differs between the runs, leaving out seed, output.*, checkpoint.* and runtime.*). Per group, over
+Runs are grouped by the keys given with --by, or else the swept keys (from SWEEP_DIR/sweep.json), or
+else every config key whose value differs between the runs, leaving out seed, output.*, checkpoint.*
+and runtime.*. Per group, over
 its completed runs (one per seed): final and best test accuracy, mean and sample standard deviation
 (n-1; empty for a single run). Written to OUT/report.md, OUT/report.csv (fractions, not percent),
 OUT/acc_vs_round.png and OUT/acc_vs_time.png (test accuracy against round and against wall time,
@@ -245,11 +246,16 @@ def plot(rows: list[dict], keys: list[str], out_dir: Path) -> list[Path]:
     return written
 
 
-def main(paths, out_dir=None, stdout=None) -> int:
+def main(paths, out_dir=None, stdout=None, by=None) -> int:
     stdout = stdout or sys.stdout
     run_dirs = find_runs(paths)
     runs = [load_run(d) for d in run_dirs]
-    keys = swept_keys(runs, paths)
+    if by:
+        unknown = [k for k in by if not any(k in r.config for r in runs)]
+        if unknown:
+            raise DistflError(f"--by {', '.join(unknown)}: no run's config.yaml has this key "
+                              "(keys are dotted, e.g. algorithm.name)")
+    keys = list(by) if by else swept_keys(runs, paths)
     rows = summarise(runs, keys)
     if out_dir is None:
         out_dir = Path(paths[0]) / "report" if len(paths) == 1 else Path("report")

@@ -60,6 +60,25 @@ def test_report_of_a_finished_sweep(tmp_path):
     assert rows["fedprox"]["final_acc_std"] == ""  # one run: no standard deviation
     assert f"{unfinished}: unfinished" in (tmp_path / "r2" / "report.md").read_text()
 
+    # --by picks the grouping: a key that differs but does not matter (here a TCT option in a FedAvg
+    # run) splits the runs into two groups by default, and not when the user names the key that matters.
+    import yaml
+
+    fedavg = [sweep_dir / "algorithm.name=fedavg" / f"seed={s}" for s in (0, 1)]
+    saved = yaml.safe_load((fedavg[1] / "config.yaml").read_text())
+    saved["tct"]["chunk_size"] += 1
+    (fedavg[1] / "config.yaml").write_text(yaml.safe_dump(saved))
+    proc = run_cli(["report", *fedavg, "--out", tmp_path / "r3"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["runs"] for r in _csv(tmp_path / "r3" / "report.csv")] == ["1", "1"]
+    proc = run_cli(["report", *fedavg, "--out", tmp_path / "r4", "--by", "algorithm.name"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _csv(tmp_path / "r4" / "report.csv")
+    assert len(rows) == 1 and rows[0]["runs"] == "2" and rows[0]["seeds"] == "0,1"
+    assert float(rows[0]["final_acc_mean"]) == statistics.fmean(summary(r)["final_test_acc"] for r in fedavg)
+    proc = run_cli(["report", runs[0], "--by", "algorithm.nmae", "--out", tmp_path / "r5"])
+    assert proc.returncode == 2 and "algorithm.nmae" in proc.stderr and "Traceback" not in proc.stderr
+
 
 def test_report_of_nothing_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
