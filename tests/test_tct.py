@@ -33,8 +33,10 @@ def test_tct_learns_and_one_rank_equals_two_ranks(tmp_path):
     t1, t2 = one["phases"]["tct"], two["phases"]["tct"]
     assert t1["psi_sha256"] == t2["psi_sha256"] and one["final_test_acc"] == two["final_test_acc"]
     assert one["final_test_acc"] == t1["test_acc"] > t1["stage1_test_acc"] + 0.2  # 26.4% -> 77.2%
+    # lambda_max (the divergence advice's bound) is over every client, not only rank 0's.
+    assert t1["lambda_max"] == t2["lambda_max"] > 0
     calls = two["collectives"]["calls"]
-    assert calls["tct_normalise"] == 1 and calls["tct_round"] == TCT["rounds"]
+    assert calls["tct_normalise"] == 1 and calls["tct_lambda_max"] == 1 and calls["tct_round"] == TCT["rounds"]
     assert [r["stage2_round"] for r in metrics(tmp_path / "two") if r.get("phase") == "tct"] == list(range(1, 7))
 
 

@@ -178,6 +178,14 @@ def _hash(*parts) -> str:
     return digest.hexdigest()[:16]
 
 
+def _largest_on_any_rank(value: float, ctx) -> float:
+    """The largest of the ranks' `value`s (each rank's in its own slot of one small all_reduce)."""
+    slots = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+    slots[ctx.rank] = value
+    dist.all_reduce_sum(slots, ctx, name="tct_lambda_max")
+    return float(slots.max())
+
+
 def _same_on_all_ranks(value: int, ctx) -> bool:
     """Whether every rank holds `value` (a 56-bit integer); one small all_reduce."""
     if ctx.world_size == 1:
@@ -449,12 +457,14 @@ class TCTPhase(Phase):
                          for k, solver in solvers.items()}
             with phase_threads(threads):
                 self._decompose(solvers, logger, cache)
+            self.lambda_max = _largest_on_any_rank(max((s.lambda_max for s in solvers.values()), default=0.0), ctx)
+        else:
+            self.lambda_max = 0.0  # not known without the decompositions
         t_train = time.perf_counter()
         acc = None
-        lam_max = 0.0
         for t in range(first, tc.rounds + 1):
             t_round = time.perf_counter()
-            psi, lam_max = self._round(trainer, solvers, psi, t, n_total, q, c, lam_max)
+            psi = self._round(trainer, solvers, psi, t, n_total, q, c)
             row = {"round": base_step + t, "phase": self.name, "stage2_round": t,
                    "round_s": time.perf_counter() - t_round}
             if tc.check_invariant:
@@ -478,7 +488,7 @@ class TCTPhase(Phase):
             "psi_sha256": hashlib.sha256(psi.cpu().numpy().tobytes()).hexdigest(),
             "stage1_test_acc": stage1_acc, "test_acc": acc, "p": self.p, "rounds": tc.rounds,
             "local_steps": tc.local_steps, "lr": tc.lr, "solver": tc.solver, "local_solver": tc.local_solver,
-            "lambda_max": lam_max, "feature_bytes": self.plan["features"], "memory_bytes": self.plan["total"],
+            "lambda_max": self.lambda_max, "feature_bytes": self.plan["features"], "memory_bytes": self.plan["total"],
             "features_s": self.features_s, "normalise_s": normalise_s,
             "stage2_s": time.perf_counter() - t_train, "total_s": time.perf_counter() - t_start,
         }
@@ -541,7 +551,7 @@ class TCTPhase(Phase):
                          for name, t in solver.decomposition().items()}
                 checkpoint.atomic_torch_save({"key": key, **saved}, path)
 
-    def _round(self, trainer, solvers, psi, t, n_total, q, c, lam_max):
+    def _round(self, trainer, solvers, psi, t, n_total, q, c):
         tc = trainer.cfg.tct
         sizes = trainer.population.sizes
         segments = [Segment("psi", q * c), Segment("nonfinite", 1, kind="int"), Segment("stop", 1, kind="int")]
@@ -560,8 +570,6 @@ class TCTPhase(Phase):
                 out = scaffold_client_round(solver, psi, state, tc.lr, tc.local_steps, tc.local_solver)
             else:
                 out = fedavg_client_round(solver, psi, None, tc.lr, tc.local_steps, tc.local_solver)
-            if tc.local_solver == "closed_form" and tc.solver != "gd":
-                lam_max = max(lam_max, solver.lambda_max)
             try:
                 stats.add("psi", out, weight)
                 if tc.check_invariant:
@@ -576,10 +584,10 @@ class TCTPhase(Phase):
         trainer.stop_agreed = int(reduced["stop"][0]) > 0
         if int(reduced["nonfinite"][0]):
             raise DivergenceError(f"TCT stage 2 round {t}: {int(reduced['nonfinite'][0])} client(s) produced a "
-                                  f"non-finite or huge model; {_divergence_advice(tc.lr, tc.local_steps, lam_max)}")
+                                  f"non-finite or huge model; {_divergence_advice(tc.lr, tc.local_steps, self.lambda_max)}")
         if tc.check_invariant:
             self.invariant = float(reduced["h_sum"].abs().max())
-        return reduced["psi"].view(q, c), lam_max
+        return reduced["psi"].view(q, c)
 
     def _accuracy(self, trainer, psi) -> float:
         """Test accuracy of the linear model on this rank's test batches, summed over ranks."""
