@@ -100,7 +100,7 @@ def cut_row(e, method, label, upto):
 
 
 def compare(upto: int) -> None:
-    for e in (1, 2, 4):
+    for e in (1, 2, 4, 8):
         lines = [line for line in (cut_row(e, m, label, upto) for m, label in METHODS) if line]
         if not lines:
             continue
