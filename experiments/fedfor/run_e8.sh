@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FedFOR (normalised default) against FedAvg at E = 8, 30 rounds, seeds 0 and 1 (evidence F4), two runs at
-# a time. Skips a tag whose results/TAG/summary.json exists. Then: python experiments/fedfor/table.py --upto 30
+# FedFOR (normalised default) against FedAvg, FedProx and FedAvgM (server momentum 0.5) at E = 8, 30 rounds,
+# seeds 0 and 1 (evidence F4), two runs at a time. Skips a tag whose results/TAG/summary.json exists. Then: python experiments/fedfor/table.py --upto 30
 #   PYTHON=.venv/bin/python experiments/fedfor/run_e8.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,5 +12,8 @@ for seed in 0 1; do
   sfx=$([ "$seed" = 0 ] || echo "_s$seed")
   run fedfor_norm_E8$sfx fmnist_longtail_fedfor train.local_epochs=8 train.rounds=30 seed=$seed &
   run fedavg_E8$sfx      fmnist_longtail_fedavg train.local_epochs=8 train.rounds=30 seed=$seed &
+  wait
+  run fedprox_E8$sfx     fmnist_longtail_fedprox train.local_epochs=8 train.rounds=30 seed=$seed &
+  run fedavgm0.5_E8$sfx  fmnist_longtail_fedavg train.local_epochs=8 train.rounds=30 seed=$seed server.momentum=0.5 &
   wait
 done
