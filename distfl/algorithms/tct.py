@@ -178,22 +178,23 @@ def _hash(*parts) -> str:
     return digest.hexdigest()[:16]
 
 
-def _largest_on_any_rank(value: float, ctx) -> float:
-    """The largest of the ranks' `value`s (each rank's in its own slot of one small all_reduce)."""
-    slots = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+def _per_rank(value, dtype: torch.dtype, ctx, name: str) -> torch.Tensor:
+    """Every rank's `value`, indexed by rank (each rank fills its own slot of one small all_reduce)."""
+    slots = torch.zeros(ctx.world_size, dtype=dtype, device=ctx.device)
     slots[ctx.rank] = value
-    dist.all_reduce_sum(slots, ctx, name="tct_lambda_max")
-    return float(slots.max())
+    return dist.all_reduce_sum(slots, ctx, name=name)
+
+
+def _largest_on_any_rank(value: float, ctx) -> float:
+    """The largest of the ranks' `value`s."""
+    return float(_per_rank(value, torch.float64, ctx, "tct_lambda_max").max())
 
 
 def _same_on_all_ranks(value: int, ctx) -> bool:
     """Whether every rank holds `value` (a 56-bit integer); one small all_reduce."""
     if ctx.world_size == 1:
         return True
-    slots = torch.zeros(ctx.world_size, dtype=torch.int64, device=ctx.device)
-    slots[ctx.rank] = value
-    dist.all_reduce_sum(slots, ctx, name="tct_reuse_check")
-    return bool((slots == value).all())
+    return bool((_per_rank(value, torch.int64, ctx, "tct_reuse_check") == value).all())
 
 
 class TCTPhase(Phase):

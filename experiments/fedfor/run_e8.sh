@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FedFOR (normalised default) against FedAvg, FedProx and FedAvgM (server momentum 0.5) at E = 8, 30 rounds,
-# seeds 0 and 1 (evidence F4), two runs at a time. Skips a tag whose results/TAG/summary.json exists. Then: python experiments/fedfor/table.py --upto 30
+# seeds 0 and 1 (evidence F4), two runs at a time. Skips a tag whose results/TAG/summary.json exists.
+# Then: python experiments/fedfor/table.py --upto 30
 #   PYTHON=.venv/bin/python experiments/fedfor/run_e8.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
