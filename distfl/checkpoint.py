@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError
+from .faults import writing
 
 FORMAT_VERSION = 1
 
@@ -41,13 +43,41 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
+def write_bytes(data, path: Path) -> None:
+    """Checkpoints, client state and run files are written here: a failed write (a full disk) raises OSError naming
+    `path` and leaves no half-written file."""
+    try:
+        with writing(path):
+            _write_file(data, path)
+    except OSError:
+        Path(path).unlink(missing_ok=True)
+        raise
+
+
+def _write_file(data, path: Path) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def save_tensors(obj, path: Path) -> None:
+    """torch.save, serialised in memory first: torch's own file writer reports a full disk as a
+    RuntimeError without the file's name; `write_bytes` reports it as OSError(ENOSPC) naming it."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_bytes(buffer.getbuffer(), path)
+
+
 def atomic_write_text(text: str, path: Path) -> None:
     """Write, fsync, rename, fsync the directory: after a crash, the old text or the new, whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    fsync(tmp)
-    os.replace(tmp, path)
+    try:
+        write_bytes(text.encode(), tmp)
+        fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync(path.parent)
 
 
@@ -56,8 +86,12 @@ def atomic_torch_save(obj, path: Path) -> None:
     holds them is committed (`commit` fsyncs each), and are restored from that checkpoint on resume."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    save_tensors(obj, tmp)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_tensors(path: Path, device=None):
@@ -118,11 +152,11 @@ def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str,
             f"checkpoint {name}: the ranks wrote {clients} client state files but {staging / 'clients'} holds "
             f"{found}; with runtime.client_state=memory every rank writes its own clients there, so output.dir "
             "must be on a filesystem that all nodes share")
-    torch.save({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
+    save_tensors({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {"name": name, "clients": clients,
                 "files": {str(p.relative_to(staging)): _sha256(p) for p in files}}
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    write_bytes(json.dumps(manifest, indent=1).encode(), staging / "manifest.json")
     for path in [*files, staging / "manifest.json", staging / "clients", staging]:
         fsync(path)
     final = checkpoints_dir(run_dir) / name
@@ -208,7 +242,12 @@ def lock_run_dir(run_dir: Path):
     """Rank 0: an exclusive lock on RUN_DIR/.lock, held while the returned file stays open. The kernel
     releases it when the process dies, so a killed run never blocks the next one."""
     path = Path(run_dir) / ".lock"
-    handle = open(path, "a+")
+    try:
+        handle = open(path, "a+")
+    except OSError as exc:
+        raise CheckpointError(f"cannot lock {run_dir}: {path} cannot be opened as a file ({exc.strerror}); "
+                              f"it holds only a process id: remove it (it is remade) or pick another output.dir") \
+            from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -5,9 +5,11 @@ import argparse
 import os
 import re
 import sys
+import traceback
 from pathlib import Path
 
 from .errors import ConfigError, DistflError, Interrupted
+from .faults import Failure, RunFailed, debug_enabled
 
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
        distfl train --resume RUN_DIR [key=value ...]
@@ -38,9 +40,7 @@ def cmd_train(args) -> int:
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a distfl run directory?")
-        import yaml
-
-        base = yaml.safe_load(saved.read_text())
+        base = _saved_config(saved)
         base.setdefault("output", {})["dir"] = str(run_dir)
         cfg = config_from_dict(base, args.overrides, source=str(saved))
     else:
@@ -56,6 +56,21 @@ def cmd_train(args) -> int:
     summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     _print_result(summary, cfg)
     return 0
+
+
+def _saved_config(saved: Path) -> dict:
+    import yaml
+
+    try:
+        base = yaml.safe_load(saved.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--resume: cannot read {saved}: {str(exc).splitlines()[0]}; it is the run's config "
+                          "as distfl wrote it: restore it (every checkpoint's state.pt holds it too)") from None
+    if not isinstance(base, dict):
+        raise ConfigError(f"--resume: {saved} is {'empty' if base is None else 'not a mapping of config keys'}; "
+                          "it is the run's config as distfl wrote it: restore it (every checkpoint's state.pt "
+                          "holds it too)")
+    return base
 
 
 def _print_result(summary: dict, cfg) -> None:
@@ -193,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--overwrite", action="store_true", help="replace a finished or partial run in output.dir")
+    p.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error "
+                                                        "(also DISTFL_DEBUG=1); else it is saved in RUN_DIR/error.log")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("calibrate", help="SphereFed's FFC on a trained run: least-squares head from summed Z^T Z, Z^T Y")
     p.add_argument("run_dir", help="a run directory with a checkpoint; then calibration.* overrides")
@@ -259,8 +276,15 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(rest)
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
+    debug = getattr(args, "debug", False) or debug_enabled()
     try:
         return args.func(args)
+    except RunFailed as exc:
+        if debug:
+            traceback.print_exception(exc.original)
+        if not exc.quiet:  # every rank that failed on its own says so; the others follow from it
+            print(f"distfl: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except Interrupted as exc:
         if _is_main_process():
             print(f"distfl: {exc}", file=sys.stderr)
@@ -271,6 +295,13 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if debug:
+            raise
+        failure = Failure(exc, f"distfl {args.command}", None, 0, 1, 0.0)
+        if _is_main_process():
+            print(f"distfl: error: {failure.line}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

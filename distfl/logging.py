@@ -15,6 +15,7 @@ from pathlib import Path
 from .checkpoint import atomic_write_text
 from .config import flatten_dict
 from .errors import CheckpointError
+from .faults import writing
 
 # metrics.jsonl key -> TensorBoard tag
 TB_TAGS = {
@@ -47,13 +48,15 @@ class RunLogger:
         if not self.active:
             return
         self.metrics_path = Path(run_dir) / "metrics.jsonl"
+        self.tb_dir = Path(run_dir) / "tb"
         resume_step = start_round - 1 if resume_step is None else resume_step
         self._truncate_after(resume_step)
         self.metrics_file = open(self.metrics_path, "a")
         if output_cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1)
+            with writing(self.tb_dir):
+                self.writer = SummaryWriter(str(self.tb_dir), purge_step=resume_step + 1)
 
     def _truncate_after(self, last_round: int) -> None:
         if not self.metrics_path.exists():
@@ -75,12 +78,12 @@ class RunLogger:
     def log_round(self, row: dict, extra_scalars: dict | None = None) -> None:
         if not self.active:
             return
-        self.metrics_file.write(json.dumps(row) + "\n")
-        self.metrics_file.flush()
-        if self.writer is not None:
-            for key, value in {**row, **(extra_scalars or {})}.items():
-                if key != "round" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(TB_TAGS.get(key, key), value, row["round"])
+        self._write_row(row)
+        with writing(self.tb_dir):
+            if self.writer is not None:
+                for key, value in {**row, **(extra_scalars or {})}.items():
+                    if key != "round" and isinstance(value, (int, float)):
+                        self.writer.add_scalar(TB_TAGS.get(key, key), value, row["round"])
         if "test_acc" in row:
             self.last_eval = f"acc {100 * row['test_acc']:.2f}% (round {row['round']})"
             if "client_acc_mean" in row:
@@ -92,12 +95,16 @@ class RunLogger:
         `phase` its name; written to metrics.jsonl and TensorBoard, announced on stderr."""
         if not self.active:
             return
-        self.metrics_file.write(json.dumps(row) + "\n")
-        self.metrics_file.flush()
+        self._write_row(row)
         if self.writer is not None:
             for key, value in row.items():
                 if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.writer.add_scalar(f"{row['phase']}/{key}", value, row["round"])
+
+    def _write_row(self, row: dict) -> None:
+        with writing(self.metrics_path):
+            self.metrics_file.write(json.dumps(row) + "\n")
+            self.metrics_file.flush()
 
     def log_hparams(self, config: dict, final: dict, step: int) -> None:
         """The run's config (dotted keys) and its final metrics (`hparams/<name>` scalars at `step`)."""
@@ -138,10 +145,15 @@ class RunLogger:
             print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """Close both, and raise the first OSError (named) after trying both."""
         if self.active:
-            self.metrics_file.close()
-            if self.writer is not None:
-                self.writer.close()
+            try:
+                with writing(self.metrics_path):
+                    self.metrics_file.close()
+            finally:
+                if self.writer is not None:
+                    with writing(self.tb_dir):
+                        self.writer.close()
 
 
 def _clock(seconds: float) -> str:

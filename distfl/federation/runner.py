@@ -15,22 +15,24 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-from .. import __version__, checkpoint, dist
+from .. import __version__, checkpoint, dist, faults
 from ..algorithms import build_algorithm
 from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config, flatten_dict,
                       resume_blockers, saved_values)
 from ..data.client_test import client_test_sets, holdout_split
 from ..data.datasets import load_dataset
 from ..data.partition import partition
-from ..errors import CheckpointError, ConfigError, DivergenceError, Interrupted
+from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
@@ -55,8 +57,12 @@ class Trainer:
     def __init__(self, cfg, ctx: dist.DistContext, resume: bool = False, overwrite: bool = False):
         self.cfg, self.ctx = cfg, ctx
         self.run_dir = Path(cfg.output.dir)
+        self.overwrite = overwrite
         self.device = ctx.device
+        self.where, self.failure, self.started = "setting up the run", None, time.time()
+        self.launcher, self.interrupts = None, 0  # see _catch_stop_signals
         dist.reset_counters()
+        faults.check_output_dir(self.run_dir)
         if not resume and run_has_output(self.run_dir) and not overwrite:
             raise ConfigError(
                 f"output.dir {self.run_dir} already holds a run; continue it with "
@@ -131,20 +137,41 @@ class Trainer:
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
         self._prepare_run_dir(resume)
 
+    def _claim_run_dir(self, resume: bool) -> bool:
+        """Rank 0 takes the lock, then looks for a run in the directory: the look before the data
+        loaded is not enough, since another run may have started and finished there meanwhile. Every
+        rank learns its answer (one small all_reduce, also the barrier before --overwrite deletes).
+        Returns whether the old output is to be deleted (--overwrite)."""
+        found = False
+        if self.ctx.is_main:
+            with faults.run_dir_errors(self.run_dir):
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.lock = self.lock or checkpoint.lock_run_dir(self.run_dir)
+            found = not resume and run_has_output(self.run_dir)
+        flags = torch.tensor([int(found), int(found and not self.overwrite)], dtype=torch.int64, device=self.device)
+        found, refused = (int(v) for v in dist.all_reduce_sum(flags, self.ctx, "check"))
+        if refused:
+            self.close()
+            raise ConfigError(
+                f"output.dir {self.run_dir} already holds a run (another distfl run wrote it while this one "
+                f"was starting); continue it with `distfl train --resume {self.run_dir}`, pick another "
+                "output.dir, or pass --overwrite")
+        return bool(found)
+
     # ---- set-up --------------------------------------------------------------------------------
     def _prepare_run_dir(self, resume: bool) -> None:
-        if not resume and run_has_output(self.run_dir):  # --overwrite was given
-            dist.barrier(self.ctx)  # every rank has checked before rank 0 deletes
+        clear = self._claim_run_dir(resume)
         if self.ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.lock = self.lock or checkpoint.lock_run_dir(self.run_dir)
-            if not resume and run_has_output(self.run_dir):  # --overwrite was given
+            if clear:  # --overwrite was given
                 for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
                     path = self.run_dir / name
                     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            faults.remove_leftovers(self.run_dir)
             if self.store is not None:
                 self.store.create()
-            checkpoint.atomic_write_text(dump_config(self.cfg), self.run_dir / "config.yaml")
+            config_text, saved = dump_config(self.cfg), self.run_dir / "config.yaml"
+            if not (resume and saved.is_file() and saved.read_text() == config_text):  # nothing to write on a full disk
+                checkpoint.atomic_write_text(config_text, saved)
         dist.barrier(self.ctx)
         if self.ctx.is_main and self.skipped:
             checkpoint.set_aside(self.run_dir, [name for name, _ in self.skipped], self.resumed_from)
@@ -222,6 +249,7 @@ class Trainer:
 
     def _save_checkpoint(self, label: str, step: int) -> None:
         name = checkpoint.checkpoint_name(label, step)
+        self.where = f"writing checkpoint {name}"
         if self.ctx.is_main:
             checkpoint.begin(self.run_dir, name)
         dist.barrier(self.ctx)
@@ -275,6 +303,7 @@ class Trainer:
                            self.device, len(cohort))
         refused: dict[str, int] = {}  # statistic -> clients of this rank whose value was out of its range
         for pack in packs:
+            self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
             if len(runs) > 1:
                 indices = [self.client_indices[c] for c in pack]
@@ -288,6 +317,7 @@ class Trainer:
             train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
             self._contribute(run, stats, refused)
         stats.add("stop", int(self.stop_requested))
+        self.where = f"round {round_idx}, aggregation and server step"
         reduced = stats.reduce(ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
         # them at different moments.
@@ -417,12 +447,15 @@ class Trainer:
         try:
             for t in range(self.start_round, cfg.train.rounds + 1):
                 t0 = time.perf_counter()
+                self._check_launcher(logger)
+                self.where = f"round {t}"
                 row = self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
                 metrics.pop("samples", None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
+                    self.where = f"round {t}, evaluation"
                     evaluated = self.evaluate_round(clients=cfg.eval.clients)
                     acc = evaluated["test_acc"]
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
@@ -455,11 +488,28 @@ class Trainer:
             kept = f"the last good checkpoint, {kept.read_text().strip()}, is kept" if kept.exists() else \
                 "no checkpoint had been written yet"
             logger.info(f"stopped: {exc}; {kept}")
+        except Exception as exc:
+            if isinstance(exc, DistflError):
+                raise
+            self.failure = faults.Failure(exc, self.where, self.run_dir, self.ctx.rank, self.ctx.world_size,
+                                          self.started)
+            status, error = "failed", self.failure.line
         finally:
-            logger.close()
+            closed = _attempt(logger.close)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
+        if closed is not None and status == "completed":  # e.g. TensorBoard's last flush on a full disk
+            self.failure = faults.Failure(closed, "closing metrics and TensorBoard", self.run_dir, self.ctx.rank,
+                                          self.ctx.world_size, self.started)
+            status, error = "failed", self.failure.line
+        if status == "failed":
+            # Where the disk allows: the run's summary must not keep an earlier run's "completed".
+            if self.ctx.is_main:
+                _attempt(lambda: checkpoint.atomic_write_text(
+                    json.dumps(self._summary(status, error), indent=2) + "\n", self.run_dir / "summary.json"))
+            raise self.failure.error() from self.failure.exc
         summary = self._summary(status, error)
+        self.where = "writing summary.json"
         if self.ctx.is_main:
             checkpoint.atomic_write_text(json.dumps(summary, indent=2) + "\n", self.run_dir / "summary.json")
         if status != "completed":
@@ -472,6 +522,7 @@ class Trainer:
         for phase in self.phases:
             if phase.name in self.phases_done:
                 continue
+            self.where = f"phase {phase.name} (after training)"
             result = phase.run(self, logger)
             self.phase_results[phase.name] = result
             self.phases_done.append(phase.name)
@@ -492,12 +543,29 @@ class Trainer:
                                       "phase": label, **(client_stats or {})}
 
     def _catch_stop_signals(self) -> dict:
-        """SIGTERM / SIGUSR1 (Slurm preemption, time limits) ask for a checkpoint at the end of the round."""
+        """SIGTERM / SIGUSR1 (Slurm preemption, time limits) and SIGINT (Ctrl-C) ask for a checkpoint at
+        the end of the round; a second Ctrl-C stops at once, without one."""
         if threading.current_thread() is not threading.main_thread():
             return {}
 
-        return {sig: signal.signal(sig, lambda signum, frame: self.request_stop())
-                for sig in (signal.SIGTERM, signal.SIGUSR1)}
+        def on_signal(signum, frame):
+            if signum == signal.SIGINT and self.stop_requested and self.interrupts:
+                raise KeyboardInterrupt
+            self.interrupts += signum == signal.SIGINT
+            self.request_stop()
+
+        # torchrun's workers: the launcher that started them. SIGKILL, or a signal torchrun does not
+        # handle (SIGUSR1: its default action kills it), ends it without stopping them; they notice
+        # their new parent at the next round boundary and stop as on SIGTERM.
+        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+
+    def _check_launcher(self, logger) -> None:
+        """At a round boundary: a worker whose launcher died checkpoints and stops after this round."""
+        if self.launcher is not None and os.getppid() != self.launcher and not self.stop_requested:
+            logger.info(f"the launcher (torchrun, pid {self.launcher}) is gone: checkpointing after this round, "
+                        "then stopping")
+            self.request_stop()
 
     def request_stop(self) -> None:
         """Checkpoint and stop after the current round (every rank stops after the same round,
@@ -541,17 +609,42 @@ class Trainer:
 
 
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
-    """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank."""
+    """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank.
+    An unexpected error ends as faults.RunFailed: one line, the traceback saved in the run directory."""
     ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
-    trainer = None
+    trainer, started = None, time.time()
+    if resume and not_yet_checkpointed(Path(cfg.output.dir)):
+        if ctx.is_main:
+            print(f"{cfg.output.dir} stopped before its first checkpoint, so there is nothing to resume: "
+                  "starting it over from its saved config", file=sys.stderr, flush=True)
+        resume, overwrite = False, True
     try:
         with dist.deterministic_ops():
             trainer = Trainer(cfg, ctx, resume=resume, overwrite=overwrite)
             return trainer.run()
+    except Exception as exc:
+        if isinstance(exc, DistflError):
+            raise
+        where = trainer.where if trainer is not None else "setting up the run (data, partition, model)"
+        raise faults.Failure(exc, where, Path(cfg.output.dir), ctx.rank, ctx.world_size, started).error() from exc
     finally:
         if trainer is not None:
             trainer.close()
         dist.shutdown(ctx)
+
+
+def not_yet_checkpointed(run_dir: Path) -> bool:
+    """A run that stopped (a kill, a full disk) before its first checkpoint: nothing finished is lost
+    by starting it over. Not one that ended (completed, diverged) and lost its checkpoints since."""
+    if checkpoint.complete_checkpoints(run_dir):
+        return False
+    try:
+        status = json.loads((run_dir / "summary.json").read_text()).get("status")
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError, AttributeError):
+        return False
+    return status == "failed"
 
 
 def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
@@ -566,6 +659,15 @@ def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
     return [f"runtime {key} was {saved[key]} when checkpointed and is {now[key]} now; {why[key]}, so this run is "
             "no longer bit-identical to one run through without the stop (nor reproducible from its config)"
             for key in why if key in saved and saved[key] != now[key]]
+
+
+def _attempt(action) -> Exception | None:
+    """Run `action`; return the exception it raised instead of raising it (cleanup on a failing run)."""
+    try:
+        action()
+    except Exception as exc:
+        return exc
+    return None
 
 
 def _to_cpu(obj):

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import atomic_torch_save, load_tensors
+from ..faults import writing
 
 
 class ClientStateStore:
@@ -93,4 +94,5 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     except OSError:
         import shutil
 
-        shutil.copyfile(src, dst)
+        with writing(dst):
+            shutil.copyfile(src, dst)

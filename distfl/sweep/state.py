@@ -55,7 +55,10 @@ def point_state(run_dir: Path, config: dict) -> str:
             return "diverged"
         if summary.get("status") == "completed" and (summary.get("rounds") or 0) >= config["train"]["rounds"]:
             return "completed"
-    if (run_dir / "checkpoints" / "latest").exists():
+    # `latest` may be missing (a kill between a checkpoint's rename and its update): any checkpoint
+    # directory (LABEL_STEP; not .NAME.partial or .NAME.bad) makes the point resumable, never overwritten.
+    if (run_dir / "checkpoints" / "latest").exists() or any(
+            p.is_dir() and p.name.rpartition("_")[2].isdigit() for p in (run_dir / "checkpoints").glob("*_[0-9]*")):
         return "resume"
     return "overwrite" if _has_output(run_dir) else "new"
 
