@@ -75,8 +75,9 @@ def atomic_write_text(text: str, path: Path) -> None:
         write_bytes(text.encode(), tmp)
         fsync(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)
+        exc.filename = str(path)  # the file the user knows, not its temporary name
         raise
     fsync(path.parent)
 
@@ -86,11 +87,12 @@ def atomic_torch_save(obj, path: Path) -> None:
     holds them is committed (`commit` fsyncs each), and are restored from that checkpoint on resume."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    save_tensors(obj, tmp)
     try:
+        save_tensors(obj, tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)
+        exc.filename = str(path)  # the file the user knows, not its temporary name
         raise
 
 

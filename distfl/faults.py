@@ -80,11 +80,13 @@ def latest_checkpoint(run_dir: Path) -> str | None:
 
 
 def disk_full_message(exc: OSError, run_dir: Path) -> str:
+    where = f"disk full writing {exc.filename or run_dir} ({free_space(exc.filename or run_dir)})"
+    if not (Path(run_dir) / "config.yaml").is_file():
+        return f"{where}; the run had not started. Free some space, then run the same command again"
     latest = latest_checkpoint(run_dir)
     kept = (f"the last good checkpoint, {Path(run_dir) / 'checkpoints' / latest}, is kept" if latest else
             "no checkpoint had been written yet (the resume starts the run over from its config)")
-    return (f"disk full writing {exc.filename or run_dir} ({free_space(exc.filename or run_dir)}); {kept}. "
-            f"Free some space, then continue with `distfl train --resume {run_dir}`")
+    return f"{where}; {kept}. Free some space, then continue with `distfl train --resume {run_dir}`"
 
 
 def _raised_in_collective(exc: BaseException) -> bool:

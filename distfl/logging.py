@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,7 @@ class RunLogger:
         if output_cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_tensorboard_thread()
             with writing(self.tb_dir):
                 self.writer = SummaryWriter(str(self.tb_dir), purge_step=resume_step + 1)
 
@@ -154,6 +156,21 @@ class RunLogger:
                 if self.writer is not None:
                     with writing(self.tb_dir):
                         self.writer.close()
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard writes from a thread, which re-raises a failed write (a full disk) in the next call
+    of ours; the thread's own dying print would put a traceback beside distfl's one line."""
+    previous = threading.excepthook
+    if getattr(previous, "distfl", False):
+        return
+
+    def hook(args):
+        if not (type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.distfl = True
+    threading.excepthook = hook
 
 
 def _clock(seconds: float) -> str:

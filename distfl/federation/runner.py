@@ -55,6 +55,14 @@ def run_has_output(run_dir: Path) -> bool:
 
 class Trainer:
     def __init__(self, cfg, ctx: dist.DistContext, resume: bool = False, overwrite: bool = False):
+        self.lock = None
+        try:
+            self._set_up(cfg, ctx, resume, overwrite)
+        except BaseException:
+            self.close()  # a set-up that failed must not keep the run directory locked (in-process sweeps)
+            raise
+
+    def _set_up(self, cfg, ctx: dist.DistContext, resume: bool, overwrite: bool) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.run_dir = Path(cfg.output.dir)
         self.overwrite = overwrite
@@ -151,7 +159,6 @@ class Trainer:
         flags = torch.tensor([int(found), int(found and not self.overwrite)], dtype=torch.int64, device=self.device)
         found, refused = (int(v) for v in dist.all_reduce_sum(flags, self.ctx, "check"))
         if refused:
-            self.close()
             raise ConfigError(
                 f"output.dir {self.run_dir} already holds a run (another distfl run wrote it while this one "
                 f"was starting); continue it with `distfl train --resume {self.run_dir}`, pick another "
