@@ -327,7 +327,7 @@ def _start(tmp_path, args, nproc=1):
     launcher = [sys.executable, "-m", "distfl"] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "distfl"]
     proc = subprocess.Popen([*launcher, *map(str, args)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 120
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -335,12 +335,15 @@ def _start(tmp_path, args, nproc=1):
     return proc
 
 
-def test_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, small_config, through):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, small_config, through, nproc):
+    """Ctrl-C in a terminal: SIGINT to every process of the foreground group (torchrun's launcher, which
+    passes it on, and each rank)."""
     run_dir = tmp_path / "run"
-    proc = _start(tmp_path, ["train", small_config, f"output.dir={run_dir}", "checkpoint.every=0"])
-    proc.send_signal(signal.SIGINT)
+    proc = _start(tmp_path, ["train", small_config, f"output.dir={run_dir}", "checkpoint.every=0"], nproc=nproc)
+    os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 3, err
+    assert proc.returncode != 0 and (nproc > 1 or proc.returncode == 3), err
     assert "checkpoint written after round 2" in err and f"distfl train --resume {run_dir}" in err
     assert [p.name for p in (run_dir / "checkpoints").glob("round_*")] == ["round_000002"]
     assert train_ok(None, resume=str(run_dir))["model_sha256"] == through["model_sha256"]

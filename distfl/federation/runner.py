@@ -556,7 +556,9 @@ class Trainer:
             return {}
 
         def on_signal(signum, frame):
-            if signum == signal.SIGINT and self.stop_requested and self.interrupts:
+            # Not under torchrun: a Ctrl-C there reaches each rank twice (from the terminal, and passed
+            # on by the launcher), and only the launcher is to answer a second one.
+            if signum == signal.SIGINT and self.stop_requested and self.interrupts and self.launcher is None:
                 raise KeyboardInterrupt
             self.interrupts += signum == signal.SIGINT
             self.request_stop()
