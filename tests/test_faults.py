@@ -142,22 +142,25 @@ def test_disk_full_on_two_ranks_reports_once_and_resumes_exactly(tmp_path, small
 
 
 def test_disk_full_in_the_client_state_store(tmp_path, small_config, monkeypatch):
-    run_dir = tmp_path / "run"
-    seen = []
+    """SCAFFOLD's per-client state on disk: the store cannot write a client's file in round 3."""
+    run_dir, args = tmp_path / "run", ["algorithm.name=scaffold", "runtime.client_state=disk"]
+    reference = train_ok(small_config, f"output.dir={tmp_path / 'through'}", *args)
+    written = []
 
-    def failing(path):  # the third client-state file written
-        seen.extend([path] if path.parent.name == "client_state" else [])
-        return len(seen) == 3 and path.parent.name == "client_state"
+    def failing(path):  # 5 clients a round: the 13th client-state file is written in round 3
+        written.extend([path] if path.parent.name == "client_state" else [])
+        return len(written) == 13 and path.parent.name == "client_state"
 
     full_disk_writer(monkeypatch, failing)
-    proc = run_cli(["train", small_config, f"output.dir={run_dir}", "algorithm.name=scaffold",
-                    "runtime.client_state=disk"])
+    proc = run_cli(["train", small_config, f"output.dir={run_dir}", *args])
     assert proc.returncode == 1
     line = one_error_line(proc.stderr)
-    assert f"disk full writing {run_dir / 'client_state'}/" in line
-    assert "no checkpoint had been written yet" in line
+    assert f"disk full writing {written[-1].parent}/{written[-1].name.split('.')[1]}.pt (" in line
+    assert f"the last good checkpoint, {run_dir / 'checkpoints' / 'round_000002'}, is kept" in line
     assert leftovers(run_dir) == []
     assert summary(run_dir)["status"] == "failed"
+    monkeypatch.undo()
+    assert train_ok(None, resume=str(run_dir))["model_sha256"] == reference["model_sha256"]
 
 
 @pytest.fixture
@@ -215,6 +218,9 @@ def test_an_unexpected_error_is_one_line_with_its_traceback_saved(tmp_path, smal
     assert summary(run_dir)["status"] == "failed"
 
     proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'debug'}", "--debug"])
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+    monkeypatch.setenv("DISTFL_DEBUG", "1")
+    proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'debug_env'}"])
     assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
 
 
