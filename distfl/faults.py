@@ -156,13 +156,13 @@ class Failure:
         if world_size > 1:
             peer = _peer_report(run_dir, rank, since, _raised_in_collective(exc))
         self.quiet = peer is not None
+        if rank == 0 and run_dir is not None and Path(run_dir).is_dir():
+            remove_leftovers(run_dir)  # whichever rank failed: a checkpoint half-assembled is never resumed
         if peer is not None:
             self.line = peer
             return
         if is_disk_full(exc) and run_dir is not None:
             self.line = disk_full_message(exc, run_dir)
-            if rank == 0:
-                remove_leftovers(run_dir)
         else:
             what = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
             who = f"rank {rank}, " if world_size > 1 else ""

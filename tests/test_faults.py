@@ -111,13 +111,13 @@ def test_disk_full_writing_a_checkpoint_then_resume(tmp_path, small_config, monk
 SITE_DISK_FULL = """
 import errno, os
 from pathlib import Path
-if "RANK" in os.environ and "DISK_FULL_AT" in os.environ:
+if os.environ.get("RANK") == os.environ.get("DISK_FULL_RANK"):
     from distfl import checkpoint
 
     _write_file = checkpoint._write_file
 
     def write_file(data, path):
-        if Path(path).parent.name == os.environ["DISK_FULL_AT"]:
+        if os.environ["DISK_FULL_AT"] in str(path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         _write_file(data, path)
 
@@ -125,20 +125,48 @@ if "RANK" in os.environ and "DISK_FULL_AT" in os.environ:
 """
 
 
-def test_disk_full_on_two_ranks_reports_once_and_resumes_exactly(tmp_path, small_config, through):
-    """SCAFFOLD with client state on disk: rank 0 cannot write the round-4 checkpoint; rank 1, whose
-    next collective then breaks, stays quiet. The resume on 2 ranks equals the uninterrupted run."""
+@pytest.mark.parametrize("rank,store,at", [("0", "disk", ".round_000004.partial/state.pt"),
+                                           ("1", "memory", ".round_000004.partial/clients/")])
+def test_disk_full_on_two_ranks_reports_once_and_resumes_exactly(tmp_path, small_config, rank, store, at):
+    """SCAFFOLD: rank 0 cannot write the round-4 checkpoint's state.pt, or rank 1 its clients' files
+    there (client state in memory: each rank writes its own). The rank whose next collective then
+    breaks stays quiet. The resume on 2 ranks equals the uninterrupted run."""
     run_dir = tmp_path / "run"
-    env = env_with_sitecustomize(tmp_path, SITE_DISK_FULL, DISK_FULL_AT=".round_000004.partial")
-    args = ["algorithm.name=scaffold", "runtime.client_state=disk"]
+    env = env_with_sitecustomize(tmp_path, SITE_DISK_FULL, DISK_FULL_RANK=rank, DISK_FULL_AT=at)
+    args = ["algorithm.name=scaffold", f"runtime.client_state={store}"]
     proc = run_cli(["train", small_config, f"output.dir={run_dir}", *args], nproc=2, env=env)
     assert proc.returncode != 0
-    assert "disk full writing" in one_error_line(proc.stderr)
+    line = one_error_line(proc.stderr)
+    assert f"disk full writing {run_dir / 'checkpoints' / at.rstrip('/')}" in line
+    assert f"the last good checkpoint, {run_dir / 'checkpoints' / 'round_000002'}, is kept" in line
     assert leftovers(run_dir) == []
     assert summary(run_dir)["status"] == "failed"
     reference = train_ok(small_config, f"output.dir={tmp_path / 'through'}", *args)
     resumed = train_ok(None, resume=str(run_dir), nproc=2)
     assert resumed["model_sha256"] == reference["model_sha256"]
+
+
+def test_a_failed_resume_does_not_leave_completed_in_the_summary(tmp_path, small_config, monkeypatch):
+    """A finished run continued to more rounds, whose checkpoints cannot be written (permission)."""
+    run_dir = tmp_path / "run"
+    train_ok(small_config, f"output.dir={run_dir}")
+    from distfl import checkpoint
+
+    write_file = checkpoint._write_file
+
+    def refused(data, path):
+        if ".partial" in str(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        write_file(data, path)
+
+    monkeypatch.setattr(checkpoint, "_write_file", refused)
+    proc = run_cli(["train", "--resume", run_dir, "train.rounds=8"])
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr)
+    assert line.startswith("distfl: error: writing checkpoint round_000008: PermissionError: [Errno 13]")
+    failed = summary(run_dir)
+    assert failed["status"] == "failed" and failed["error"] in line
+    assert leftovers(run_dir) == []
 
 
 def test_disk_full_in_the_client_state_store(tmp_path, small_config, monkeypatch):
