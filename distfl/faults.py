@@ -206,7 +206,10 @@ def check_output_dir(run_dir: Path) -> None:
     if not existing.is_dir():
         raise ConfigError(f"output.dir {run_dir} is under {existing}, which is a file, not a directory; "
                           "pick another output.dir")
-    name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):  # a filesystem that does not say: its own error comes when writing
+        name_max, path_max = 1 << 30, 1 << 30
     too_long = [part for part in path.relative_to(existing).parts if len(part.encode()) > name_max]
     if too_long or len(str(path).encode()) + len("/checkpoints/.round_000000.partial/state.pt") >= path_max:
         raise ConfigError(f"output.dir {run_dir} is too long for its filesystem (names at most {name_max} bytes, "

@@ -430,3 +430,22 @@ def test_resume_before_the_first_checkpoint_starts_over(tmp_path, small_config, 
     assert proc.returncode == 0, proc.stderr
     assert "stopped before its first checkpoint, so there is nothing to resume: starting it over" in proc.stderr
     assert summary(run_dir)["model_sha256"] == through["model_sha256"]
+
+
+def test_an_op_without_a_deterministic_kernel_mid_run_stays_a_config_error(tmp_path, small_config, monkeypatch):
+    """dist.deterministic_ops names the op and runtime.deterministic; the fault handling keeps that."""
+    from torch._prims_common import alert_not_deterministic
+
+    from distfl.federation import runner
+
+    train_client = runner.train_client
+
+    def nondeterministic(worker, data, indices, run, *rest):
+        if run.round_idx == 2:
+            alert_not_deterministic("some_backward_cuda")
+        return train_client(worker, data, indices, run, *rest)
+
+    monkeypatch.setattr(runner, "train_client", nondeterministic)
+    proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2
+    assert "some_backward_cuda has no deterministic implementation" in one_error_line(proc.stderr)

@@ -496,7 +496,8 @@ class Trainer:
                 "no checkpoint had been written yet"
             logger.info(f"stopped: {exc}; {kept}")
         except Exception as exc:
-            if isinstance(exc, DistflError):
+            # A ConfigError already, or made one by dist.deterministic_ops (an op with no deterministic kernel).
+            if isinstance(exc, DistflError) or dist._NONDETERMINISTIC in str(exc):
                 raise
             self.failure = faults.Failure(exc, self.where, self.run_dir, self.ctx.rank, self.ctx.world_size,
                                           self.started)
