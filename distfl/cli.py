@@ -11,8 +11,8 @@ from pathlib import Path
 from .errors import ConfigError, DistflError, Interrupted
 from .faults import Failure, RunFailed, debug_enabled
 
-USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite]
-       distfl train --resume RUN_DIR [key=value ...]
+USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [--debug]
+       distfl train --resume RUN_DIR [key=value ...] [--debug]
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl bench [--suite runtime|ffc|tct|cross-device] [--out FILE] [--rounds N] [--repeats N] [--quick]
