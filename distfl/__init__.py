@@ -6,6 +6,12 @@ hook interface), `distfl.Segment` (a named statistic in the round's one all_redu
 `import distfl` stays free of torch.
 """
 
+import os
+
+# Deterministic cuBLAS reads this once, at the process's first cuBLAS call: set it before any such call
+# can happen (a notebook, pytest or code embedding the trainer may call cuBLAS before dist.init).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 __version__ = "0.1.0"
 __all__ = ["Algorithm", "Classifier", "Segment", "__version__"]
 

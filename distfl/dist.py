@@ -3,8 +3,9 @@
 One code path for every launch: a plain process (world size 1, no process group), torchrun (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment), or one task per rank under `srun` (Slurm:
 SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID; the master is the first host of the step's node list
-and the port is derived from the job id, see `slurm_environment`). gloo on CPU, NCCL on CUDA with one
-device per local rank. Every collective distfl issues goes through this module, which counts calls and bytes
+and the port is derived from the job id, see `slurm_environment`). gloo on CPU; on CUDA, NCCL when every
+rank of a node has a GPU of its own, else gloo over the CUDA tensors (several ranks sharing a GPU, see
+`choose_backend`). Every collective distfl issues goes through this module, which counts calls and bytes
 so tests and `distfl bench` can check "one all_reduce per round".
 """
 from __future__ import annotations
@@ -104,6 +105,26 @@ def slurm_environment(env=os.environ) -> dict[str, str] | None:
     }
 
 
+def local_world_size(env=os.environ) -> int:
+    """How many ranks run on this node: torchrun's LOCAL_WORLD_SIZE, else the largest task count per
+    node of the srun step (SLURM_STEP_TASKS_PER_NODE, e.g. "4(x2),3"), else 1."""
+    if "LOCAL_WORLD_SIZE" in env:
+        return int(env["LOCAL_WORLD_SIZE"])
+    tasks = env.get("SLURM_STEP_TASKS_PER_NODE") if "SLURM_STEP_ID" in env else None
+    if tasks:
+        return max(int(part.split("(")[0]) for part in tasks.split(","))
+    return 1
+
+
+def choose_backend(use_cuda: bool, ranks_per_node: int, gpus: int) -> str:
+    """gloo on CPU. On CUDA: NCCL when each rank of the node has a GPU of its own; NCCL refuses two ranks
+    on one GPU ("Duplicate GPU detected"), so ranks sharing GPUs use gloo, which all_reduces CUDA tensors
+    (through host memory: slower per byte, the same exact int64 sum)."""
+    if not use_cuda:
+        return "gloo"
+    return "nccl" if ranks_per_node <= gpus else "gloo"
+
+
 def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = True) -> DistContext:
     """Join the process group described by the environment, or run alone when there is none.
 
@@ -125,22 +146,25 @@ def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = Tr
         from .errors import ConfigError
 
         raise ConfigError("runtime.device=cuda but torch sees no CUDA device; use runtime.device=cpu or auto")
+    gpus = torch.cuda.device_count() if use_cuda else 0
     if use_cuda:
-        # Deterministic cuBLAS needs this before the first CUDA call.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", local_rank % gpus)
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
+        # TF32 rounds matmul inputs to 10 mantissa bits: off, so CUDA results match float32 maths.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     else:
         device = torch.device("cpu")
     torch.use_deterministic_algorithms(True, warn_only=not deterministic)
+    # Deterministic mode also fills every new tensor with NaN (torch.empty included): a pass over memory
+    # per allocation that changes no result, since distfl reads no uninitialised memory.
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
     backend = None
     if world_size > 1:
-        backend = "nccl" if use_cuda else "gloo"
+        backend = choose_backend(use_cuda, local_world_size(os.environ), gpus)
         if not torch_dist.is_initialized():
             torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)

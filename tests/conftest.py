@@ -14,6 +14,22 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The ordinary suite runs on the CPU on every machine (its 2-rank tests use gloo, several assert cpu):
+# CUDA is hidden from this process and every run it starts, before torch is imported. tests/test_cuda.py
+# runs its real-GPU checks in subprocesses with `cuda_env()`.
+ORIGINAL_CUDA_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def cuda_env(**extra: str) -> dict:
+    """The environment of a subprocess that may use the machine's GPUs (as this session found them)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra}
+    if ORIGINAL_CUDA_VISIBLE_DEVICES is None:
+        env.pop("CUDA_VISIBLE_DEVICES")
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ORIGINAL_CUDA_VISIBLE_DEVICES
+    return env
+
 # A run that takes about a second: 12 clients of synthetic 8x8 images, a small MLP.
 SMALL = {
     "seed": 3,

@@ -183,13 +183,6 @@ def test_torch_func_grad(name):
         torch.testing.assert_close(grads[k], p.grad)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("name", NAMES)
-def test_cuda(name):
-    model = build(name, (3, 32, 32), 10).cuda()
-    assert model(torch.randn(2, 3, 32, 32, device="cuda")).shape == (2, 10)
-
-
 # Modules whose CUDA backward has no deterministic kernel (torch.use_deterministic_algorithms' list):
 # under runtime.deterministic=true a model holding one stops on CUDA, so built-in models avoid them.
 NONDETERMINISTIC_ON_CUDA = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.FractionalMaxPool2d, nn.MaxPool3d,

@@ -61,7 +61,10 @@ class Algorithm:
         self.fedbn = cfg.aggregation.fedbn
         if self.fedbn:
             self.bn_params, self.bn_buffers = _batchnorm_coordinates(worker, cfg.model.name)
-            self.bn_index = self.bn_params.nonzero().squeeze(1)  # the same coordinates, as indices
+            # The same coordinates as indices, found once: indexing with a boolean mask finds them
+            # again each time, which on a GPU waits for the queue.
+            self.bn_index = self.bn_params.nonzero().squeeze(1)
+            self.bn_buffer_index = self.bn_buffers.nonzero().squeeze(1)
             self.stateful = True  # each client keeps its own BatchNorm
 
     # ---- weights -------------------------------------------------------------------------------
@@ -87,8 +90,8 @@ class Algorithm:
         """Turn the global model in the worker into the one this client uses (FedBN: with its own
         BatchNorm; the global one until it has been sampled)."""
         if self.fedbn and "bn_params" in state:
-            worker.params[self.bn_params] = state["bn_params"]
-            worker.buffers[self.bn_buffers] = state["bn_buffers"]
+            worker.params[self.bn_index] = state["bn_params"]
+            worker.buffers[self.bn_buffer_index] = state["bn_buffers"]
 
     def local_loss(self, model, x: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
         """The loss of one local mini-batch: the model's loss (cross-entropy, or MSE for SphereFed's
@@ -181,7 +184,7 @@ class Algorithm:
             own = worker.params[self.bn_index]
             stats.add("bn_params", own, run.weight)
             run.state["bn_params"] = own
-            run.state["bn_buffers"] = worker.buffers[self.bn_buffers].clone()
+            run.state["bn_buffers"] = worker.buffers[self.bn_buffer_index]
 
     def server_step(self, params: torch.Tensor, buffers: torch.Tensor, reduced) -> None:
         """server_update; under FedBN the global BatchNorm is then the weighted mean of the cohort's own."""

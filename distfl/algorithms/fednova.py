@@ -20,7 +20,8 @@ class FedNova(Algorithm):
     name = "fednova"
 
     def segments(self):
-        return super().segments() + [Segment("tau_eff", 1)]
+        # a_i reaches ~tau_i / (1 - rho): thousands of steps; a unit of 2^-30 leaves room for 2^23.
+        return super().segments() + [Segment("tau_eff", 1, frac_bits=30)]
 
     def client_statistics(self, run, worker, stats):
         a = normaliser(run.steps, self.cfg.train.momentum)

@@ -49,11 +49,14 @@ import torch.nn.functional as F
 
 from .. import checkpoint, dist
 from ..errors import ConfigError, DivergenceError, Interrupted
-from ..federation.aggregate import Segment, StatBuffer, Unrepresentable
+from ..federation.aggregate import Segment, StatBuffer
 from ..federation.phases import Phase
 from ..tct.features import coordinate_index, entk_features, feature_bytes, feature_parameters, reinit_head
 from ..tct.solver import LocalLeastSquares, fedavg_client_round, scaffold_client_round
 
+# Stage 2 runs where the features live, the host (memory or memory-mapped): the solvers, psi and the
+# clients' SCAFFOLD state stay together there on any run device; only the round's sums go to the device.
+STAGE2_DEVICE = torch.device("cpu")
 MODEL_FILE = "tct_model.pt"  # W and b (psi), the normalisation statistics and the coordinates
 STATS_FILE = "stats.pt"  # disk store: the normalisation statistics, under RUN_DIR/tct, beside the features
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "float64": torch.float64}
@@ -421,6 +424,8 @@ class TCTPhase(Phase):
         resumed = trainer.phase_state if trainer.phase_state.get("phase") == self.name else {}
         saved_stats = _stats_key(resumed["mean"], resumed["std"]) if resumed and tc.normalize else None
         threads = tc.threads or cfg.runtime.threads
+        if trainer.store is not None:
+            trainer.store.home = STAGE2_DEVICE
         with phase_threads(threads):
             self._features(trainer, logger, saved_stats)
         t0 = time.perf_counter()
@@ -445,7 +450,8 @@ class TCTPhase(Phase):
         solvers = {k: LocalLeastSquares(self.train_z[k], F.one_hot(self.train_y[k], c).to(torch.float64) - 1.0 / c,
                                         bias=True, dtype_compute=compute) for k in self.clients}
         q = self.p + 1
-        psi = resumed["psi"].to(trainer.device) if resumed else torch.zeros(q, c, dtype=torch.float64, device=trainer.device)
+        psi = (resumed["psi"].to(STAGE2_DEVICE) if resumed
+               else torch.zeros(q, c, dtype=torch.float64, device=STAGE2_DEVICE))
         first = int(resumed.get("round", 0)) + 1 if resumed else 1
         base_step = cfg.train.rounds
         if first > 1:
@@ -555,7 +561,7 @@ class TCTPhase(Phase):
     def _round(self, trainer, solvers, psi, t, n_total, q, c):
         tc = trainer.cfg.tct
         sizes = trainer.population.sizes
-        segments = [Segment("psi", q * c), Segment("nonfinite", 1, kind="int"), Segment("stop", 1, kind="int")]
+        segments = [Segment("psi", q * c), Segment("stop", 1, kind="int")]
         if tc.check_invariant:
             segments.append(Segment("h_sum", q * c))
         stats = StatBuffer(segments, trainer.device, len(trainer.population))
@@ -563,7 +569,7 @@ class TCTPhase(Phase):
             weight = int(sizes[k]) / n_total
             state = None
             if tc.solver == "scaffold":  # stage-2 keys, beside any state the stage-1 algorithm kept
-                saved = trainer.store.get(k, dict)
+                saved = trainer.store.get(k, dict, device=STAGE2_DEVICE)
                 state = {"h": saved.get("tct_h", solver.zeros()), "last": saved.get("tct_last")}
             if tc.solver == "gd":
                 out = psi - tc.lr * solver.gradient(psi)
@@ -571,32 +577,30 @@ class TCTPhase(Phase):
                 out = scaffold_client_round(solver, psi, state, tc.lr, tc.local_steps, tc.local_solver)
             else:
                 out = fedavg_client_round(solver, psi, None, tc.lr, tc.local_steps, tc.local_solver)
-            try:
-                stats.add("psi", out, weight)
-                if tc.check_invariant:
-                    stats.add("h_sum", state["h"], weight)
-            except Unrepresentable:
-                stats.add("nonfinite", 1)
-                continue
+            stats.add("psi", out, weight)
+            if tc.check_invariant:
+                stats.add("h_sum", state["h"], weight)
             if state is not None:
                 trainer.store.put(k, {"tct_h": state["h"], "tct_last": state["last"]})
         stats.add("stop", int(trainer.stop_requested))
         reduced = stats.reduce(trainer.ctx, name="tct_round")
         trainer.stop_agreed = int(reduced["stop"][0]) > 0
-        if int(reduced["nonfinite"][0]):
-            raise DivergenceError(f"TCT stage 2 round {t}: {int(reduced['nonfinite'][0])} client(s) produced a "
-                                  f"non-finite or huge model; {_divergence_advice(tc.lr, tc.local_steps, self.lambda_max)}")
+        problems = reduced.problems()
+        if problems:
+            found = "; ".join(f"{name}: {what}" for name, what in problems.items())
+            raise DivergenceError(f"TCT stage 2 round {t}: the clients produced a non-finite or huge model ({found}); "
+                                  f"{_divergence_advice(tc.lr, tc.local_steps, self.lambda_max)}")
         if tc.check_invariant:
             self.invariant = float(reduced["h_sum"].abs().max())
-        return reduced["psi"].view(q, c)
+        return reduced["psi"].view(q, c).to(STAGE2_DEVICE)
 
     def _accuracy(self, trainer, psi) -> float:
         """Test accuracy of the linear model on this rank's test batches, summed over ranks."""
         stats = StatBuffer([Segment("correct", 1, kind="int")], trainer.device, 1)
         if len(self.test_y):
             z = self.test_z
-            scores = torch.cat([z[s : s + 4096].to(trainer.device, torch.float64) @ psi[:-1] + psi[-1]
+            scores = torch.cat([z[s : s + 4096].to(psi.device, torch.float64) @ psi[:-1] + psi[-1]
                                 for s in range(0, len(z), 4096)])
-            stats.add("correct", (scores.argmax(1) == self.test_y).sum())
+            stats.add("correct", (scores.argmax(1) == self.test_y.to(psi.device)).sum())
         reduced = stats.reduce(trainer.ctx, name="tct_eval")
         return int(reduced["correct"][0]) / len(trainer.data.test_y)

@@ -5,16 +5,24 @@ Why fixed point. A float sum depends on the order of its terms, so a model avera
 distfl therefore converts each client's contribution (computed in float64) to a 64-bit integer in units
 of 2^-frac_bits, and sums integers, which is exact and associative. The result is bit-identical for
 any number of ranks and any placement of clients on ranks. The price: the all_reduce moves int64
-(8 bytes a value, like float64), and values are rounded to 2^-40 ~ 9.1e-13 absolute (far below the
-float32 resolution of any parameter it is added to).
+(8 bytes a value, like float64), and values are rounded to 2^-40 ~ 9.1e-13 absolute by default (far
+below the float32 resolution of any parameter it is added to).
 
 Segments are declared by name and size. `fixed` segments hold real numbers; `int` segments hold
-integer counts (exact at any size). Each fixed segment's unit comes from a bound on what one term of it
-may hold: a segment that declares `bound` (the largest |weight * value| a healthy client gives) gets the
-finest unit 2^-k (k <= 40) at which `max_terms` such terms cannot overflow int64; one that declares no
-bound keeps 2^-frac_bits and accepts |weight * value| below 2^(62 - frac_bits) / max_terms (2^22 / cohort
-size at 2^-40: far beyond any sane weighted model update). A value outside its segment's range, or
-NaN/inf, is refused (Unrepresentable, naming the segment), which stops the run like a NaN would.
+integer counts (exact at any size).
+
+How a term is added, in about one pass over it. Each client's weighted value is rounded to its
+segment's grid (unit 2^-bits) in float64 and added into the rank's float64 sum, which lives in the
+int64 buffer's own memory; the sum becomes int64 once per round, just before the all_reduce. A float64
+sum of grid values is exact while every partial sum stays below 2^53 units, and the buffer checks
+that it did: it tracks, per segment, the "mass" sum over terms of |weight| * max|value|, which bounds
+every partial sum of every coordinate, and refuses the round if the mass passed 2^53 units (2^13 =
+8192 at the default unit 2^-40, whatever the number of clients: for weights that sum to 1, the weighted
+mean's max|value|). A NaN or inf term is refused likewise. Neither check syncs with the device per
+term: they are counted on the device, summed over ranks inside the round's one all_reduce, and read
+once (`Reduced.problems`). Python numbers (counters, host-side scalars) are summed on the host and
+join the buffer at `reduce`. A segment that declares `bound` (the largest |weight * value| one
+healthy term has) gets the finest unit 2^-k (k <= 40) at which `max_terms` such terms stay exact.
 """
 from __future__ import annotations
 
@@ -60,12 +68,15 @@ def round_segments(algorithm_segments, max_samples_trained: int) -> list[Segment
     return standard + list(algorithm_segments)
 
 
-class Unrepresentable(ValueError):
-    """A contribution is NaN/inf or outside its segment's range; `segment` names the segment."""
+# Per rank, the float64 sum of grid values stays exact below 2^53 units; summed over W ranks as int64 it
+# must stay below 2^62, so each rank's budget is min(2^53, 2^62 / W). The mass that is checked against
+# it is itself a float64 sum, off by at most a unit per 2^53: the margin of 2^-20 covers 2^33 terms.
+EXACT_UNITS = 2.0**53 * (1 - 2.0**-20)
 
-    def __init__(self, segment: str, message: str):
-        super().__init__(message)
-        self.segment = segment
+
+def fixed_point_bits(bound: float, max_terms: int) -> int:
+    """The finest unit 2^-k (k <= FRAC_BITS) at which `max_terms` terms of |value| <= bound sum exactly."""
+    return min(FRAC_BITS, math.floor(math.log2(EXACT_UNITS / (max(1, max_terms) * bound))))
 
 
 class StatBuffer:
@@ -75,55 +86,108 @@ class StatBuffer:
         self.segments = {s.name: s for s in segments}
         if len(self.segments) != len(segments):
             raise ValueError("duplicate segment names")
+        self.fixed = [s.name for s in segments if s.kind == "fixed"]
+        # Internal counts, summed over ranks with the rest: per fixed segment, its NaN/inf terms and the
+        # ranks whose sum left float64's exact range.
+        internal = [Segment("_nonfinite", len(self.fixed), kind="int"), Segment("_inexact", len(self.fixed), kind="int")]
         self.offsets = {}
         offset = 0
-        for s in segments:
+        for s in [*segments, *internal]:
             self.offsets[s.name] = offset
             offset += s.numel
+        self.internal = {s.name: s for s in internal}
         self.buffer = torch.zeros(offset, dtype=torch.int64, device=device)
+        self.sums = self.buffer.view(torch.float64)  # the fixed segments' float64 sums, until `reduce`
         self.max_terms = max(1, max_terms)
-        # Per fixed segment: its unit 2^-bits and the largest |weight * value| one term may have, such
-        # that max_terms terms cannot overflow int64 (|sum| < 2^62 in units).
-        self.bits, self.limits = {}, {}
+        self.bits = {}
         for s in segments:
-            if s.kind != "fixed":
-                continue
-            if s.bound is None:
-                self.bits[s.name] = s.frac_bits
-                self.limits[s.name] = 2.0 ** (62 - s.frac_bits) / self.max_terms
-            else:
-                self.bits[s.name] = min(FRAC_BITS, math.floor(62 - math.log2(self.max_terms * s.bound)))
-                self.limits[s.name] = float(s.bound)
+            if s.kind == "fixed":
+                self.bits[s.name] = s.frac_bits if s.bound is None else fixed_point_bits(s.bound, self.max_terms)
+        largest = max((self.segments[n].numel for n in self.fixed), default=0)
+        self._scratch = torch.empty(largest, dtype=torch.float64, device=device)
+        self._mass = torch.zeros(len(self.fixed), dtype=torch.float64, device=device)  # in units
+        self._host_mass = [0.0] * len(self.fixed)
+        self._host: dict[str, list[int]] = {}  # Python-number terms, summed exactly on the host
+        self._host_nonfinite = [0] * len(self.fixed)
+        self._reduced = False
 
     def view(self, name: str) -> torch.Tensor:
         start = self.offsets[name]
-        return self.buffer[start : start + self.segments[name].numel]
+        seg = self.segments.get(name) or self.internal[name]
+        return self.buffer[start : start + seg.numel]
+
+    def _sum_view(self, name: str) -> torch.Tensor:
+        start = self.offsets[name]
+        return self.sums[start : start + self.segments[name].numel]
 
     def add(self, name: str, value: torch.Tensor | float | int, weight: float = 1.0) -> None:
-        """Add `weight * value` (flattened) into segment `name`.
-
-        Raises Unrepresentable (adding nothing) if a weighted value is NaN/inf or above the segment's
-        limit: the caller counts that as a client out of range.
-        """
-        seg = self.segments[name]
-        target = self.view(name)
-        value = torch.as_tensor(value, device=target.device).reshape(-1)
+        """Add `weight * value` (flattened) into segment `name`. Never syncs with the device: a NaN/inf
+        term or a sum beyond the exact range is found at `reduce` (`Reduced.problems`)."""
+        if self._reduced:
+            raise RuntimeError("StatBuffer.add after reduce")
+        seg = self.segments.get(name)
+        if seg is None:
+            raise KeyError(f"no segment {name!r} in this round's statistics; declared: {', '.join(self.segments)} "
+                           "(an algorithm declares its own in segments())")
+        if not isinstance(value, torch.Tensor):
+            self._add_number(seg, value, weight)
+            return
+        value = value.reshape(-1)
         if value.numel() != seg.numel:
             raise ValueError(f"segment {name}: expected {seg.numel} values, got {value.numel()}")
+        if value.device != self.buffer.device:
+            value = value.to(self.buffer.device)
         if seg.kind == "int":
-            target.add_(value.to(torch.int64) * int(weight))
+            self.view(name).add_(value.to(torch.int64) * int(weight))
             return
-        weighted = value.to(torch.float64) * float(weight)
-        if weighted.numel():
-            peak = float(weighted.abs().max())
-            if not peak <= self.limits[name]:  # also catches NaN
-                raise Unrepresentable(name, f"segment {name}: |value| up to {peak:.3g}, limit {self.limits[name]:.3g}")
-        target.add_(torch.round(weighted * 2.0 ** self.bits[name]).to(torch.int64))
+        if not seg.numel:
+            return
+        i = self.fixed.index(name)
+        low, high = torch.aminmax(value)
+        peak = torch.maximum(high, -low).to(torch.float64)  # NaN if any value is NaN
+        self.view("_nonfinite")[i].add_(~torch.isfinite(peak))
+        self._mass[i].add_(peak * (abs(float(weight)) * 2.0 ** self.bits[name]))
+        scratch = self._scratch[: seg.numel]
+        scratch.copy_(value)
+        # (value * weight) * 2^bits == value * (weight * 2^bits) exactly: scaling by 2^bits is exact.
+        scratch.mul_(float(weight) * 2.0 ** self.bits[name]).round_()
+        self._sum_view(name).add_(scratch)
+
+    def _add_number(self, seg: Segment, value, weight: float) -> None:
+        if seg.numel != 1:
+            raise ValueError(f"segment {seg.name}: expected {seg.numel} values, got a number")
+        terms = self._host.setdefault(seg.name, [0])
+        if seg.kind == "int":
+            terms[0] += int(value) * int(weight)
+            return
+        i = self.fixed.index(seg.name)
+        scaled = float(value) * float(weight) * 2.0 ** self.bits[seg.name]
+        if not math.isfinite(scaled):
+            self._host_nonfinite[i] += 1
+            return
+        self._host_mass[i] += abs(scaled)
+        terms[0] += round(scaled)
 
     def reduce(self, ctx: dist.DistContext, name: str = "round_stats") -> "Reduced":
         """Sum over ranks: exactly one all_reduce, counted under `name`."""
+        budget = min(EXACT_UNITS, 2.0**62 * (1 - 2.0**-20) / max(1, ctx.world_size))
+        if self.fixed:
+            mass = self._mass + torch.tensor(self._host_mass, dtype=torch.float64, device=self._mass.device)
+            self.view("_inexact").add_(~(mass <= budget))
+            self.view("_nonfinite").add_(torch.tensor(self._host_nonfinite, device=self.buffer.device))
+        for seg_name in self.fixed:
+            # NaN/inf make arbitrary integers here; the counts above say so and the caller stops.
+            view = self.view(seg_name)
+            view.copy_(self._sum_view(seg_name))
+        for seg_name, terms in self._host.items():
+            self.view(seg_name).add_(torch.tensor(terms, dtype=torch.int64, device=self.buffer.device))
+        self._reduced = True
         dist.all_reduce_sum(self.buffer, ctx, name=name)
         return Reduced(self)
+
+    def limit(self, name: str) -> float:
+        """The largest sum over a rank's terms of |weight| * max|value| segment `name` takes (one rank)."""
+        return EXACT_UNITS * 2.0 ** -self.bits[name]
 
     @property
     def nbytes(self) -> int:
@@ -145,3 +209,22 @@ class Reduced:
 
     def scalar(self, name: str) -> float:
         return float(self[name][0])
+
+    def problems(self) -> dict[str, str]:
+        """Fixed segments whose sum is not exact, summed over ranks: {name: what was wrong}. Empty for a
+        healthy round. One read from the device."""
+        stats = self._stats
+        if not stats.fixed:
+            return {}
+        counts = torch.cat([stats.view("_nonfinite"), stats.view("_inexact")]).tolist()
+        n = len(stats.fixed)
+        found = {}
+        for i, name in enumerate(stats.fixed):
+            parts = []
+            if counts[i]:
+                parts.append(f"NaN/inf in {counts[i]} term(s)")
+            if counts[n + i]:
+                parts.append(f"sum of |weight| * max|value| above {stats.limit(name):.3g} on {counts[n + i]} rank(s)")
+            if parts:
+                found[name] = "; ".join(parts)
+        return found

@@ -118,6 +118,9 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
     velocity = torch.zeros_like(w) if train_cfg.momentum else None
     loss_sums = torch.zeros(count, dtype=torch.float64, device=w.device)
     flat.module.train()
+    # Device index tensors of the row groups, built once each: indexing with a Python list copies it to
+    # the device at every step (on a GPU, a copy that waits for the queue).
+    index_of: dict[tuple, torch.Tensor | None] = {}
     for s in range(max(len(c) for c in batches)):
         # Clients that still have a step, grouped by the size of their batch at this step.
         groups: dict[int, list[int]] = {}
@@ -125,7 +128,10 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
             if s < len(steps):
                 groups.setdefault(len(steps[s][1]), []).append(k)
         for rows in groups.values():
-            _sgd_step(step, w, b, velocity, loss_sums, rows, [batches[k][s] for k in rows],
+            key = tuple(rows)
+            if key not in index_of:
+                index_of[key] = None if len(rows) == count else torch.tensor(rows, device=w.device)
+            _sgd_step(step, w, b, velocity, loss_sums, index_of[key], [batches[k][s] for k in rows],
                       [runs[k] for k in rows], s == 0, train_cfg, algorithm)
     for k, run in enumerate(runs):
         flat.load(w[k], b[k])
@@ -133,17 +139,20 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
         yield run
 
 
-def _sgd_step(step, w, b, velocity, loss_sums, rows, batch, runs, first, train_cfg, algorithm) -> None:
-    """One local SGD step of the clients `rows` of the pack, as `train_client` takes it."""
-    whole = len(rows) == len(w)
-    index = None if whole else torch.tensor(rows, device=w.device)
+def _sgd_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train_cfg, algorithm) -> None:
+    """One local SGD step of the pack's clients at rows `index` (a device tensor; None: every row), as
+    `train_client` takes it."""
+    whole = index is None
     wr = w if whole else w[index]
     for k, run in enumerate(runs):
         algorithm.shift(wr[k], run)
     x = torch.stack([xy[0] for xy in batch])
     y = torch.stack([xy[1] for xy in batch])
     g, loss, new_b = step(wr, b if whole else b[index], x, y)
-    loss_sums[rows] += loss.double() * y.shape[1]
+    if whole:
+        loss_sums += loss.double() * y.shape[1]
+    else:
+        loss_sums[index] += loss.double() * y.shape[1]
     for k, run in enumerate(runs):
         algorithm.correction(wr[k], g[k], run)
     if train_cfg.weight_decay:

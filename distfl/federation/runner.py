@@ -35,7 +35,7 @@ from ..data.partition import partition
 from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted
 from ..logging import RunLogger
 from ..models import build_model
-from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
+from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
 from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
 from .phases import build_phases
@@ -125,6 +125,8 @@ class Trainer:
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
+        if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
+            self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
         dist.check_same_on_all_ranks(
             dist.fingerprint(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
 
@@ -308,7 +310,6 @@ class Trainer:
         largest = max((self._samples_trained(k) for k in cohort), default=1)
         stats = StatBuffer(round_segments(self.algorithm.all_segments(), largest),
                            self.device, len(cohort))
-        refused: dict[str, int] = {}  # statistic -> clients of this rank whose value was out of its range
         for pack in packs:
             self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
@@ -316,23 +317,25 @@ class Trainer:
                 indices = [self.client_indices[c] for c in pack]
                 for run in train_pack(self.worker, self.pack_step, self.data, indices, runs, cfg.train,
                                       self.algorithm, self.global_buffers):
-                    self._contribute(run, stats, refused)
+                    self._contribute(run, stats)
                 continue
             run = runs[0]
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
             train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
-            self._contribute(run, stats, refused)
+            self._contribute(run, stats)
         stats.add("stop", int(self.stop_requested))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = stats.reduce(ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
         # them at different moments.
         self.stop_agreed = int(reduced["stop"][0]) > 0
-        bad = int(reduced["nonfinite"][0])
-        if bad:
-            raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: "
-                                  f"{self._out_of_range(stats, refused)}; lower train.lr or server.lr")
+        bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
+        if bad or problems:
+            found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
+            found += [f"statistic {name}: {what}" for name, what in problems.items()]
+            raise DivergenceError(f"round {round_idx}: the clients' updates are not summable ({'; '.join(found)}); "
+                                  "lower train.lr or server.lr")
         server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
         self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
@@ -359,39 +362,19 @@ class Trainer:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
         return run
 
-    def _contribute(self, run: ClientRun, stats: StatBuffer, refused: dict[str, int]) -> None:
-        """Add a client's statistics, or count it as non-finite under the statistic that was out of
-        range (every rank still joins the reduce)."""
-        try:
-            stats.add("loss_sum", run.loss_sum)
-            if not bool(torch.isfinite(self.worker.params).all()):
-                raise Unrepresentable(NONFINITE_PARAMS, "non-finite local model")
-            self.algorithm.collect(run, self.worker, stats)
-        except Unrepresentable as exc:
-            refused[exc.segment] = refused.get(exc.segment, 0) + 1
-            stats.add("nonfinite", 1)
-            return
+    def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
+        """Add a client's statistics. A NaN/inf (counted here on the device, without waiting for it) or
+        out-of-range value stops the round after the all_reduce, so every rank still joins it."""
+        stats.add("loss_sum", run.loss_sum)
+        low, high = torch.aminmax(self.worker.params)
+        stats.add("nonfinite", ~(torch.isfinite(low) & torch.isfinite(high)))
+        self.algorithm.collect(run, self.worker, stats)
         stats.add("samples", self._samples_trained(run.client_id))
         stats.add("clients", 1)
         # Only a stateful method's rounds keep client state (TCT keeps a store for its stage 2, but its
         # stage-1 rounds place clients on any rank: storing their empty state there would duplicate it).
         if self.store is not None and self.algorithm.stateful:
             self.store.put(run.client_id, run.state)
-
-    def _out_of_range(self, stats: StatBuffer, refused: dict[str, int]) -> str:
-        """Which statistics were out of range, summed over ranks. Only on the way to stopping the run,
-        so the healthy round keeps its single all_reduce."""
-        names = [NONFINITE_PARAMS] + [n for n in stats.segments if n in stats.limits]
-        counts = torch.tensor([refused.get(n, 0) for n in names], dtype=torch.int64, device=self.device)
-        dist.all_reduce_sum(counts, self.ctx, name="divergence")
-        parts = []
-        for name, count in zip(names, counts.tolist()):
-            if count and name == NONFINITE_PARAMS:
-                parts.append(f"{NONFINITE_PARAMS} in {count} client(s)")
-            elif count:
-                parts.append(f"statistic {name} out of range (NaN/inf or |value| above "
-                             f"{stats.limits[name]:.3g}) in {count} client(s)")
-        return "; ".join(parts)
 
     # ---- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
@@ -408,21 +391,19 @@ class Trainer:
         model.eval()
         x, y = self.data.test_x, self.data.test_y
         starts = list(range(0, len(y), self.cfg.eval.batch_size))
-        segments = [Segment("loss_sum", 1), Segment("correct", 1, kind="int"), Segment("nonfinite", 1, kind="int")]
+        batch = self.cfg.eval.batch_size
+        segments = [Segment("loss_sum", 1, bound=LOSS_BOUND * batch), Segment("correct", 1, kind="int")]
         stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []),
                            self.device, len(starts))
         for start in starts[self.ctx.rank :: self.ctx.world_size]:
             end = start + self.cfg.eval.batch_size
             logits = model(x[start:end])
             stats.add("correct", (logits.argmax(1) == y[start:end]).sum())
-            try:
-                stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
-            except Unrepresentable:
-                stats.add("nonfinite", 1)
+            stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
         if clients:
             add_client_counts(self, stats)
         reduced = stats.reduce(self.ctx, name="eval")
-        loss = math.nan if int(reduced["nonfinite"][0]) else reduced.scalar("loss_sum") / len(y)
+        loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
         metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
         if clients:
             metrics.update(accuracy_statistics(reduced["client_correct"].cpu().numpy(),

@@ -18,35 +18,70 @@ from ..faults import writing
 
 
 class ClientStateStore:
+    """`device`: where clients train (the run's device), the device `get` returns state on. `home`:
+    where in-memory state lives between rounds; the run's device unless `place` moves it to the host."""
+
     def __init__(self, kind: str, run_dir: Path, device: torch.device):
         self.kind = kind
         self.device = device
+        self.home = device
         self.directory = Path(run_dir) / "client_state"
         self._memory: dict[int, dict] = {}
 
-    def _path(self, client_id: int) -> Path:
-        return self.directory / f"{client_id}.pt"
+    def place(self, example: dict, clients_here: int, gpu_free: int | None = None,
+              host_free: int | None = None) -> None:
+        """Choose where in-memory state lives, before any work, from one client's state (`example`) and
+        how many clients this rank may keep: the GPU while all of it takes at most a quarter of the free
+        GPU memory, else the host while it takes at most half the available host memory; else refuse,
+        naming the disk store."""
+        if self.kind != "memory" or clients_here <= 0:
+            return
+        total = clients_here * sum(t.numel() * t.element_size() for t in example.values()
+                                   if isinstance(t, torch.Tensor))
+        if self.device.type == "cuda":
+            gpu_free = torch.cuda.mem_get_info(self.device)[0] if gpu_free is None else gpu_free
+            if total <= gpu_free // 4:
+                self.home = self.device
+                return
+        host_free = available_host_memory() if host_free is None else host_free
+        if host_free is not None and total > host_free // 2:
+            from ..errors import ConfigError
 
-    def get(self, client_id: int, init) -> dict:
+            raise ConfigError(f"per-client state would take {total / 2**30:.2f} GiB on this rank ({clients_here} "
+                              f"clients), more than half the {host_free / 2**30:.2f} GiB of available memory; "
+                              "use runtime.client_state=disk (one file per client under the run directory)")
+        self.home = torch.device("cpu")
+
+    def _to(self, state: dict, device: torch.device) -> dict:
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+    def get(self, client_id: int, init, device: torch.device | None = None) -> dict:
+        """Client `client_id`'s state on `device` (default: the run's), a copy where it moves, created by
+        `init()` the first time."""
+        device = self.device if device is None else device
         if self.kind == "memory":
             if client_id not in self._memory:
-                self._memory[client_id] = init()
-            return dict(self._memory[client_id])  # a copy: a failed client must not alter it
+                self._memory[client_id] = self._to(init(), self.home)
+            return self._to(self._memory[client_id], device)  # a copy: a failed client must not alter it
         path = self._path(client_id)
-        return load_tensors(path, self.device) if path.exists() else init()
+        return load_tensors(path, device) if path.exists() else init()
 
     def peek(self, client_id: int) -> dict | None:
-        """The client's state, or None if it has none yet (never creates one)."""
+        """The client's state on the run's device, or None if it has none yet (never creates one)."""
         if self.kind == "memory":
-            return self._memory.get(client_id)
+            state = self._memory.get(client_id)
+            return None if state is None else self._to(state, self.device)
         path = self._path(client_id)
         return load_tensors(path, self.device) if path.exists() else None
 
     def put(self, client_id: int, state: dict) -> None:
         if self.kind == "memory":
-            self._memory[client_id] = state
+            self._memory[client_id] = self._to(state, self.home)
         else:
             atomic_torch_save(state, self._path(client_id))
+
+    def _path(self, client_id: int) -> Path:
+        return self.directory / f"{client_id}.pt"
 
     def create(self) -> None:
         """Rank 0, once the run directory is ready (and emptied by --overwrite): disk: its directory."""
@@ -77,13 +112,25 @@ class ClientStateStore:
             for path in files:
                 client_id = int(path.stem)
                 if hosted(client_id):
-                    self._memory[client_id] = load_tensors(path, self.device)
+                    self._memory[client_id] = load_tensors(path, self.home)
         elif is_main:
             self.create()
             for path in self.directory.glob("*.pt"):
                 path.unlink()
             for path in files:
                 _link_or_copy(path, self.directory / path.name)
+
+
+def available_host_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
