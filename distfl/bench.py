@@ -1,7 +1,8 @@
 """`distfl bench`: simulation overhead, rank scaling and collectives of the reference FL workload.
 
 The workload (fixed): FedAvg on Fashion-MNIST with SimpleCNN, 100 clients with Dirichlet(0.5) label
-skew, 10 clients a round, 1 local epoch, batch 32, lr 0.05, one intra-op thread per process, CPU.
+skew, 10 clients a round, 1 local epoch, batch 32, lr 0.05, one intra-op thread per process, CPU
+(`--device cuda`: each rank on a GPU).
 
 What is measured, each `repeats` times, interleaved (the order alternates between repeats), medians
 reported:
@@ -58,7 +59,6 @@ WORKLOAD = [
     "train.local_epochs=1",
     "train.batch_size=32",
     "train.lr=0.05",
-    "runtime.device=cpu",
     "runtime.threads=1",
 ]
 # Bench-only settings: no evaluation before the last round, no checkpoints before the last round,
@@ -85,8 +85,12 @@ def log(msg: str) -> None:
 
 # ---- the workload ------------------------------------------------------------------------------
 
+# `distfl bench --device cuda` runs the workload on the GPU instead (set by `main`).
+DEVICE = "cpu"
+
+
 def workload_overrides(rounds: int, out_dir: str) -> list[str]:
-    return WORKLOAD + HARNESS + [f"train.rounds={rounds}", f"output.dir={out_dir}"]
+    return WORKLOAD + HARNESS + [f"runtime.device={DEVICE}", f"train.rounds={rounds}", f"output.dir={out_dir}"]
 
 
 def batch_sizes_of_rounds(population, cfg, rounds: int) -> list[list[int]]:
@@ -528,7 +532,7 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             "niceness": os.nice(0) if hasattr(os, "nice") else None,
         },
         "workload": {
-            "overrides": WORKLOAD, "harness": HARNESS, "rounds": rounds, "repeats": repeats,
+            "overrides": WORKLOAD + [f"runtime.device={DEVICE}"], "harness": HARNESS, "rounds": rounds, "repeats": repeats,
             "steps_per_round": [len(r) for r in ip.batches], "samples_per_round": [sum(r) for r in ip.batches],
             "steps_total": steps_total, "samples_total": samples_total,
             "order": "per repeat: FL in-process, centralised, 1-rank, 2-rank, ceiling solo, ceiling pair; "
@@ -584,7 +588,8 @@ def main_methods(args) -> int:
     suite = args.suite
     out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
     if suite == "cross-device":
-        res = bench_cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log)
+        res = bench_cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log,
+                                                    getattr(args, "device", None))
     else:
         res = getattr(bench_methods, f"bench_{suite}")(repeats, log)
     res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),
@@ -604,6 +609,8 @@ def main_methods(args) -> int:
 def main(args) -> int:
     if getattr(args, "suite", "runtime") != "runtime":
         return main_methods(args)
+    global DEVICE
+    DEVICE = getattr(args, "device", None) or "cpu"
     quick = bool(getattr(args, "quick", False))
     rounds = 2 if quick else int(args.rounds)
     repeats = 1 if quick else int(args.repeats)

@@ -5,13 +5,14 @@ a round, 1 local epoch, batch 10, local lr 0.1, server lr 1 (FedAvg), its simple
 conv32-conv64-maxpool-fc128), on synthetic 3x32x32 data of that shape (CIFAR-10 is not available
 here; the cost of a round does not depend on the pixel values).
 
-For each pack size, one in-process Trainer (world size 1, `runtime.device`: cuda when available,
-else cpu) runs one untimed warm-up round, then `rounds` timed calls of `run_round` from the same
+For each pack size, one in-process Trainer (world size 1, `runtime.device`: `--device`, else cuda
+when available, else cpu) runs one untimed warm-up round, then `rounds` timed calls of `run_round` from the same
 initial model, `repeats` times, the pack sizes interleaved (the order alternates between repeats).
 Evaluation and checkpoints are outside the timing. Also recorded: how far each packed run's final
 model is from the one-at-a-time one (float rounding; README "Client packs"), and, when
 DISTFL_PFL_PYTHON names a Python with pfl==0.6.0, pfl-research's seconds per round on the same shape
-(bench/pfl_research_cross_device.py, run after distfl's runs, on pfl's default device).
+(bench/pfl_research_cross_device.py, run after distfl's runs, on pfl's default device). And the
+exact sum's cost alone: milliseconds per client per million parameters (`exact_sum_cost`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -50,15 +52,43 @@ def pfl_research(rounds: int, log) -> dict | str:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bench_cross_device(rounds: int, repeats: int, log) -> dict:
+def exact_sum_cost(num_params: int, clients: int, repeats: int, device: torch.device) -> dict:
+    """Milliseconds one client's update of `num_params` float32 values costs the exact sum
+    (federation/aggregate.py: StatBuffer.add, and its share of the round's conversion in `reduce`),
+    per client and per million parameters; median of `repeats` rounds of `clients` clients."""
+    from . import dist
+    from .federation.aggregate import Segment, StatBuffer
+
+    ctx = dist.DistContext(rank=0, world_size=1, local_rank=0, device=device, backend=None)
+    generator = torch.Generator().manual_seed(0)
+    updates = [(torch.randn(num_params, generator=generator) * 1e-3).to(device) for _ in range(4)]
+    per_client = []
+    for _ in range(repeats + 1):  # the first round warms up
+        stats = StatBuffer([Segment("delta", num_params)], device, clients)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for k in range(clients):
+            stats.add("delta", updates[k % 4], 1.0 / clients)
+        stats.reduce(ctx, name="bench")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        per_client.append((time.perf_counter() - start) / clients)
+    ms = 1000 * statistics.median(per_client[1:])
+    return {"num_params": num_params, "clients": clients, "ms_per_client": ms,
+            "ms_per_client_per_mparam": ms / (num_params / 1e6)}
+
+
+def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None) -> dict:
     from .bench import HARNESS, InProcess
     from .federation.local import local_steps
 
+    placed = [f"runtime.device={device}"] if device else []
     with tempfile.TemporaryDirectory(prefix="distfl_bench_xdev_") as tmp:
         runs = {}
         for p in PACK_SIZES:
-            overrides = WORKLOAD + HARNESS + [f"train.rounds={rounds}", f"runtime.pack_size={p}",
-                                              f"output.dir={tmp}/pack{p}"]
+            overrides = WORKLOAD + placed + HARNESS + [f"train.rounds={rounds}", f"runtime.pack_size={p}",
+                                                       f"output.dir={tmp}/pack{p}"]
             runs[p] = InProcess(rounds, f"{tmp}/pack{p}", overrides)
             log(f"pack_size={p}: warm-up round (untimed)")
             runs[p].time_fl(1)
@@ -74,8 +104,13 @@ def bench_cross_device(rounds: int, repeats: int, log) -> dict:
         train = runs[1].cfg.train
         per_client = int(runs[1].trainer.population.sizes.max())  # iid: every client holds the same
         steps = rounds * train.clients_per_round * local_steps(per_client, train.batch_size, train.local_epochs, train.local_steps)
+        exact_sum = exact_sum_cost(runs[1].trainer.worker.num_params, train.clients_per_round, max(3, repeats),
+                                   runs[1].trainer.device)
+        log(f"exact sum: {exact_sum['ms_per_client']:.2f} ms a client "
+            f"({exact_sum['ms_per_client_per_mparam']:.2f} ms per million parameters)")
     median = {p: statistics.median(v) for p, v in per_round.items()}
     return {
+        "exact_sum": exact_sum,
         "workload": WORKLOAD, "rounds": rounds, "repeats": repeats, "device": device,
         "torch_threads": torch.get_num_threads(),
         "s_per_round": {str(p): v for p, v in per_round.items()},
@@ -101,6 +136,11 @@ def cross_device_markdown(res: dict) -> str:
     for p in res["median_s_per_round"]:
         lines.append(f"| {p} | {res['median_s_per_round'][p]:.3f} | {res['ms_per_client_step'][p]:.3f} | "
                      f"{res['speedup_vs_pack_1'][p]:.2f}x | {res['max_abs_diff_vs_pack_1'][p]:.2e} |")
+    exact = res.get("exact_sum")
+    if exact:
+        lines += ["", f"Exact sum (StatBuffer.add and its share of `reduce`): {exact['ms_per_client']:.2f} ms a client "
+                  f"of {exact['num_params']:,} parameters = **{exact['ms_per_client_per_mparam']:.2f} ms per client per "
+                  "million parameters**."]
     pfl = res["pfl_research_0.6"]
     if isinstance(pfl, dict):
         pfl = (f"{pfl['s_per_round']:.3f} s / round ({pfl['rounds']} rounds after a warm-up round, "

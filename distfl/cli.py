@@ -15,7 +15,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl train --resume RUN_DIR [key=value ...] [--debug]
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
-       distfl bench [--suite runtime|ffc|tct|cross-device] [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl bench [--suite runtime|ffc|tct|cross-device] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY]
@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
                         "extra phases against a training round; cross-device: seconds per round one client "
                         "at a time versus packs (runtime.pack_size) (written to bench/<suite>.json)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="runtime and cross-device suites: the device the runs train on (default: runtime cpu, "
+                        "cross-device cuda when available)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("sweep", help="run a grid of configs x seeds, here or on Slurm (docs/sweeps.md)")
     p.add_argument("config", help="base YAML config (its output.dir is the sweep directory); then fixed overrides")

@@ -190,7 +190,8 @@ def test_one_rank_equals_two_ranks_with_one_collective_per_round(tmp_path, small
     calls, sent = two["collectives"]["calls"], two["collectives"]["bytes"]
     assert calls["round_stats"] == 6
     scalars = sum(seg.numel for seg in STANDARD_SEGMENTS)
-    assert sent["round_stats"] == 6 * 8 * (scalars + two["num_params"])
+    checks = 2 * 3  # two exactness counts per fixed statistic: loss_sum, delta, buffers
+    assert sent["round_stats"] == 6 * 8 * (scalars + two["num_params"] + checks)
     assert "all_gather" not in calls and "broadcast" not in calls
 
 

@@ -59,8 +59,9 @@ def test_exactly_one_all_reduce_per_round(tmp_path, small_config):
     assert calls["round_stats"] == 6  # one per round
     assert calls["eval"] == 2  # rounds 3 and 6
     assert "all_gather" not in calls and "broadcast" not in calls
-    # SCAFFOLD sums: 5 standard scalars, the delta and the control-variate delta (MLP: no buffers).
-    assert sent["round_stats"] == 6 * 8 * (5 + 2 * s["num_params"])
+    # SCAFFOLD sums: 5 standard scalars, the delta and the control-variate delta (MLP: no buffers), and
+    # per fixed statistic (loss_sum, delta, buffers, control_delta) two counts of the exactness checks.
+    assert sent["round_stats"] == 6 * 8 * (5 + 2 * s["num_params"] + 2 * 4)
 
 
 @pytest.mark.parametrize("name,extra,nproc_resume", [

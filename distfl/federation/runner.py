@@ -333,7 +333,7 @@ class Trainer:
         bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
         if bad or problems:
             found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
-            found += [f"statistic {name}: {what}" for name, what in problems.items()]
+            found += [f"statistic {name} out of range ({what})" for name, what in problems.items()]
             raise DivergenceError(f"round {round_idx}: the clients' updates are not summable ({'; '.join(found)}); "
                                   "lower train.lr or server.lr")
         server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
