@@ -112,7 +112,7 @@ def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
     """`--suite cross-device` on a shrunken workload: every pack size timed, the packed model within
     float rounding of the one-at-a-time one, JSON and markdown written."""
     import distfl.bench
-    import distfl.bench_cross_device as xdev
+    import distfl.bench.cross_device as xdev
 
     small = [o for o in xdev.WORKLOAD if not o.startswith(("data.synthetic_train", "data.synthetic_image_size",
                                                              "partition.num_clients", "train.clients_per_round"))]
@@ -127,12 +127,17 @@ def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
     assert res["max_abs_diff_vs_pack_1"]["1"] == 0.0
     assert all(v < 1e-4 for v in res["max_abs_diff_vs_pack_1"].values())
     assert "| 10 |" in out.with_suffix(".md").read_text()
+    # The exact sum's own row: one client's update of the model's size, per million parameters.
+    exact = res["exact_sum"]
+    assert exact["num_params"] > 0 and exact["clients"] == 10
+    assert exact["ms_per_client_per_mparam"] == exact["ms_per_client"] / (exact["num_params"] / 1e6) > 0
+    assert "ms per client per million parameters" in out.with_suffix(".md").read_text()
 
 
 def test_tct_bench_counts_the_multiply_adds_of_the_papers_network():
     """The features bench's arithmetic row rests on this count: tct_cnn on one 28 x 28 image, layer by
     layer from its documented shapes (5x5 convs keep the size, 2x2 pools halve it)."""
-    from distfl.bench_methods import _layer_macs
+    from distfl.bench.tct import _layer_macs
 
     model = build_model(ModelConfig(name="tct_cnn"), (1, 28, 28), 10)
     conv1 = 28 * 28 * 32 * (1 * 5 * 5)

@@ -23,3 +23,18 @@ def build_algorithm(cfg, population, worker, device, model_factory=None):
     """The training algorithm; for TCT, its stage-1 algorithm (its later stages are phases)."""
     name = cfg.tct.stage1 if cfg.algorithm.name == "tct" else cfg.algorithm.name
     return algorithm_class(name)(cfg, population, worker, device, model_factory)
+
+
+def build_phases(cfg) -> list:
+    """The run's phases after its training rounds, in order (federation/phases.py): TCT's stages, then
+    SphereFed's FFC calibration. Imported only when a run has them (they pull in their solvers)."""
+    phases = []
+    if cfg.algorithm.name == "tct":
+        from .tct import TCTPhase
+
+        phases.append(TCTPhase())
+    if cfg.calibration.method == "ffc":
+        from .ffc import FFCPhase
+
+        phases.append(FFCPhase())
+    return phases

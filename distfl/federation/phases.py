@@ -6,6 +6,9 @@ collectives as a round, and ends with a checkpoint labelled with its name, so a 
 resumes at that phase without retraining (`distfl train --resume RUN_DIR`). A long phase may
 checkpoint its own progress (`trainer.save_phase_checkpoint`) and find it again in
 `trainer.phase_state` on resume.
+
+The phases are the methods' own (algorithms/tct.py, algorithms/ffc.py); `distfl.algorithms.build_phases`
+picks a run's. This module only defines what a phase is, so the federation layer never imports a method.
 """
 from __future__ import annotations
 
@@ -20,16 +23,3 @@ class Phase:
     def restore(self, trainer) -> None:
         """Called on resume for a phase that already ran, after the checkpointed model is loaded:
         re-apply anything the phase changed that is not in the flat model (e.g. the model's head mode)."""
-
-
-def build_phases(cfg) -> list[Phase]:
-    phases: list[Phase] = []
-    if cfg.algorithm.name == "tct":
-        from ..algorithms.tct import TCTPhase
-
-        phases.append(TCTPhase())
-    if cfg.calibration.method == "ffc":
-        from ..algorithms.ffc import FFCPhase
-
-        phases.append(FFCPhase())
-    return phases

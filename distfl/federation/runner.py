@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__, checkpoint, dist, faults
-from ..algorithms import build_algorithm
+from ..algorithms import build_algorithm, build_phases
 from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config, flatten_dict,
                       resume_blockers, saved_values)
 from ..data.client_test import client_test_sets, holdout_split
@@ -38,7 +38,6 @@ from ..models import build_model
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
 from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
-from .phases import build_phases
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
 from .schedule import round_lr

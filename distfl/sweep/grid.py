@@ -9,50 +9,18 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import OPTIONS_KEY, config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
 from ..errors import ConfigError, DistflError
 from .slurm import SLURM_OPTIONS, check_slurm_available, check_slurm_options, slurm_active_jobs
-from .state import FINISHED, SKIPPED, point_state, value_text
+from .plan import Point, Sweep
+from .state import FINISHED, point_state, value_text
 
 EXECUTORS = ("local", "slurm")
 SWEEP_KEYS = ("grid", "seeds", "executor", "nproc", "slurm")
 SWEEP_FILE = "sweep.json"
 SAFE = re.compile(r"[^A-Za-z0-9._+\-]")
-
-
-@dataclass
-class Point:
-    name: str  # run directory relative to the sweep directory: "k=v,k=v/seed=S"
-    overrides: list[str]  # what makes this point: grid overrides and seed=S
-    run_dir: Path
-    config: dict  # the resolved config (config_to_dict), output.dir = run_dir
-    state: str = "new"  # new | overwrite (partial output, no checkpoint) | resume | completed | diverged
-    job_id: str | None = None
-
-
-@dataclass
-class Sweep:
-    config_path: str
-    fixed: list[str]  # overrides applied to every point
-    grid: dict[str, list[str]]  # key -> value texts, as override text
-    seeds: list[int]
-    executor: str
-    nproc: int
-    slurm: dict
-    sweep_dir: Path
-    points: list[Point] = field(default_factory=list)
-
-    @property
-    def swept_keys(self) -> list[str]:
-        return sorted(self.grid)
-
-    @property
-    def todo(self) -> list[Point]:
-        """The points to run or submit: those not finished and with no job still queued on Slurm."""
-        return [p for p in self.points if p.state not in SKIPPED]
 
 
 def _check_grid_key(key: str, where: str) -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import DistflError, Interrupted
-from .grid import Point, Sweep
+from .plan import Point, Sweep
 from .inprocess import PACKAGE_ROOT, signals_handled_by, stop_signals, train_in_process
 from .state import final_report, runs_text, train_args
 

@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover
     _JobBase = object
 
 if TYPE_CHECKING:
-    from .grid import Point, Sweep
+    from .plan import Point, Sweep
 
 LOGS_DIR = "slurm-logs"
 

@@ -8,13 +8,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..config import flatten_dict, resume_blockers
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .grid import Sweep
 
 FINISHED = ("completed", "diverged")
 SKIPPED = (*FINISHED, "queued")  # queued: its Slurm job from an earlier submission is still there
@@ -86,7 +82,7 @@ def train_args(run_dir: Path, config: dict, state: str, config_path: str, overri
     return args + ["--overwrite"] if state == "overwrite" else args
 
 
-def runs_text(sweep: Sweep) -> str:
+def runs_text(sweep) -> str:  # sweep: a plan.Sweep
     """The "N runs in SWEEP_DIR, F already finished" of the progress lines, and the points left to
     their Slurm jobs from an earlier submission."""
     finished = sum(p.state in FINISHED for p in sweep.points)
@@ -98,7 +94,7 @@ def runs_text(sweep: Sweep) -> str:
     return text
 
 
-def final_report(sweep: Sweep, out=None, failed=()) -> int:
+def final_report(sweep, out=None, failed=()) -> int:  # sweep: a plan.Sweep
     out = out or sys.stdout
     states = {p.name: point_state(p.run_dir, p.config) for p in sweep.points}
     done = [n for n, s in states.items() if s == "completed"]

@@ -1,93 +1,8 @@
-"""`distfl bench --suite ffc|tct`: what the paper methods' extra phases cost, beside a training round.
-
-ffc: SphereFed's calibration (features of every client, one all_reduce of Z^T Z and Z^T Y, the d x d
-solve) against one training round on the same 10 clients (FMNIST, SimpleCNN with the sphere head,
-Dirichlet 0.5: the evidence setup of configs/paper/spherefed/), both in one process, medians of
-`repeats` interleaved measurements; and the bytes each all-reduces.
-"""
+"""`distfl bench --suite tct`: what TCT's two heavy parts cost, each beside its reference (see `bench`)."""
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
-
-FFC_WORKLOAD = [
-    "seed=0", "data.dataset=fmnist", "partition.scheme=dirichlet", "partition.num_clients=10",
-    "partition.alpha=0.5", "model.name=simplecnn", "model.head=sphere", "algorithm.name=fedavg",
-    "train.clients_per_round=10", "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05",
-    "train.momentum=0.9", "calibration.method=ffc", "runtime.device=cpu", "runtime.threads=1",
-    "output.tensorboard=false", "output.progress=none", "checkpoint.every=0",
-]
-
-
-def bench_ffc(repeats: int, log) -> dict:
-    from . import dist
-    from .algorithms.ffc import FFCPhase
-    from .config import load_config
-    from .federation.runner import Trainer
-    from .logging import RunLogger
-
-    with tempfile.TemporaryDirectory(prefix="distfl_bench_ffc_") as tmp:
-        cfg = load_config(None, FFC_WORKLOAD + [f"output.dir={tmp}/run", "train.rounds=1"])
-        ctx = dist.init(cfg.runtime.device, cfg.runtime.threads)
-        trainer = Trainer(cfg, ctx)
-        trainer.run_dir.mkdir(parents=True, exist_ok=True)
-        logger = RunLogger(trainer.run_dir, cfg.output, True, 1, 1)
-        head = trainer.worker.module.head.weight.clone()
-        params = trainer.global_params.clone()
-        round_s, ffc_s, parts = [], [], []
-        log("warm-up: one round and one calibration (untimed)")
-        trainer.run_round(1)
-        FFCPhase().run(trainer, logger)
-        for rep in range(repeats):
-            for what in (("round", "ffc") if rep % 2 == 0 else ("ffc", "round")):
-                trainer.global_params.copy_(params)
-                trainer.worker.module.head.weight.copy_(head)
-                trainer.worker.module.feature_norm = True
-                trainer.worker.module.loss_kind = "mse"
-                t0 = time.perf_counter()
-                if what == "round":
-                    row = trainer.run_round(1)
-                    round_s.append(time.perf_counter() - t0)
-                    round_bytes = row["bytes_reduced"]
-                else:
-                    result = FFCPhase().run(trainer, logger)
-                    # The phase also evaluates the model twice (before/after); the calibration itself is:
-                    ffc_s.append(result["features_s"] + result["reduce_s"] + result["solve_s"])
-                    parts.append(result)
-                log(f"repeat {rep + 1}/{repeats}: {what} done")
-        logger.close()
-        dist.shutdown(ctx)
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    d = trainer.worker.module.feature_dim
-    c = trainer.data.num_classes
-    return {
-        "workload": FFC_WORKLOAD, "repeats": repeats, "feature_dim": d, "num_classes": c,
-        "clients": 10, "samples": parts[-1]["samples"],
-        "round_s_median": med(round_s), "round_s": round_s,
-        "ffc_s_median": med(ffc_s), "ffc_s": ffc_s,
-        "ffc_features_s_median": med([p["features_s"] for p in parts]),
-        "ffc_reduce_s_median": med([p["reduce_s"] for p in parts]),
-        "ffc_solve_s_median": med([p["solve_s"] for p in parts]),
-        "ffc_over_round": med(ffc_s) / med(round_s),
-        "round_bytes": round_bytes, "ffc_bytes": parts[-1]["bytes_reduced"],
-        "ffc_values": d * (d + 1) // 2 + d * c + 2,
-    }
-
-
-def ffc_markdown(res: dict) -> str:
-    rows = [
-        ("One training round (10 clients, 1 epoch), median", f"{res['round_s_median']:.2f} s"),
-        ("FFC: features + reduce + solve, median", f"{res['ffc_s_median']:.2f} s "
-         f"({res['ffc_features_s_median']:.2f} + {res['ffc_reduce_s_median']:.4f} + {res['ffc_solve_s_median']:.4f})"),
-        ("FFC / training round", f"{res['ffc_over_round']:.3f}"),
-        ("Bytes all-reduced: training round", f"{res['round_bytes']:,}"),
-        ("Bytes all-reduced: FFC (upper triangle of Z^T Z, Z^T Y, 2 counts; int64)",
-         f"{res['ffc_bytes']:,} ({res['ffc_values']:,} values, d = {res['feature_dim']}, C = {res['num_classes']})"),
-    ]
-    lines = ["| SphereFed FFC cost | measured |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
-    return "\n".join(lines) + "\n"
-
 
 def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> dict:
     """eNTK features of 256 FMNIST training samples for `model_name` at p coordinates (None: all P):
@@ -102,9 +17,9 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
     speedup over the loop it allows."""
     import torch
 
-    from .config import load_config
-    from .models import build_model
-    from .tct.features import coordinate_index, entk_features, entk_features_loop, feature_method
+    from ..config import load_config
+    from ..models import build_model
+    from ..tct.features import coordinate_index, entk_features, entk_features_loop, feature_method
 
     cfg = load_config(None, ["data.dataset=fmnist", f"model.name={model_name}"])
     torch.manual_seed(0)
@@ -197,7 +112,7 @@ def _matmul_gflops() -> float:
     return 2 * 1024 ** 3 / statistics.median(times) / 1e9
 
 
-def bench_tct(repeats: int, log) -> dict:
+def bench(repeats: int, log) -> dict:
     """TCT's two heavy parts, each beside its reference, on real Fashion-MNIST inputs, 1 thread:
     - eNTK features (`_bench_features`): SimpleCNN with all 44,426 coordinates, and the paper's network
       tct_cnn (454,922 parameters) at the paper's p = 100,000; features are short and noisy on a loaded
@@ -208,11 +123,11 @@ def bench_tct(repeats: int, log) -> dict:
     """
     import torch
 
-    from .config import load_config
-    from .data.datasets import load_dataset
-    from .models import build_model
-    from .tct.features import coordinate_index, entk_features
-    from .tct.solver import LocalLeastSquares
+    from ..config import load_config
+    from ..data.datasets import load_dataset
+    from ..models import build_model
+    from ..tct.features import coordinate_index, entk_features
+    from ..tct.solver import LocalLeastSquares
 
     import os
 
@@ -279,7 +194,7 @@ def _features_rows(f: dict) -> list[tuple[str, str, str]]:
            f"{f['matmul_gflops']:.0f} GFLOP/s ({f['speedup_at_matmul_rate']:.1f}x)", "")] if "flops" in f else [])
 
 
-def tct_markdown(res: dict) -> str:
+def markdown(res: dict) -> str:
     s = res["stage2"]
     rows = _features_rows(res["features"]) + _features_rows(res["features_tct_cnn"]) + [
         (f"Stage 2, one client (n = {s['n']}, p = {s['p']:,}): {s['local_steps']} iterative steps",

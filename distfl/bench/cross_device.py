@@ -43,7 +43,7 @@ def pfl_research(rounds: int, log) -> dict | str:
     python = os.environ.get(PFL_PYTHON_ENV)
     if not python:
         return f"not measured (set {PFL_PYTHON_ENV} to a Python with pfl==0.6.0 and torch installed)"
-    script = Path(__file__).resolve().parent.parent / "bench" / "pfl_research_cross_device.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "pfl_research_cross_device.py"
     log(f"pfl-research 0.6: {python} {script.name} --rounds {rounds}")
     proc = subprocess.run([python, str(script), "--rounds", str(rounds)], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -56,8 +56,8 @@ def exact_sum_cost(num_params: int, clients: int, repeats: int, device: torch.de
     """Milliseconds one client's update of `num_params` float32 values costs the exact sum
     (federation/aggregate.py: StatBuffer.add, and its share of the round's conversion in `reduce`),
     per client and per million parameters; median of `repeats` rounds of `clients` clients."""
-    from . import dist
-    from .federation.aggregate import Segment, StatBuffer
+    from .. import dist
+    from ..federation.aggregate import Segment, StatBuffer
 
     ctx = dist.DistContext(rank=0, world_size=1, local_rank=0, device=device, backend=None)
     generator = torch.Generator().manual_seed(0)
@@ -80,8 +80,8 @@ def exact_sum_cost(num_params: int, clients: int, repeats: int, device: torch.de
 
 
 def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None) -> dict:
-    from .bench import HARNESS, InProcess
-    from .federation.local import local_steps
+    from ..federation.local import local_steps
+    from .harness import HARNESS, InProcess
 
     placed = [f"runtime.device={device}"] if device else []
     with tempfile.TemporaryDirectory(prefix="distfl_bench_xdev_") as tmp:
@@ -89,7 +89,7 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
         for p in PACK_SIZES:
             overrides = WORKLOAD + placed + HARNESS + [f"train.rounds={rounds}", f"runtime.pack_size={p}",
                                                        f"output.dir={tmp}/pack{p}"]
-            runs[p] = InProcess(rounds, f"{tmp}/pack{p}", overrides)
+            runs[p] = InProcess(rounds, overrides)
             log(f"pack_size={p}: warm-up round (untimed)")
             runs[p].time_fl(1)
         per_round = {p: [] for p in PACK_SIZES}
@@ -122,7 +122,7 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
     }
 
 
-def cross_device_markdown(res: dict) -> str:
+def markdown(res: dict) -> str:
     lines = [
         f"# distfl bench --suite cross-device ({res['date']})", "",
         "pfl-research's CIFAR-10 shape: 1,000 clients x 50 samples, 50 a round, 1 epoch, batch 10, lr 0.1, "

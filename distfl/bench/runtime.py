@@ -1,4 +1,4 @@
-"""`distfl bench`: simulation overhead, rank scaling and collectives of the reference FL workload.
+"""`distfl bench` (`--suite runtime`, the default): simulation overhead, rank scaling and collectives of the reference FL workload.
 
 The workload (fixed): FedAvg on Fashion-MNIST with SimpleCNN, 100 clients with Dirichlet(0.5) label
 skew, 10 clients a round, 1 local epoch, batch 32, lr 0.05, one intra-op thread per process, CPU
@@ -27,22 +27,20 @@ the JSON with the suffix .md). Speed targets live here, never in tests.
 """
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import os
 import platform
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from .harness import (HARNESS, InProcess, _command_line, _kill_group, _median, _popen, _run, centralised_loop,
+                      fresh_model, log)
 
 # The workload of the issue. Everything else stays at its default.
 WORKLOAD = [
@@ -61,29 +59,17 @@ WORKLOAD = [
     "train.lr=0.05",
     "runtime.threads=1",
 ]
-# Bench-only settings: no evaluation before the last round, no checkpoints before the last round,
-# no TensorBoard, no progress output.
-HARNESS = [
-    "eval.every=1000000",
-    "checkpoint.every=0",
-    "output.tensorboard=false",
-    "output.progress=none",
-]
+
 
 TARGET_OVERHEAD = 1.15  # FL wall time / centralised wall time, at most
+
+
 TARGET_SPEEDUP = 1.6  # 2 ranks versus 1, at least (the issue's figure, for 2 real cores)
+
+
 # The same target as a fraction of the ideal 2x, applied to the measured ceiling instead.
 TARGET_FRACTION = TARGET_SPEEDUP / 2.0
-SUBPROCESS_TIMEOUT_S = 1800
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ---- the workload ------------------------------------------------------------------------------
 
 # `distfl bench --device cuda` runs the workload on the GPU instead (set by `main`).
 DEVICE = "cpu"
@@ -91,155 +77,6 @@ DEVICE = "cpu"
 
 def workload_overrides(rounds: int, out_dir: str) -> list[str]:
     return WORKLOAD + HARNESS + [f"runtime.device={DEVICE}", f"train.rounds={rounds}", f"output.dir={out_dir}"]
-
-
-def batch_sizes_of_rounds(population, cfg, rounds: int) -> list[list[int]]:
-    """Per round, the batch sizes of every local SGD step the round's clients take, in order.
-
-    The cohorts are the runner's (Population.cohort with the config's seed, size and rule); a client
-    with n samples takes the batches of `federation.local.batch_sizes` (ceil(n / batch) an epoch, the last
-    one partial, or train.local_steps of them).
-    """
-    from .federation.local import batch_sizes
-
-    tc = cfg.train
-    batch_size, local_epochs, local_steps = tc.batch_size, tc.local_epochs, tc.local_steps
-    rule = {"rule": tc.cohort} if hasattr(tc, "cohort") else {}
-    out = []
-    for t in range(1, rounds + 1):
-        sizes = []
-        for c in population.cohort(cfg.seed, t, tc.clients_per_round, **rule):
-            sizes += batch_sizes(int(population.sizes[c]), batch_size, local_epochs, local_steps)
-        out.append(sizes)
-    return out
-
-
-def centralised_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
-                     batch_sizes: list[int], lr: float, seed: int) -> float:
-    """Plain SGD over `batch_sizes` batches drawn (without replacement, epoch by epoch) from the
-    whole training set; returns the wall time of the loop."""
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    model.train()
-    n = len(train_y)
-    perm, pos = None, n
-    t0 = time.perf_counter()
-    for bs in batch_sizes:
-        if pos + bs > n:
-            perm, pos = torch.randperm(n, generator=gen), 0
-        idx = perm[pos : pos + bs]
-        pos += bs
-        x, y = train_x[idx], train_y[idx]
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return time.perf_counter() - t0
-
-
-def fresh_model(cfg, data) -> torch.nn.Module:
-    from .models import build_model
-
-    torch.manual_seed(cfg.seed)
-    return build_model(cfg.model, data.input_shape, data.num_classes)
-
-
-# ---- in-process measurements ---------------------------------------------------------------------
-
-class InProcess:
-    """One Trainer (world size 1) whose rounds are timed, reset to its initial state before each run."""
-
-    def __init__(self, rounds: int, run_dir: str, overrides: list[str] | None = None):
-        from . import dist
-        from .config import load_config
-        from .federation.runner import Trainer
-
-        self.rounds = rounds
-        self.cfg = load_config(None, overrides or workload_overrides(rounds, run_dir))
-        self.ctx = dist.init(self.cfg.runtime.device, self.cfg.runtime.threads)
-        self.trainer = Trainer(self.cfg, self.ctx)
-        tr = self.trainer
-        self.init_params = tr.global_params.clone()
-        self.init_buffers = tr.global_buffers.clone()
-        self.init_int = [t.clone() for t in tr.worker._int_snapshot]
-        self.init_server = copy.deepcopy(tr.algorithm.server_state())
-        self.batches = batch_sizes_of_rounds(tr.population, self.cfg, rounds)
-
-    def reset(self) -> None:
-        tr = self.trainer
-        tr.global_params.copy_(self.init_params)
-        tr.global_buffers.copy_(self.init_buffers)
-        tr.worker._int_snapshot = [t.clone() for t in self.init_int]
-        tr.algorithm.load_server_state(copy.deepcopy(self.init_server))
-
-    def time_fl(self, rounds: int | None = None) -> dict:
-        from . import dist
-
-        rounds = self.rounds if rounds is None else rounds
-        self.reset()
-        calls0 = dist.COLLECTIVE_CALLS["round_stats"]
-        bytes0 = dist.COLLECTIVE_BYTES["round_stats"]
-        round_s, samples = [], 0
-        t0 = time.perf_counter()
-        for t in range(1, rounds + 1):
-            t1 = time.perf_counter()
-            row = self.trainer.run_round(t)
-            round_s.append(time.perf_counter() - t1)
-            samples += row["samples"]
-        total = time.perf_counter() - t0
-        return {"total_s": total, "round_s": round_s, "samples": samples,
-                "all_reduce_calls": dist.COLLECTIVE_CALLS["round_stats"] - calls0,
-                "all_reduce_bytes": dist.COLLECTIVE_BYTES["round_stats"] - bytes0,
-                "bytes_reduced_reported": row["bytes_reduced"]}
-
-    def time_centralised(self, batch_sizes: list[int] | None = None) -> float:
-        sizes = [b for r in self.batches for b in r] if batch_sizes is None else batch_sizes
-        model = fresh_model(self.cfg, self.trainer.data)
-        data = self.trainer.data
-        return centralised_loop(model, data.train_x, data.train_y, sizes, self.cfg.train.lr, self.cfg.seed)
-
-
-# ---- subprocesses --------------------------------------------------------------------------------
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["OMP_NUM_THREADS"] = "1"
-    env["MKL_NUM_THREADS"] = "1"
-    env.pop("WORLD_SIZE", None)
-    env.pop("RANK", None)
-    env.pop("LOCAL_RANK", None)
-    return env
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the process group the bench started for `proc` (its own session), then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _popen(cmd: list[str], cwd: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=cwd, env=_env(), start_new_session=True, text=True, **kw)
-
-
-def _run(cmd: list[str], cwd: str, what: str) -> str:
-    proc = _popen(cmd, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        out, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-    finally:
-        _kill_group(proc)  # torchrun's workers included; a no-op when all have exited
-    if proc.returncode != 0:
-        lines = out.splitlines()
-        # The workers' tracebacks come first; torchrun's summary of the failure last.
-        text = "\n".join(lines[:120] + (["..."] if len(lines) > 160 else []) + lines[max(120, len(lines) - 40):])
-        raise RuntimeError(f"bench: {what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{text}")
-    return out
 
 
 def time_ranks(nproc: int, config_path: str, tmp: str, tag: str) -> dict:
@@ -314,9 +151,9 @@ class CeilingWorkers:
 def ceiling_worker(spec_path: str) -> int:
     """Entry of one ceiling process: load and set up, say ready; then for every `go` line on stdin,
     train a fresh model with the plain loop and print the loop time; exit at EOF."""
-    from . import dist
-    from .config import load_config
-    from .data.datasets import load_dataset
+    from .. import dist
+    from ..config import load_config
+    from ..data.datasets import load_dataset
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = load_config(None, spec["overrides"])
@@ -333,19 +170,6 @@ def ceiling_worker(spec_path: str) -> int:
         loop_s = centralised_loop(model, data.train_x, data.train_y, spec["batch_sizes"], cfg.train.lr, cfg.seed)
         print(json.dumps({"loop_s": loop_s}), flush=True)
     return 0
-
-
-# ---- the bench -----------------------------------------------------------------------------------
-
-def _command_line() -> str:
-    argv = list(sys.argv)
-    if argv and Path(argv[0]).name == "__main__.py" and Path(argv[0]).parent.name == "distfl":
-        argv[0:1] = [sys.executable, "-m", "distfl"]
-    return " ".join(argv)
-
-
-def _median(xs):
-    return statistics.median(xs)
 
 
 def _fmt_bool(ok: bool) -> str:
@@ -393,7 +217,7 @@ def markdown_table(res: dict) -> str:
 
 
 def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict:
-    from .federation.aggregate import STANDARD_SEGMENTS
+    from ..federation.aggregate import STANDARD_SEGMENTS
 
     if rounds < 1 or repeats < 1:
         raise ValueError("bench: --rounds and --repeats must be at least 1")
@@ -408,7 +232,7 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
         with tempfile.TemporaryDirectory(prefix="distfl_bench_") as tmp:
             log(f"setting up: {rounds} rounds x {repeats} repeats (loading Fashion-MNIST, partitioning)")
             tmp_dir = tmp
-            ip = InProcess(rounds, str(Path(tmp) / "inprocess"))
+            ip = InProcess(rounds, workload_overrides(rounds, str(Path(tmp) / "inprocess")))
             cfg = ip.cfg
             steps_total = sum(len(r) for r in ip.batches)
             samples_total = sum(sum(r) for r in ip.batches)
@@ -418,7 +242,7 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             # Configs for the subprocesses (data.root made absolute: they run in temp dirs).
             sub_overrides = workload_overrides(rounds, str(Path(tmp) / "unused")) + [
                 f"data.root={Path(cfg.data.root).resolve()}"]
-            from .config import dump_config, load_config
+            from ..config import dump_config, load_config
 
             config_path = Path(tmp) / "bench.yaml"
             config_path.write_text(dump_config(load_config(None, sub_overrides)))
@@ -572,71 +396,3 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
     }
     res["table_markdown"] = markdown_table(res)
     return res
-
-
-def _raise_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)
-
-
-def main_methods(args) -> int:
-    """`--suite ffc|tct`: the cost of a paper method's extra phase (distfl/bench_methods.py);
-    `--suite cross-device`: packs of clients (distfl/bench_cross_device.py)."""
-    from . import bench_cross_device, bench_methods
-
-    quick = getattr(args, "quick", False)
-    repeats = 1 if quick else int(args.repeats)
-    suite = args.suite
-    out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
-    if suite == "cross-device":
-        res = bench_cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log,
-                                                    getattr(args, "device", None))
-    else:
-        res = getattr(bench_methods, f"bench_{suite}")(repeats, log)
-    res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               machine={"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None})
-    table = getattr(bench_cross_device if suite == "cross-device" else bench_methods,
-                    f"{suite.replace('-', '_')}_markdown")(res)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(table)
-    print(table, end="")
-    log(f"wrote {out} and {out.with_suffix('.md')}")
-    return 0
-
-
-def main(args) -> int:
-    if getattr(args, "suite", "runtime") != "runtime":
-        return main_methods(args)
-    global DEVICE
-    DEVICE = getattr(args, "device", None) or "cpu"
-    quick = bool(getattr(args, "quick", False))
-    rounds = 2 if quick else int(args.rounds)
-    repeats = 1 if quick else int(args.repeats)
-    out = Path(args.out)
-    # SIGTERM unwinds like Ctrl-C, so the `finally` blocks kill the subprocesses the bench started.
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    try:
-        res = run_bench(rounds, repeats, out, warmup=not quick)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    res["args"]["quick"] = quick
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(res["table_markdown"])
-    print()
-    print(res["table_markdown"], end="")
-    log(f"wrote {out} and {out.with_suffix('.md')}")
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--ceiling-worker":
-        sys.exit(ceiling_worker(sys.argv[2]))
-    print("usage: distfl bench [--out FILE] [--rounds N] [--repeats N]  (this module's own entry is internal)",
-          file=sys.stderr)
-    sys.exit(2)

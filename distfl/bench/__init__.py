@@ -1,0 +1,86 @@
+"""`distfl bench`: speed and memory targets live here, never in tests. One module a suite, beside a
+shared harness (harness.py):
+
+  runtime (default)  simulation overhead, rank scaling and collectives of the reference workload (runtime.py)
+  cross-device       pfl-research's cross-device shape: one client at a time versus packs, the exact
+                     sum's cost, pfl-research beside it (cross_device.py)
+  ffc, tct           a paper method's extra phases against a training round (ffc.py, tct.py)
+
+Each writes JSON with every raw timing and a markdown table beside it (bench/<suite>.json and .md;
+the runtime suite: bench/results.json).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import signal
+import threading
+from pathlib import Path
+
+from .harness import _command_line, log
+
+
+SUITES = ("runtime", "ffc", "tct", "cross-device")
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _write(res: dict, table: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(table, end="")
+    log(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+def main_suite(args) -> int:
+    """`--suite ffc|tct`: a paper method's extra phase; `--suite cross-device`: packs of clients."""
+    import torch
+
+    from . import cross_device, ffc, tct
+
+    quick = getattr(args, "quick", False)
+    repeats = 1 if quick else int(args.repeats)
+    suite = args.suite
+    out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
+    module = {"cross-device": cross_device, "ffc": ffc, "tct": tct}[suite]
+    if suite == "cross-device":
+        res = cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log,
+                                              getattr(args, "device", None))
+    else:
+        res = module.bench(repeats, log)
+    res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               machine={"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None})
+    _write(res, module.markdown(res), out)
+    return 0
+
+
+def main(args) -> int:
+    if getattr(args, "suite", "runtime") != "runtime":
+        return main_suite(args)
+    from . import runtime
+
+    runtime.DEVICE = getattr(args, "device", None) or "cpu"
+    quick = bool(getattr(args, "quick", False))
+    rounds = 2 if quick else int(args.rounds)
+    repeats = 1 if quick else int(args.repeats)
+    out = Path(args.out)
+    # SIGTERM unwinds like Ctrl-C, so the `finally` blocks kill the subprocesses the bench started.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        res = runtime.run_bench(rounds, repeats, out, warmup=not quick)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    res["args"]["quick"] = quick
+    print()
+    _write(res, res["table_markdown"], out)
+    return 0
