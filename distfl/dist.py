@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -125,6 +126,18 @@ def choose_backend(use_cuda: bool, ranks_per_node: int, gpus: int) -> str:
     return "nccl" if ranks_per_node <= gpus else "gloo"
 
 
+def set_deterministic(mode: bool, warn_only: bool = False) -> None:
+    """torch.use_deterministic_algorithms without its start-up cost. The public call also sets
+    torch._inductor.config.deterministic, and importing that module pulls in torch._dynamo and
+    torch._inductor: about 1.9 s of every rank's start (as long as importing torch itself). distfl never
+    compiles a model, so it sets only the kernels' switch, unless inductor is already loaded (code that
+    compiles imported it), when the public call costs nothing more and covers compiled code too."""
+    if "torch._inductor.config" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+
 def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = True) -> DistContext:
     """Join the process group described by the environment, or run alone when there is none.
 
@@ -157,7 +170,7 @@ def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = Tr
         torch.backends.cudnn.allow_tf32 = False
     else:
         device = torch.device("cpu")
-    torch.use_deterministic_algorithms(True, warn_only=not deterministic)
+    set_deterministic(True, warn_only=not deterministic)
     # Deterministic mode also fills every new tensor with NaN (torch.empty included): a pass over memory
     # per allocation that changes no result, since distfl reads no uninitialised memory.
     torch.utils.deterministic.fill_uninitialized_memory = False

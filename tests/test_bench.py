@@ -93,7 +93,8 @@ def test_bench_quick(tmp_path):
     model = build_model(ModelConfig(name="simplecnn"), (1, 28, 28), 10)
     num_params = sum(p.numel() for p in model.parameters())
     num_buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
-    expected = 8 * (num_params + num_buffers + sum(s.numel for s in STANDARD_SEGMENTS))
+    checks = 2 * 3  # two exactness counts per fixed statistic: loss_sum, delta, buffers
+    expected = 8 * (num_params + num_buffers + sum(s.numel for s in STANDARD_SEGMENTS) + checks)
     col = res["collectives"]
     assert col["calls_per_round"] == 1
     assert col["bytes_per_round"] == expected == col["expected_bytes_per_round"]
@@ -144,3 +145,21 @@ def test_tct_bench_counts_the_multiply_adds_of_the_papers_network():
     conv2 = 14 * 14 * 64 * (32 * 5 * 5)
     fc1, head = 128 * (64 * 7 * 7), 10 * 128
     assert _layer_macs(model, torch.zeros(1, 1, 28, 28)) == (conv1 + conv2 + fc1 + head, conv1)
+
+
+def test_startup_suite_times_every_step_of_a_two_rank_run(tmp_path):
+    """`--suite startup --quick`: both variants timed under torchrun, every step of rank 0 recorded, the
+    table written. (Which variant is faster is the bench's to say, never a test's.)"""
+    import distfl.bench
+    from distfl.bench.startup import ORDER, VARIANTS
+
+    out = tmp_path / "startup.json"
+    args = argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=True, suite="startup")
+    assert distfl.bench.main(args) == 0
+    res = json.loads(out.read_text())
+    for variant in VARIANTS:
+        steps = res["median_s"][variant]
+        assert set(ORDER) <= set(steps), set(ORDER) - set(steps)
+        assert all(v >= 0 for v in steps.values())
+        assert steps["whole command (outside)"] > steps["process (from the probe's first line)"] > steps["training rounds"]
+    assert "| import torch |" in out.with_suffix(".md").read_text()

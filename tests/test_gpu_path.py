@@ -193,3 +193,16 @@ def test_a_round_reads_from_the_device_a_fixed_number_of_times_whatever_its_clie
     packed step indexes with device tensors: a round of 8 clients waits for the device as often as one
     of 4 (on a GPU each wait drains the queue)."""
     assert _reads_in_one_round(tmp_path, 4, **sections) == _reads_in_one_round(tmp_path, 8, **sections)
+
+
+def test_joining_does_not_import_the_compiler_stack():
+    """torch.use_deterministic_algorithms imports torch._inductor (and torch._dynamo): ~1.9 s of every
+    rank's start. dist.init sets the same kernel switch without it, strict or warn-only as asked."""
+    code = ("import sys, torch\nfrom distfl import dist\n"
+            "dist.init('cpu', 1, deterministic=sys.argv[1] == 'strict')\n"
+            "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
+            " 'torch._inductor' in sys.modules, 'torch._dynamo' in sys.modules)\n")
+    for mode, warn_only in (("strict", "False"), ("warn", "True")):
+        proc = subprocess.run([sys.executable, "-c", code, mode], env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, cwd=REPO)
+        assert proc.stdout.split() == ["True", warn_only, "False", "False"], proc.stderr

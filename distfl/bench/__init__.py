@@ -5,6 +5,7 @@ shared harness (harness.py):
   cross-device       pfl-research's cross-device shape: one client at a time versus packs, the exact
                      sum's cost, pfl-research beside it (cross_device.py)
   ffc, tct           a paper method's extra phases against a training round (ffc.py, tct.py)
+  startup            where a short run's time goes that is not training (startup.py)
 
 Each writes JSON with every raw timing and a markdown table beside it (bench/<suite>.json and .md;
 the runtime suite: bench/results.json).
@@ -22,7 +23,7 @@ from pathlib import Path
 from .harness import _command_line, log
 
 
-SUITES = ("runtime", "ffc", "tct", "cross-device")
+SUITES = ("runtime", "ffc", "tct", "cross-device", "startup")
 
 
 def _raise_on_sigterm(signum, frame):
@@ -38,17 +39,20 @@ def _write(res: dict, table: str, out: Path) -> None:
 
 
 def main_suite(args) -> int:
-    """`--suite ffc|tct`: a paper method's extra phase; `--suite cross-device`: packs of clients."""
+    """`--suite ffc|tct`: a paper method's extra phase; `--suite cross-device`: packs of clients;
+    `--suite startup`: what a run spends outside training."""
     import torch
 
-    from . import cross_device, ffc, tct
+    from . import cross_device, ffc, startup, tct
 
     quick = getattr(args, "quick", False)
     repeats = 1 if quick else int(args.repeats)
     suite = args.suite
     out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
-    module = {"cross-device": cross_device, "ffc": ffc, "tct": tct}[suite]
-    if suite == "cross-device":
+    module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup}[suite]
+    if suite == "startup":
+        res = startup.bench(repeats, log, 2 if quick else int(args.rounds))
+    elif suite == "cross-device":
         res = cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log,
                                               getattr(args, "device", None))
     else:

@@ -162,8 +162,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _popen(cmd: list[str], cwd: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=cwd, env=_env(), start_new_session=True, text=True, **kw)
+def _popen(cmd: list[str], cwd: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=cwd, env=env or _env(), start_new_session=True, text=True, **kw)
 
 
 def _run(cmd: list[str], cwd: str, what: str) -> str:

@@ -79,6 +79,12 @@ def fixed_point_bits(bound: float, max_terms: int) -> int:
     return min(FRAC_BITS, math.floor(math.log2(EXACT_UNITS / (max(1, max_terms) * bound))))
 
 
+def buffer_values(segments) -> int:
+    """How many int64 values a StatBuffer of `segments` all-reduces: theirs, and two counts per fixed
+    segment (its NaN/inf terms and its ranks beyond the exact range)."""
+    return sum(s.numel for s in segments) + 2 * sum(s.kind == "fixed" for s in segments)
+
+
 class StatBuffer:
     """One int64 buffer holding all segments; clients add into it, `reduce` sums it over ranks."""
 
