@@ -24,7 +24,7 @@ import yaml
 from distfl import schema
 from distfl.errors import ConfigError
 from distfl.schema import APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, Config
-from distfl.validate import INT_LIMITS, check_numbers, number_from_text, rules_markdown
+from distfl.validate import INT_LIMITS, check_numbers, float_error, number_from_text, rules_markdown
 
 __all__ = [
     "ConfigWarning",
@@ -226,9 +226,15 @@ def _choice_error(key: str, value: str, valid: list[str] | None = None, more: st
 
 # --- type conversion --------------------------------------------------------------------------------
 
+def _shown(value) -> str:
+    """repr(value), cut short when long (a value pasted by mistake, nested thousands deep)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
 def _convert(key: str, value, typ: type):
     """Return `value` as `typ`, or raise ConfigError naming the key."""
-    got = f"got {value!r} ({type(value).__name__})"
+    got = f"got {_shown(value)} ({type(value).__name__})"
     if typ in (bool, int, float) and isinstance(value, str):  # quoted: read as the same text unquoted
         value = number_from_text(value, _unquoted_tag)
     if typ is bool:
@@ -379,7 +385,7 @@ def config_from_dict(d: dict, overrides=(), source: str = "<dict>") -> Config:
         overrides = [overrides]
     _check_shape(d, source)
     merged = apply_overrides(d, overrides)
-    origin = {_split_override(item)[0]: f"override {item!r}" for item in overrides}
+    origin = {_split_override(item)[0]: f"override {_shown(item)}" for item in overrides}
     cfg = _build(merged, origin, source)
     validate(cfg)
     explicit = _explicit_keys(merged)
@@ -573,6 +579,8 @@ def _algorithm_options(name: str, options: dict) -> dict:
                               "must be bool, int, float or str")
         if f.name in options:
             value = _convert(key, options[f.name], types[f.name])
+            if types[f.name] is float and float_error(key, value):
+                raise float_error(key, value)
         elif f.default is not dataclasses.MISSING:
             value = f.default
         elif f.default_factory is not dataclasses.MISSING:
