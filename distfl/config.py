@@ -232,10 +232,11 @@ def _shown(value) -> str:
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
-def _convert(key: str, value, typ: type):
-    """Return `value` as `typ`, or raise ConfigError naming the key."""
+def _convert(key: str, value, typ: type, text: bool = True):
+    """Return `value` as `typ`, or raise ConfigError naming the key. `text`: a string may spell a number
+    or bool (YAML, overrides); a Config's own fields, which the run uses as they are, must hold the type."""
     got = f"got {_shown(value)} ({type(value).__name__})"
-    if typ in (bool, int, float) and isinstance(value, str):  # quoted: read as the same text unquoted
+    if text and typ in (bool, int, float) and isinstance(value, str):  # quoted: read as the same text unquoted
         value = number_from_text(value, _unquoted_tag)
     if typ is bool:
         # 0/1 are accepted because an override "download=0" parses as the integer 0.
@@ -532,7 +533,7 @@ def _values(cfg: Config) -> dict[str, object]:
     for key, typ in _TYPES.items():
         section, _, leaf = key.rpartition(".")
         obj = getattr(cfg, section) if section else cfg
-        out[key] = _convert(key, getattr(obj, leaf), typ)
+        out[key] = _convert(key, getattr(obj, leaf), typ, text=False)
     return out
 
 
