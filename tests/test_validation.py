@@ -313,3 +313,35 @@ def test_a_plugin_in_the_current_directory_is_found(tmp_path, how):
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["model"]["name"] == "labmodel:build"
+
+
+# ---- 7: a resume while the disk is still full leaves nothing behind ----------------------------------------
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 120 KB tmpfs (root only): a run fills it while writing its first checkpoint."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_resumes_on_a_still_full_disk_leave_nothing_behind(tmp_path, small_tmpfs):
+    config = write_config(tmp_path / "c.yaml")
+    through = train_ok(config, f"output.dir={tmp_path / 'through'}", "train.rounds=8")
+    run_dir = small_tmpfs / "run"
+    proc = run_cli(["train", config, f"output.dir={run_dir}", "checkpoint.every=1"])
+    assert proc.returncode == 1 and "disk full writing" in proc.stderr
+    saved = (run_dir / "config.yaml").read_text()
+    for _ in range(2):  # train.rounds=8 changes config.yaml, which must be rewritten first
+        proc = run_cli(["train", "--resume", run_dir, "train.rounds=8"])
+        assert proc.returncode == 1, proc.stderr
+        line = proc.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"distfl: error: disk full writing {run_dir}"), proc.stderr
+        assert sorted(p.name for p in run_dir.rglob(".*") if p.name != ".lock") == []  # no .partial, no .tmpPID
+        assert (run_dir / "config.yaml").read_text() in (saved, saved.replace("rounds: 6", "rounds: 8"))  # whole
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_tmpfs)], check=True)
+    resumed = train_ok(None, "train.rounds=8", resume=str(run_dir))
+    assert resumed["model_sha256"] == through["model_sha256"] and resumed["rounds"] == 8
