@@ -271,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
         if p.get_default("overrides") is not None:
             p.epilog = ("key=value: dotted config overrides, anywhere after the command, e.g. train.rounds=50 "
                         "algorithm.options.beta=0.5 (every key: docs/config.md)")
+    sub.choices["calibrate"].epilog = ("key=value: only the FFC settings calibration.ridge, calibration.clients, "
+                                       "calibration.batch_size; other keys: distfl train --resume RUN_DIR")
     return parser
 
 

@@ -90,7 +90,7 @@ def check_numbers(types: dict[str, type], values: dict[str, object], own_limits:
             error = float_error(key, value)
             if error:
                 raise error
-        elif typ is int and key not in own_limits and abs(value) > int_limit(key):
+        elif typ is int and key not in own_limits and value > int_limit(key):  # lower bounds: config.RANGES
             why = "" if key in INT_LIMITS else " (an int key must fit in 32 bits)"
             raise ConfigError(f"{key} must be at most {int_limit(key)}, got {value}{why}")
     for text, keys, formed, derive in DERIVED:
