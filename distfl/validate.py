@@ -24,8 +24,9 @@ FLOAT32_MAX = struct.unpack("f", struct.pack("I", 0x7F7FFFFF))[0]  # 3.402823466
 FLOAT32_SMALLEST = struct.unpack("f", struct.pack("I", 1))[0]  # 1.4e-45, the smallest subnormal
 INT_MAX = 2**31 - 1
 
-# Tighter limits than INT_MAX for the int keys that size memory, a loop or a thread pool: far above
-# any setting in the papers distfl reproduces, far below what would end in an allocation failure.
+# Tighter limits than INT_MAX for the int keys that size memory, a loop or a thread pool: far above any
+# setting in the papers distfl reproduces, so a value above is a slip (2^31 overflowed torch's and numpy's
+# C ints or asked for 512 GB at once). A value within may still need more memory than a machine has.
 INT_LIMITS = {
     "data.synthetic_train": 10**8,
     "data.synthetic_test": 10**8,
@@ -36,8 +37,8 @@ INT_LIMITS = {
     "partition.classes_per_client": 10**6,
     "partition.shards_per_client": 10**6,
     "model.gn_groups": 64,
-    "model.mlp_hidden": 65536,
-    "model.feature_dim": 65536,
+    "model.mlp_hidden": 8192,  # two hidden layers: ~h^2 parameters, 67 million at the limit
+    "model.feature_dim": 8192,
     "train.local_epochs": 10**4,
     "train.local_steps": 10**7,
     "tct.local_steps": 10**7,
@@ -46,8 +47,9 @@ INT_LIMITS = {
     "tct.threads": 1024,
 }
 
-# The synthetic dataset's float32 values, (train + test) x channels x size^2: at most 8 GiB.
-SYNTHETIC_MAX_ELEMENTS = 2**31
+# The synthetic dataset's float32 values, (train + test) x channels x size^2: at most 1 GiB (its
+# generation holds a few times that).
+SYNTHETIC_MAX_ELEMENTS = 2**28
 
 # Quantities a run computes in float32 from float keys, which must be finite even when each key is:
 # (text, the keys it is formed from, when it is formed, its value from the keys' values).
@@ -110,7 +112,7 @@ def check_numbers(types: dict[str, type], values: dict[str, object], own_limits:
             raise ConfigError(
                 f"the synthetic dataset would hold {elements:,} float32 values ((data.synthetic_train + "
                 "data.synthetic_test) x data.synthetic_channels x data.synthetic_image_size^2), more than "
-                f"{SYNTHETIC_MAX_ELEMENTS:,} (8 GiB); use fewer samples or smaller images")
+                f"{SYNTHETIC_MAX_ELEMENTS:,} (1 GiB); use fewer samples or smaller images")
 
 
 def number_from_text(text: str, resolve):
@@ -135,8 +137,8 @@ def rules_markdown() -> str:
         f"{FLOAT32_SMALLEST:.2g}), and so must what the maths forms from them (1 / `algorithm.alpha` for FedDyn,",
         "1 / `algorithm.kd_temperature` for FedADC+, `algorithm.fedfor_alpha` / `train.lr` for FedFOR); every int",
         f"key must be at most {INT_MAX} (2^31 - 1), or the tighter limit in its row (the seeds: what numpy and",
-        "torch accept); a synthetic dataset holds at most 2^31 float32 values. A quoted number (`\"0.05\"`,",
-        "`\"6\"`, `\"true\"`) means what it means unquoted: `train.rounds: \"6\"` is 6, `train.lr: \"1e-3\"` is",
-        "0.001, and `train.rounds: \"6.0\"` is refused like `6.0`. YAML anchors and aliases are refused, and so",
-        "is a file nested deeper than 64 levels.",
+        "torch accept); a synthetic dataset holds at most 2^28 float32 values (1 GiB). A quoted number",
+        "(`\"0.05\"`, `\"6\"`, `\"true\"`) means what it means unquoted: `train.rounds: \"6\"` is 6,",
+        "`train.lr: \"1e-3\"` is 0.001, and `train.rounds: \"6.0\"` is refused like `6.0`. YAML anchors and",
+        "aliases are refused, and so is a file nested deeper than 64 levels.",
     ])

@@ -125,7 +125,7 @@ def test_every_int_key_at_its_limit_passes_validation(key):
 
 def test_the_synthetic_dataset_is_bounded_as_a_whole(tmp_path):
     line = refused_before_any_work(tmp_path, "data.synthetic_train=100000000", "data.synthetic_image_size=8")
-    assert "the synthetic dataset would hold 6,400,032,000 float32 values" in line
+    assert "the synthetic dataset would hold 6,400,032,000 float32 values" in line and "more than 268,435,456 (1 GiB)" in line
     # Each key is within its own limit; another dataset ignores them.
     assert load_config(None, ["data.dataset=fmnist", "data.synthetic_train=100000000"]).data.synthetic_train == 10**8
 
@@ -163,8 +163,8 @@ def test_a_quoted_value_is_refused_exactly_when_its_unquoted_text_is(tmp_path, o
 
 def test_the_rules_are_in_the_config_reference():
     text = (REPO / "docs" / "config.md").read_text()
-    assert "A quoted number (`\"0.05\"`," in text and "every float key must be finite in float32" in text
-    assert "| `model.mlp_hidden` | int | `64` | >= 1, <= 65536 |" in text
+    assert "A quoted number\n(`\"0.05\"`," in text and "every float key must be finite in float32" in text
+    assert "| `model.mlp_hidden` | int | `64` | >= 1, <= 8192 |" in text
 
 
 # ---- 4: inputs -----------------------------------------------------------------------------------------
