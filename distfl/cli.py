@@ -63,6 +63,9 @@ def _saved_config(saved: Path) -> dict:
 
     try:
         base = yaml.safe_load(saved.read_text())
+    except RecursionError:
+        raise ConfigError(f"--resume: cannot read {saved}: it is nested too deeply to be a distfl config; it is "
+                          "the run's config as distfl wrote it: restore it (every checkpoint's state.pt holds it too)") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"--resume: cannot read {saved}: {str(exc).splitlines()[0]}; it is the run's config "
                           "as distfl wrote it: restore it (every checkpoint's state.pt holds it too)") from None
@@ -94,6 +97,7 @@ def cmd_calibrate(args) -> int:
     """FFC on a trained run: resume it with calibration.method=ffc (it continues training first if it
     stopped early)."""
     from .checkpoint import checkpoints_dir
+    from .config import config_keys
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -102,6 +106,13 @@ def cmd_calibrate(args) -> int:
         raise ConfigError(
             f"{run_dir} has no checkpointed model to calibrate ({checkpoints_dir(run_dir) / 'latest'} is missing: "
             "the run stopped before its first checkpoint). Train it first; the last round is always checkpointed")
+    settings = [key for key in config_keys() if key.startswith("calibration.") and key != "calibration.method"]
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        if key.strip() not in settings and (key.strip(), value.strip()) != ("calibration.method", "ffc"):
+            raise ConfigError(f"distfl calibrate takes only the FFC settings {', '.join(settings)}; got {item}. To "
+                              f"change other keys, continue the run: `distfl train --resume {run_dir} "
+                              "calibration.method=ffc KEY=VALUE`")
     args.resume, args.config, args.print_config, args.overwrite = str(run_dir), None, False, False
     args.overrides = ["calibration.method=ffc", *args.overrides]
     return cmd_train(args)
@@ -264,10 +275,20 @@ def build_parser() -> argparse.ArgumentParser:
         if p.get_default("overrides") is not None:
             p.epilog = ("key=value: dotted config overrides, anywhere after the command, e.g. train.rounds=50 "
                         "algorithm.options.beta=0.5 (every key: docs/config.md)")
+    sub.choices["calibrate"].epilog = ("key=value: only the FFC settings calibration.ridge, calibration.clients, "
+                                       "calibration.batch_size; other keys: distfl train --resume RUN_DIR")
     return parser
 
 
 def main(argv=None) -> int:
+    """`distfl ARGV` (the command line when `argv` is None)."""
+    if argv is None:
+        # The `distfl` console script, like `python -m distfl`, imports a plugin (algorithm.name=mine:Method)
+        # from the current directory: Python puts it on sys.path for -m, but puts the script's folder there
+        # for a console script.
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.insert(0, cwd)
     argv = list(sys.argv[1:] if argv is None else argv)
     # `key=value` overrides may stand anywhere after the command, also after flags: take them out first.
     overrides, rest = [], argv[:1]

@@ -24,6 +24,7 @@ import yaml
 from distfl import schema
 from distfl.errors import ConfigError
 from distfl.schema import APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, Config
+from distfl.validate import INT_LIMITS, check_numbers, float_error, number_from_text, rules_markdown
 
 __all__ = [
     "ConfigWarning",
@@ -225,9 +226,18 @@ def _choice_error(key: str, value: str, valid: list[str] | None = None, more: st
 
 # --- type conversion --------------------------------------------------------------------------------
 
-def _convert(key: str, value, typ: type):
-    """Return `value` as `typ`, or raise ConfigError naming the key."""
-    got = f"got {value!r} ({type(value).__name__})"
+def _shown(value) -> str:
+    """repr(value), cut short when long (a value pasted by mistake, nested thousands deep)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _convert(key: str, value, typ: type, text: bool = True):
+    """Return `value` as `typ`, or raise ConfigError naming the key. `text`: a string may spell a number
+    or bool (YAML, overrides); a Config's own fields, which the run uses as they are, must hold the type."""
+    got = f"got {_shown(value)} ({type(value).__name__})"
+    if text and typ in (bool, int, float) and isinstance(value, str):  # quoted: read as the same text unquoted
+        value = number_from_text(value, _unquoted_tag)
     if typ is bool:
         # 0/1 are accepted because an override "download=0" parses as the integer 0.
         if isinstance(value, bool):
@@ -242,16 +252,9 @@ def _convert(key: str, value, typ: type):
     if typ is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key} must be a number, {got}")
-        if isinstance(value, (int, float)):
-            number = float(value)
-        elif isinstance(value, str):
-            # PyYAML (YAML 1.1) reads 1e-3 as the string "1e-3".
-            try:
-                number = float(value)
-            except ValueError:
-                raise ConfigError(f"{key} must be a number, {got}") from None
-        else:
+        if not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, {got}")
+        number = float(value)
         if not math.isfinite(number):
             raise ConfigError(f"{key} must be a finite number, {got}")
         return number
@@ -383,7 +386,7 @@ def config_from_dict(d: dict, overrides=(), source: str = "<dict>") -> Config:
         overrides = [overrides]
     _check_shape(d, source)
     merged = apply_overrides(d, overrides)
-    origin = {_split_override(item)[0]: f"override {item!r}" for item in overrides}
+    origin = {_split_override(item)[0]: f"override {_shown(item)}" for item in overrides}
     cfg = _build(merged, origin, source)
     validate(cfg)
     explicit = _explicit_keys(merged)
@@ -435,7 +438,16 @@ def _read_yaml(path: str):
     try:
         return yaml.load(text, Loader=ConfigLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse config file {path} as YAML: {e}") from None
+        raise ConfigError(f"cannot parse config file {path} as YAML: {_one_line(e)}") from None
+
+
+def _one_line(e: yaml.YAMLError) -> str:
+    """A YAML error as one line: what is wrong, and where (PyYAML's own text quotes the line below)."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(e).split())
+    context = f"{e.context} " if getattr(e, "context", None) else ""
+    return f"{context}{problem} (line {mark.line + 1}, column {mark.column + 1})"
 
 
 class ConfigLoader(yaml.SafeLoader):
@@ -448,13 +460,22 @@ class ConfigLoader(yaml.SafeLoader):
     - A key given twice in one mapping is refused instead of the last one silently winning.
     """
 
+    MAX_DEPTH = 64  # a config is 3 levels deep; 5,000 would end in a RecursionError
+
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.composer.ComposerError(
                 None, None, f"found the alias *{event.anchor}: YAML anchors and aliases are not accepted "
                 "in distfl configs; write the value out", event.start_mark)
-        return super().compose_node(parent, index)
+        self.depth = getattr(self, "depth", 0) + 1
+        try:
+            if self.depth > self.MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {self.MAX_DEPTH} levels; a "
+                                                  "distfl config is a mapping of sections of keys", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen = {}
@@ -477,6 +498,11 @@ for _tag, _pattern, _first in [
     ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
 ]:
     ConfigLoader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"), list(_first))
+
+
+def _unquoted_tag(text: str) -> str:
+    """The YAML tag ConfigLoader gives `text` as an unquoted scalar (..:int, ..:float, ..:bool, ..:str)."""
+    return ConfigLoader("").resolve(yaml.ScalarNode, text, (True, False))
 
 
 # --- validation -------------------------------------------------------------------------------------
@@ -507,7 +533,7 @@ def _values(cfg: Config) -> dict[str, object]:
     for key, typ in _TYPES.items():
         section, _, leaf = key.rpartition(".")
         obj = getattr(cfg, section) if section else cfg
-        out[key] = _convert(key, getattr(obj, leaf), typ)
+        out[key] = _convert(key, getattr(obj, leaf), typ, text=False)
     return out
 
 
@@ -554,6 +580,8 @@ def _algorithm_options(name: str, options: dict) -> dict:
                               "must be bool, int, float or str")
         if f.name in options:
             value = _convert(key, options[f.name], types[f.name])
+            if types[f.name] is float and float_error(key, value):
+                raise float_error(key, value)
         elif f.default is not dataclasses.MISSING:
             value = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -599,6 +627,7 @@ def _check_files(v: dict) -> None:
 def validate(cfg: Config) -> None:
     """Raise ConfigError for a wrong type, unknown choice, out-of-range value or impossible combination."""
     v = _values(cfg)
+    check_numbers(_TYPES, v, SEED_MAX)
     for key, valid in CHOICES.items():
         if key in PLUGIN_KEYS and v[key] not in valid:
             _plugin(key, v[key])
@@ -753,6 +782,8 @@ def config_reference_markdown() -> str:
         "current choice of another key ignores (e.g. `algorithm.mu=0.1` with `algorithm.name=fedavg`)",
         "is a warning, not an error, since sweeps vary the controlling key.",
         "",
+        rules_markdown(),
+        "",
     ]
     groups = [("Top level", [k for k in _TYPES if "." not in k])]
     groups += [(f"`{name}`", [k for k in _TYPES if k.startswith(name + ".")]) for name in _SECTIONS]
@@ -763,7 +794,8 @@ def config_reference_markdown() -> str:
             if key in CHOICES:
                 valid = ", ".join(CHOICES[key])
             elif key in RANGES:
-                valid = _range_text(RANGES[key]) + (f", <= {SEED_MAX[key]}" if key in SEED_MAX else "")
+                largest = SEED_MAX.get(key, INT_LIMITS.get(key))
+                valid = _range_text(RANGES[key]) + (f", <= {largest}" if largest is not None else "")
             else:
                 valid = ""
             description = comments[key]

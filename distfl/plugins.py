@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 
 from distfl.errors import ConfigError
 
@@ -71,6 +72,18 @@ def load_plugin(key: str, name: str):
             raise ConfigError(f"algorithm.name={name!r} is {obj!r}, not a subclass of distfl.Algorithm; a "
                               "method is a class `class MyMethod(distfl.Algorithm)` (docs/extending.md)")
         options_fields(obj)
-    elif not callable(obj):
-        raise ConfigError(f"model.name={name!r} is {obj!r}, not a function (input_shape, num_classes) -> nn.Module")
+    elif not callable(obj) or not _takes_shape_and_classes(obj):
+        raise ConfigError(f"model.name={name!r} is {obj!r}, not a model class or factory: a function or nn.Module "
+                          "class called as build(input_shape, num_classes) that returns an nn.Module (docs/extending.md)")
     return obj
+
+
+def _takes_shape_and_classes(builder) -> bool:
+    """Whether `builder(input_shape, num_classes)` binds to its signature (True when it has none to read)."""
+    try:
+        inspect.signature(builder).bind((1, 1, 1), 2)
+    except TypeError:
+        return False
+    except ValueError:  # a builtin without a signature: its own error comes when it is called
+        return True
+    return True

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from distfl.data.npz import npz_errors
 from distfl.errors import DataError
 from distfl.schema import DataConfig
 
@@ -327,15 +328,12 @@ def _load_files(path: str) -> Dataset:
 
 
 def _read_npz(path: str):
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            missing = [k for k in NPZ_KEYS if k not in f.files]
-            if missing:
-                raise DataError(f"data.path {path} lacks {', '.join(missing)}; it needs {', '.join(NPZ_KEYS)} "
-                                f"(it holds {', '.join(f.files) or 'nothing'})")
-            arrays = {k: f[k] for k in NPZ_KEYS}
-    except (OSError, ValueError, zlib.error) as e:
-        raise DataError(f"cannot read data.path {path} as an .npz file: {e}") from None
+    with npz_errors("data.path", path), np.load(path, allow_pickle=False) as f:
+        missing = [k for k in NPZ_KEYS if k not in f.files]
+        if missing:
+            raise DataError(f"data.path {path} lacks {', '.join(missing)}; it needs {', '.join(NPZ_KEYS)} "
+                            f"(it holds {', '.join(f.files) or 'nothing'})")
+        arrays = {k: f[k] for k in NPZ_KEYS}
     out = []
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]

@@ -15,6 +15,7 @@ import random
 
 import numpy as np
 
+from distfl.data.npz import npz_errors
 from distfl.errors import DataError
 from distfl.schema import PartitionConfig
 
@@ -319,11 +320,8 @@ def describe(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> s
 
 def file_client_count(path: str) -> int:
     """How many clients the partition file at `path` holds (its keys must be client_0 .. client_{N-1})."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            keys = set(f.files)
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read partition.path {path} as an .npz file: {e}") from None
+    with npz_errors("partition.path", path), np.load(path, allow_pickle=False) as f:
+        keys = set(f.files)
     if not keys or keys != {f"client_{i}" for i in range(len(keys))}:
         listing = ", ".join(sorted(keys)[:5]) + (", ..." if len(keys) > 5 else "")
         raise DataError(f"partition.path {path} must hold arrays named client_0 .. client_{{N-1}} and nothing else "
@@ -335,7 +333,7 @@ def _from_file(labels, cfg, num_classes, rng):
     # One int64 index array into the training split per client, e.g. LEAF's writer split or another
     # framework's partition; `distfl partition --out` writes this format.
     file_client_count(cfg.path)
-    with np.load(cfg.path, allow_pickle=False) as f:
+    with npz_errors("partition.path", cfg.path), np.load(cfg.path, allow_pickle=False) as f:
         parts = [f[f"client_{i}"] for i in range(cfg.num_clients)]
     for i, part in enumerate(parts):
         if part.ndim != 1 or not np.issubdtype(part.dtype, np.integer):
