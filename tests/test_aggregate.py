@@ -174,3 +174,18 @@ def test_a_segment_with_a_bound_gets_the_unit_of_its_bound_not_the_update_bound(
     for _ in range(math.floor(capacity) + 1):
         stats.add("loss_sum", torch.tensor([bound], dtype=torch.float64))
     assert list(stats.reduce(CTX).problems()) == ["loss_sum"]
+
+
+def test_int64_accumulation_keeps_the_full_range_exactly():
+    """A segment that needs a finer unit than float64's 2^53-unit range allows (SphereFed's Z^T Z)
+    accumulates each term as int64: sums far past 2^53 units stay exact, and the check follows 2^62."""
+    big = 2.0**60 * 2.0**-FRAC_BITS  # 2^60 units a term
+    stats = StatBuffer([Segment("z", 2, accumulate="int64")], torch.device("cpu"), max_terms=3)
+    for _ in range(3):
+        stats.add("z", torch.tensor([big, 1.0 * 2.0**-FRAC_BITS], dtype=torch.float64))
+    assert not stats.reduce(CTX).problems()
+    assert stats.view("z").tolist() == [3 * 2**60, 3]
+    stats = StatBuffer([Segment("z", 1, accumulate="int64")], torch.device("cpu"), max_terms=5)
+    for _ in range(5):
+        stats.add("z", torch.tensor([big], dtype=torch.float64))
+    assert "above" in stats.reduce(CTX).problems()["z"]  # 5 x 2^60 > 2^62: would overflow int64

@@ -180,10 +180,10 @@ def test_fixed_point_unit_sums_the_largest_entries_exactly(n, clients):
     from distfl.federation.aggregate import Segment, StatBuffer
 
     bits = fixed_point_bits(n, clients)
-    stats = StatBuffer([Segment("a", 3, frac_bits=bits)], torch.device("cpu"), clients)
+    stats = StatBuffer([Segment("a", 3, frac_bits=bits, accumulate="int64")], torch.device("cpu"), clients)
     for _ in range(clients):
         stats.add("a", torch.tensor([float(n), -float(n), 2.0**-bits], dtype=torch.float64))
-    stats.reduce(dist.init("cpu", 1), name="test")
+    assert not stats.reduce(dist.init("cpu", 1), name="test").problems()
     assert stats.view("a").tolist() == [clients * n * 2**bits, -clients * n * 2**bits, clients]
 
 

@@ -87,13 +87,13 @@ def solve(a: torch.Tensor, b: torch.Tensor, ridge: float) -> tuple[torch.Tensor,
 
 
 def fixed_point_bits(max_client_samples: int, num_clients: int) -> int:
-    """The finest 2^-f at which num_clients terms of magnitude <= max_client_samples sum exactly
-    (float64 sums of grid values, below 2^53 units: federation/aggregate.py).
+    """The finest 2^-f at which num_clients terms of magnitude <= max_client_samples sum exactly in
+    int64 (the segments accumulate each term as int64: federation/aggregate.py).
 
     Every entry of A_k and B_k is a sum of products of unit-vector coordinates, so it is at most n_k.
     """
     bound = max(1, max_client_samples) * max(1, num_clients)
-    return min(52, 52 - math.ceil(math.log2(bound + 1)))
+    return min(52, 61 - math.ceil(math.log2(bound + 1)))
 
 
 def apply_calibrated_head(model) -> None:
@@ -121,7 +121,8 @@ class FFCPhase(Phase):
         sizes = trainer.population.sizes
         bits = fixed_point_bits(max(int(sizes[k]) for k in clients), len(clients))
         upper = torch.triu_indices(d, d, device=trainer.device)
-        stats = StatBuffer([Segment("ztz", upper.shape[1], frac_bits=bits), Segment("zty", d * c, frac_bits=bits),
+        stats = StatBuffer([Segment("ztz", upper.shape[1], frac_bits=bits, accumulate="int64"),
+                            Segment("zty", d * c, frac_bits=bits, accumulate="int64"),
                             Segment("samples", 1, kind="int"), Segment("zero_features", 1, kind="int")],
                            trainer.device, len(clients))
         alg = trainer.algorithm

@@ -47,6 +47,10 @@ class Segment:
     kind: str = "fixed"  # fixed | int
     frac_bits: int = FRAC_BITS  # the unit 2^-frac_bits, unless `bound` sets it
     bound: float | None = None  # largest |weight * value| of one term; sets the unit and the valid range
+    # float64: a rank adds its terms in float64 (about one pass a term), exact below 2^53 units.
+    # int64: each term is converted on its own (slower), exact below 2^62 units: for a statistic that
+    # needs the finer unit more than speed (SphereFed's one-off Z^T Z).
+    accumulate: str = "float64"
 
 
 # Every round carries these beside the algorithm's own segments (`round_segments` sets loss_sum's bound).
@@ -69,14 +73,18 @@ def round_segments(algorithm_segments, max_samples_trained: int) -> list[Segment
 
 
 # Per rank, the float64 sum of grid values stays exact below 2^53 units; summed over W ranks as int64 it
-# must stay below 2^62, so each rank's budget is min(2^53, 2^62 / W). The mass that is checked against
-# it is itself a float64 sum, off by at most a unit per 2^53: the margin of 2^-20 covers 2^33 terms.
-EXACT_UNITS = 2.0**53 * (1 - 2.0**-20)
+# must stay below 2^62, so each rank's budget is min(2^53, 2^62 / W) (int64 accumulation: 2^62 / W).
+# The mass that is checked against it is itself a float64 sum, off by at most a unit per 2^53: the
+# margin of 2^-20 covers 2^33 terms.
+MARGIN = 1 - 2.0**-20
+EXACT_UNITS = 2.0**53 * MARGIN
+INT64_UNITS = 2.0**62 * MARGIN
 
 
-def fixed_point_bits(bound: float, max_terms: int) -> int:
+def fixed_point_bits(bound: float, max_terms: int, accumulate: str = "float64") -> int:
     """The finest unit 2^-k (k <= FRAC_BITS) at which `max_terms` terms of |value| <= bound sum exactly."""
-    return min(FRAC_BITS, math.floor(math.log2(EXACT_UNITS / (max(1, max_terms) * bound))))
+    units = EXACT_UNITS if accumulate == "float64" else INT64_UNITS
+    return min(FRAC_BITS, math.floor(math.log2(units / (max(1, max_terms) * bound))))
 
 
 def buffer_values(segments) -> int:
@@ -108,9 +116,12 @@ class StatBuffer:
         self.bits = {}
         for s in segments:
             if s.kind == "fixed":
-                self.bits[s.name] = s.frac_bits if s.bound is None else fixed_point_bits(s.bound, self.max_terms)
+                self.bits[s.name] = (s.frac_bits if s.bound is None
+                                     else fixed_point_bits(s.bound, self.max_terms, s.accumulate))
         largest = max((self.segments[n].numel for n in self.fixed), default=0)
         self._scratch = torch.empty(largest, dtype=torch.float64, device=device)
+        whole = max((self.segments[n].numel for n in self.fixed if self.segments[n].accumulate == "int64"), default=0)
+        self._scratch_int = torch.empty(whole, dtype=torch.int64, device=device)
         self._mass = torch.zeros(len(self.fixed), dtype=torch.float64, device=device)  # in units
         self._host_mass = [0.0] * len(self.fixed)
         self._host: dict[str, list[int]] = {}  # Python-number terms, summed exactly on the host
@@ -157,7 +168,12 @@ class StatBuffer:
         scratch.copy_(value)
         # (value * weight) * 2^bits == value * (weight * 2^bits) exactly: scaling by 2^bits is exact.
         scratch.mul_(float(weight) * 2.0 ** self.bits[name]).round_()
-        self._sum_view(name).add_(scratch)
+        if seg.accumulate == "int64":
+            as_int = self._scratch_int[: seg.numel]
+            as_int.copy_(scratch)
+            self.view(name).add_(as_int)
+        else:
+            self._sum_view(name).add_(scratch)
 
     def _add_number(self, seg: Segment, value, weight: float) -> None:
         if seg.numel != 1:
@@ -176,15 +192,18 @@ class StatBuffer:
 
     def reduce(self, ctx: dist.DistContext, name: str = "round_stats") -> "Reduced":
         """Sum over ranks: exactly one all_reduce, counted under `name`."""
-        budget = min(EXACT_UNITS, 2.0**62 * (1 - 2.0**-20) / max(1, ctx.world_size))
+        world = max(1, ctx.world_size)
+        budgets = [min(EXACT_UNITS if self.segments[n].accumulate == "float64" else INT64_UNITS, INT64_UNITS / world)
+                   for n in self.fixed]
         if self.fixed:
             mass = self._mass + torch.tensor(self._host_mass, dtype=torch.float64, device=self._mass.device)
+            budget = torch.tensor(budgets, dtype=torch.float64, device=self._mass.device)
             self.view("_inexact").add_(~(mass <= budget))
             self.view("_nonfinite").add_(torch.tensor(self._host_nonfinite, device=self.buffer.device))
         for seg_name in self.fixed:
             # NaN/inf make arbitrary integers here; the counts above say so and the caller stops.
-            view = self.view(seg_name)
-            view.copy_(self._sum_view(seg_name))
+            if self.segments[seg_name].accumulate == "float64":
+                self.view(seg_name).copy_(self._sum_view(seg_name))
         for seg_name, terms in self._host.items():
             self.view(seg_name).add_(torch.tensor(terms, dtype=torch.int64, device=self.buffer.device))
         self._reduced = True
@@ -193,7 +212,8 @@ class StatBuffer:
 
     def limit(self, name: str) -> float:
         """The largest sum over a rank's terms of |weight| * max|value| segment `name` takes (one rank)."""
-        return EXACT_UNITS * 2.0 ** -self.bits[name]
+        units = EXACT_UNITS if self.segments[name].accumulate == "float64" else INT64_UNITS
+        return units * 2.0 ** -self.bits[name]
 
     @property
     def nbytes(self) -> int:
