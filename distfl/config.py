@@ -5,33 +5,28 @@ are applied on top. Every problem is reported as a `ConfigError` before any work
 """
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import difflib
-import io
 import math
-import re
 import struct
 import sys
-import tokenize
 import typing
 import warnings
 from pathlib import Path
 
 import yaml
 
-from distfl import schema
 from distfl.errors import ConfigError
 from distfl.schema import APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, Config
-from distfl.validate import INT_LIMITS, check_numbers, float_error, number_from_text, rules_markdown
+from distfl.validate import check_numbers, float_error, number_from_text
+from distfl.yaml_loader import ConfigLoader, read_yaml
 
 __all__ = [
     "ConfigWarning",
     "apply_overrides",
     "config_from_dict",
     "config_keys",
-    "config_reference_markdown",
     "config_to_dict",
     "dump_config",
     "load_config",
@@ -402,7 +397,7 @@ def load_config(path: str | None, overrides: list[str] = ()) -> Config:
     """
     if path is None:
         return config_from_dict({}, overrides, source="<defaults>")
-    d = _read_yaml(path)
+    d = read_yaml(path)
     if isinstance(d, dict):
         # A top-level `sweep:` mapping describes a sweep over this config (`distfl sweep`, see
         # `load_sweep_block`); it is not part of a run's config, so training ignores it.
@@ -418,7 +413,7 @@ def load_sweep_block(path: str) -> dict:
 
     Only its shape is checked here (a mapping); `distfl.sweep` validates what is in it.
     """
-    d = _read_yaml(path)
+    d = read_yaml(path)
     block = d.get(SWEEP_BLOCK) if isinstance(d, dict) else None
     if block is None:
         return {}
@@ -426,78 +421,6 @@ def load_sweep_block(path: str) -> dict:
         raise ConfigError(f"{SWEEP_BLOCK!r} in {path} must be a mapping (grid, seeds, executor, slurm), "
                           f"got {block!r} ({type(block).__name__})")
     return copy.deepcopy(block)
-
-
-def _read_yaml(path: str):
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from None
-    try:
-        return yaml.load(text, Loader=ConfigLoader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse config file {path} as YAML: {_one_line(e)}") from None
-
-
-def _one_line(e: yaml.YAMLError) -> str:
-    """A YAML error as one line: what is wrong, and where (PyYAML's own text quotes the line below)."""
-    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
-    if mark is None or problem is None:
-        return " ".join(str(e).split())
-    context = f"{e.context} " if getattr(e, "context", None) else ""
-    return f"{context}{problem} (line {mark.line + 1}, column {mark.column + 1})"
-
-
-class ConfigLoader(yaml.SafeLoader):
-    """`yaml.safe_load` without YAML 1.1's surprises, for config files and override values.
-
-    - Only `true`/`false` are booleans, only plain decimals are integers (`1:30`, `0x10`, `010` stay
-      strings, so an integer key refuses them instead of reading 90, 16 or 8), `1e-3` is a float, and
-      dates stay strings; `yes`, `no`, `on` and `off` are strings.
-    - Aliases (`*name`) are refused: a few lines of nested aliases expand to billions of nodes.
-    - A key given twice in one mapping is refused instead of the last one silently winning.
-    """
-
-    MAX_DEPTH = 64  # a config is 3 levels deep; 5,000 would end in a RecursionError
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(
-                None, None, f"found the alias *{event.anchor}: YAML anchors and aliases are not accepted "
-                "in distfl configs; write the value out", event.start_mark)
-        self.depth = getattr(self, "depth", 0) + 1
-        try:
-            if self.depth > self.MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {self.MAX_DEPTH} levels; a "
-                                                  "distfl config is a mapping of sections of keys", self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1}); "
-                    "give each key once", key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
-
-
-ConfigLoader.yaml_implicit_resolvers = {}
-for _tag, _pattern, _first in [
-    ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
-    ("int", r"[-+]?(?:0|[1-9][0-9_]*)", "-+0123456789"),
-    ("float", r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
-              r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)", "-+0123456789."),
-    ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
-]:
-    ConfigLoader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"), list(_first))
 
 
 def _unquoted_tag(text: str) -> str:
@@ -734,79 +657,3 @@ def config_to_dict(cfg: Config) -> dict:
 def dump_config(cfg: Config) -> str:
     """YAML text of the resolved config; `load_config` on it gives an equal Config."""
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
-
-
-def _field_comments() -> dict[str, str]:
-    """Dotted key -> the trailing comment on its line in schema.py."""
-    source = Path(schema.__file__).read_text()
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                if tok.type == tokenize.COMMENT}
-    classes = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
-    line_of = {}
-    for name, section in _SECTIONS.items():
-        for node in classes[section.__name__].body:
-            if isinstance(node, ast.AnnAssign):
-                line_of[f"{name}.{node.target.id}"] = node.lineno
-    for node in classes[Config.__name__].body:
-        if isinstance(node, ast.AnnAssign) and node.target.id not in _SECTIONS:
-            line_of[node.target.id] = node.lineno
-    return {key: comments.get(line, "") for key, line in line_of.items()}
-
-
-def _default_text(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def config_reference_markdown() -> str:
-    """The text of docs/config.md, generated from the schema so the two cannot drift apart."""
-    comments = _field_comments()
-    defaults = {}
-    for key in _TYPES:
-        section, _, leaf = key.rpartition(".")
-        obj = getattr(Config(), section) if section else Config()
-        defaults[key] = getattr(obj, leaf)
-
-    lines = [
-        "# Config reference",
-        "",
-        "<!-- Generated by distfl.config.config_reference_markdown(); do not edit by hand.",
-        "     Regenerate with: python -m distfl.config > docs/config.md -->",
-        "",
-        "A run is configured by a YAML file of the sections below (any key left out takes its default)",
-        "and `section.key=value` overrides applied after it, e.g. `train.rounds=50 algorithm.name=fedprox`.",
-        "Unknown keys, wrong types, unknown choices, out-of-range values and impossible combinations",
-        "are errors reported before any work starts. Setting a key to a non-default value that the",
-        "current choice of another key ignores (e.g. `algorithm.mu=0.1` with `algorithm.name=fedavg`)",
-        "is a warning, not an error, since sweeps vary the controlling key.",
-        "",
-        rules_markdown(),
-        "",
-    ]
-    groups = [("Top level", [k for k in _TYPES if "." not in k])]
-    groups += [(f"`{name}`", [k for k in _TYPES if k.startswith(name + ".")]) for name in _SECTIONS]
-    for title, keys in groups:
-        lines += [f"## {title}", "",
-                  "| key | type | default | valid | description |", "|---|---|---|---|---|"]
-        for key in keys:
-            if key in CHOICES:
-                valid = ", ".join(CHOICES[key])
-            elif key in RANGES:
-                largest = SEED_MAX.get(key, INT_LIMITS.get(key))
-                valid = _range_text(RANGES[key]) + (f", <= {largest}" if largest is not None else "")
-            else:
-                valid = ""
-            description = comments[key]
-            if key in APPLIES_ONLY_TO:
-                controller, used_by = APPLIES_ONLY_TO[key]
-                description += f" (only used when `{controller}` is {' or '.join(used_by)})"
-            row = [f"`{key}`", _TYPES[key].__name__, f"`{_default_text(defaults[key])}`", valid, description]
-            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(config_reference_markdown(), end="")

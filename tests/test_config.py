@@ -11,12 +11,12 @@ from distfl.config import (
     apply_overrides,
     config_from_dict,
     config_keys,
-    config_reference_markdown,
     config_to_dict,
     dump_config,
     load_config,
     validate,
 )
+from distfl.config_docs import config_reference_markdown
 from distfl.errors import ConfigError
 from distfl.schema import APPLIES_ONLY_TO, CHOICES, NUM_CLASSES, Config
 
@@ -301,7 +301,7 @@ def test_every_inapplicable_key_warns():
 def test_docs_in_sync():
     committed = (REPO / "docs" / "config.md").read_text()
     assert committed == config_reference_markdown(), \
-        "docs/config.md is stale; regenerate: python -m distfl.config > docs/config.md"
+        "docs/config.md is stale; regenerate: python -m distfl.config_docs > docs/config.md"
 
 
 def test_reference_mentions_every_key():

@@ -129,7 +129,7 @@ def parse_slurm_arg(item: str) -> dict:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"--slurm {item!r}: expected KEY=VALUE, e.g. --slurm partition=gpu")
-    from distfl.config import ConfigLoader
+    from distfl.yaml_loader import ConfigLoader
 
     try:
         value = yaml.load(text, Loader=ConfigLoader)  # not safe_load: YAML 1.1 reads 2:00:00 as 7200
