@@ -11,7 +11,7 @@ initial model, `repeats` times, the pack sizes interleaved (the order alternates
 Evaluation and checkpoints are outside the timing. Also recorded: how far each packed run's final
 model is from the one-at-a-time one (float rounding; README "Client packs"), and, when
 DISTFL_PFL_PYTHON names a Python with pfl==0.6.0, pfl-research's seconds per round on the same shape
-(bench/pfl_research_cross_device.py, run after distfl's runs, on pfl's default device). And the
+(bench/pfl_research_cross_device.py, run in every repeat beside distfl's runs, on pfl's default device). And the
 exact sum's cost alone: milliseconds per client per million parameters (`exact_sum_cost`).
 """
 from __future__ import annotations
@@ -93,8 +93,13 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
             log(f"pack_size={p}: warm-up round (untimed)")
             runs[p].time_fl(1)
         per_round = {p: [] for p in PACK_SIZES}
+        pfl_runs: list = []  # pfl-research, run between distfl's in every repeat (same load, same time)
         for rep in range(repeats):
-            for p in PACK_SIZES if rep % 2 == 0 else reversed(PACK_SIZES):
+            order = [*PACK_SIZES, "pfl"]
+            for p in order if rep % 2 == 0 else reversed(order):
+                if p == "pfl":
+                    pfl_runs.append(pfl_research(rounds, log))
+                    continue
                 res = runs[p].time_fl(rounds)
                 per_round[p].append(statistics.mean(res["round_s"]))
                 log(f"repeat {rep + 1}/{repeats}: pack_size={p}: {per_round[p][-1]:.3f} s/round")
@@ -118,8 +123,18 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
         "ms_per_client_step": {str(p): 1000 * median[p] * rounds / steps for p in PACK_SIZES},
         "speedup_vs_pack_1": {str(p): median[1] / median[p] for p in PACK_SIZES},
         "max_abs_diff_vs_pack_1": {str(p): v for p, v in diff.items()},
-        "pfl_research_0.6": pfl_research(rounds, log),
+        "pfl_research_0.6": _pfl_summary(pfl_runs, median[1]),
     }
+
+
+def _pfl_summary(runs: list, distfl_median: float):
+    """pfl-research's repeats (or why it was not measured), their median and distfl pack_size=1's ratio."""
+    measured = [r for r in runs if isinstance(r, dict)]
+    if not measured:
+        return runs[0] if runs else "not measured"
+    median = statistics.median(r["s_per_round"] for r in measured)
+    return {**measured[0], "s_per_round": median, "s_per_round_each_repeat": [r["s_per_round"] for r in measured],
+            "distfl_pack1_over_pfl": distfl_median / median}
 
 
 def markdown(res: dict) -> str:
@@ -143,7 +158,9 @@ def markdown(res: dict) -> str:
                   "million parameters**."]
     pfl = res["pfl_research_0.6"]
     if isinstance(pfl, dict):
-        pfl = (f"{pfl['s_per_round']:.3f} s / round ({pfl['rounds']} rounds after a warm-up round, "
-               f"1 thread, torch {pfl['torch']}; bench/pfl_research_cross_device.py)")
+        pfl = (f"{pfl['s_per_round']:.3f} s / round, median of {len(pfl.get('s_per_round_each_repeat', [1]))} "
+               f"repeats interleaved with distfl's ({pfl['rounds']} rounds after a warm-up round, 1 thread, torch "
+               f"{pfl['torch']}; distfl's torch {res['machine']['torch']}; bench/pfl_research_cross_device.py). "
+               f"**distfl pack_size=1 / pfl-research = {pfl['distfl_pack1_over_pfl']:.2f}**")
     lines += ["", f"pfl-research 0.6 on the same shape: {pfl}.", ""]
     return "\n".join(lines)
