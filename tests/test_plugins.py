@@ -244,9 +244,9 @@ def test_npz_vectors_image_folders_and_bad_files(tmp_path):
 
     rng = np.random.RandomState(0)
     np.savez(tmp_path / "vec.npz", x_train=rng.rand(10, 7), y_train=np.arange(10) % 3,
-             x_test=rng.rand(4, 7), y_test=np.array([0, 1, 2, 3]))
+             x_test=rng.rand(4, 7), y_test=np.array([0, 1, 2, 2]))
     ds = load_dataset(DataConfig(dataset="files", path=str(tmp_path / "vec.npz")), 0)
-    assert ds.input_shape == (1, 1, 7) and ds.num_classes == 4 and ds.train_x.dtype.is_floating_point
+    assert ds.input_shape == (1, 1, 7) and ds.num_classes == 3 and ds.train_x.dtype.is_floating_point
     assert np.array_equal(ds.train_x[:, 0, 0].numpy(), rng.__class__(0).rand(10, 7).astype(np.float32))
 
     for split, count in (("train", 3), ("test", 2)):
