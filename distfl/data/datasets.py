@@ -391,14 +391,15 @@ def _read_npz(path: str):
         where = f"data.path {path}: x_{split}"
         if x.ndim not in (2, 4) or len(x) == 0:
             raise DataError(f"{where} must be non-empty images N x C x H x W or vectors N x D, got shape {x.shape}")
-        if x.ndim == 4 and x.shape[3] in (1, 3, 4) and x.shape[1] not in (1, 3, 4):
+        if x.ndim == 4 and x.shape[3] in (1, 3, 4) and x.shape[1] > 4:  # 1, 3 or 4 channels, last
             raise DataError(f"{where} has shape {x.shape}, which looks like N x H x W x C (channels last); distfl "
                             f"expects images as N x C x H x W: save x_{split}.transpose(0, 3, 1, 2)")
         if x.dtype == np.uint8:
             x = x.astype(np.float32) / 255.0
         elif not np.issubdtype(x.dtype, np.floating):
             raise DataError(f"{where} must be float or uint8 (scaled by 1/255), got {x.dtype}")
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, refused next
+            x = np.ascontiguousarray(x, dtype=np.float32)
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
         if bad.any():
             raise DataError(f"{where} holds NaN or inf (beyond float32) in {int(bad.sum())} of its {len(x)} samples "
