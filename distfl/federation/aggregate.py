@@ -25,6 +25,7 @@ import math
 import torch
 
 from .. import dist
+from ..errors import PluginError
 
 FRAC_BITS = 40
 # A client's mean local loss per sample above this is a divergence, not training (a cross-entropy this
@@ -95,7 +96,16 @@ class StatBuffer:
                 self.bits[s.name] = min(FRAC_BITS, math.floor(62 - math.log2(self.max_terms * s.bound)))
                 self.limits[s.name] = float(s.bound)
 
+    def _segment(self, name: str) -> Segment:
+        try:
+            return self.segments[name]
+        except KeyError:
+            raise PluginError(f"stats.add({name!r}): this round has no segment {name!r}; its segments are "
+                              f"{', '.join(self.segments)}. Declare it in the method's segments() "
+                              f"(return super().segments() + [distfl.Segment({name!r}, numel)])") from None
+
     def view(self, name: str) -> torch.Tensor:
+        self._segment(name)
         start = self.offsets[name]
         return self.buffer[start : start + self.segments[name].numel]
 
@@ -105,7 +115,7 @@ class StatBuffer:
         Raises Unrepresentable (adding nothing) if a weighted value is NaN/inf or above the segment's
         limit: the caller counts that as a client out of range.
         """
-        seg = self.segments[name]
+        seg = self._segment(name)
         target = self.view(name)
         value = torch.as_tensor(value, device=target.device).reshape(-1)
         if value.numel() != seg.numel:
@@ -137,7 +147,7 @@ class Reduced:
         self._stats = stats
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        seg = self._stats.segments[name]
+        seg = self._stats._segment(name)
         raw = self._stats.view(name)
         if seg.kind == "int":
             return raw.clone()

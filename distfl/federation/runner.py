@@ -32,7 +32,8 @@ from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, 
 from ..data.client_test import client_test_sets, holdout_split
 from ..data.datasets import file_sha256, load_dataset
 from ..data.partition import partition
-from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted
+from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
+                      RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
@@ -48,6 +49,9 @@ from .state import ClientStateStore
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
+# What a client's model gives: out of range there means training diverged. A method's own statistic out
+# of range while these are fine means the method adds values its segment cannot hold.
+MODEL_STATISTICS = (NONFINITE_PARAMS, "loss_sum", "delta", "buffers", "bn_params")
 
 
 def run_has_output(run_dir: Path) -> bool:
@@ -287,9 +291,23 @@ class Trainer:
         if self.store is not None:
             written = self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
                                                   self.ctx.is_main)
-        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer.
-        clients = int(dist.all_reduce_sum(torch.tensor([written], dtype=torch.int64, device=self.device),
-                                          self.ctx, "checkpoint")[0])
+        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer. In the same
+        # all_reduce, two 24-bit hashes of each rank's global model h and their squares: n * sum(h^2) ==
+        # sum(h)^2 only if every rank holds the same h (Cauchy-Schwarz), so ranks that drifted apart (a
+        # server step drawing from a per-rank RNG) are caught at the first checkpoint.
+        hashes = self._model_hashes()
+        sums = dist.all_reduce_sum(torch.tensor([written, *hashes, *(h * h for h in hashes)], dtype=torch.int64,
+                                                device=self.device), self.ctx, "checkpoint").tolist()
+        clients, n = int(sums[0]), self.ctx.world_size
+        if any(n * sums[3 + i] != sums[1 + i] ** 2 for i in range(len(hashes))):
+            if self.ctx.is_main:
+                faults.remove_leftovers(self.run_dir)
+            raise RankDisagreement(
+                f"the ranks' global models differ at checkpoint {name} (their hashes disagree), so the server step "
+                f"did not run identically on every rank; the likely cause: algorithm.name={self.cfg.algorithm.name}'s "
+                "server_update draws from a per-rank or unseeded RNG (draw from a generator keyed by (seed, round)) or "
+                "keeps state computed from something other than the reduced sums (docs/extending.md, \"What the "
+                "exactness guarantee asks of a method\"). The checkpoint was not written")
         if self.ctx.is_main:
             state = {
                 "round": min(step, self.cfg.train.rounds),
@@ -314,6 +332,13 @@ class Trainer:
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
             checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect, clients)
+
+    def _model_hashes(self) -> list[int]:
+        """Two 24-bit hashes of the global model (parameters and buffers), for the check at checkpoints."""
+        if self.ctx.world_size == 1:
+            return [0, 0]
+        fp = dist.fingerprint(self.global_params) ^ dist.fingerprint(self.global_buffers)
+        return [fp & 0xFFFFFF, (fp >> 24) & 0xFFFFFF]
 
     def runtime_identity(self) -> dict:
         """What, beside the config, must match for a resumed run to stay bit-identical to one run
@@ -355,8 +380,14 @@ class Trainer:
         self.stop_agreed = int(reduced["stop"][0]) > 0
         bad = int(reduced["nonfinite"][0])
         if bad:
-            raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: "
-                                  f"{self._out_of_range(stats, refused)}; lower train.lr or server.lr")
+            text, diverged = self._out_of_range(stats, refused)
+            if not diverged:
+                raise PluginError(
+                    f"round {round_idx}: {text}, while the clients' models and losses were finite: algorithm.name="
+                    f"{cfg.algorithm.name} adds values its segment cannot hold (not a divergence); add counts with "
+                    "kind=\"int\", declare the segment's bound (distfl.Segment(name, numel, bound=...)) or scale the "
+                    "value (docs/extending.md)")
+            raise DivergenceError(f"round {round_idx}: {bad} client(s) diverged: {text}; lower train.lr or server.lr")
         server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
         self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
@@ -403,9 +434,10 @@ class Trainer:
         if self.store is not None and self.algorithm.stateful:
             self.store.put(run.client_id, run.state)
 
-    def _out_of_range(self, stats: StatBuffer, refused: dict[str, int]) -> str:
-        """Which statistics were out of range, summed over ranks. Only on the way to stopping the run,
-        so the healthy round keeps its single all_reduce."""
+    def _out_of_range(self, stats: StatBuffer, refused: dict[str, int]) -> tuple[str, bool]:
+        """Which statistics were out of range, summed over ranks, and whether one of them is the
+        model's own (MODEL_STATISTICS: the run diverged). Only on the way to stopping the run, so the
+        healthy round keeps its single all_reduce."""
         names = [NONFINITE_PARAMS] + [n for n in stats.segments if n in stats.limits]
         counts = torch.tensor([refused.get(n, 0) for n in names], dtype=torch.int64, device=self.device)
         dist.all_reduce_sum(counts, self.ctx, name="divergence")
@@ -416,7 +448,8 @@ class Trainer:
             elif count:
                 parts.append(f"statistic {name} out of range (NaN/inf or |value| above "
                              f"{stats.limits[name]:.3g}) in {count} client(s)")
-        return "; ".join(parts)
+        diverged = any(count and name in MODEL_STATISTICS for name, count in zip(names, counts.tolist()))
+        return "; ".join(parts), diverged
 
     # ---- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
