@@ -41,6 +41,43 @@ class Prox(distfl.Algorithm):
 
 class NotAMethod:
     pass
+
+
+class Undeclared(distfl.Algorithm):
+    """Adds a statistic it never declared in segments()."""
+
+    def client_statistics(self, run, worker, stats):
+        super().client_statistics(run, worker, stats)
+        stats.add("extra", torch.ones(1))
+
+
+class Forgetful(distfl.Algorithm):
+    """Keeps client state but forgets `stateful = True`."""
+
+    def init_client_state(self):
+        return {"n": torch.zeros(())}
+
+    def correct_gradient(self, w, g, run):
+        g.mul_(1.0 + float(run.state["n"]))
+
+
+class Huge(distfl.Algorithm):
+    """Adds a count far beyond what a fixed-point segment without a bound holds (2^22 / cohort)."""
+
+    def segments(self):
+        return super().segments() + [distfl.Segment("count", 1)]
+
+    def client_statistics(self, run, worker, stats):
+        super().client_statistics(run, worker, stats)
+        stats.add("count", run.num_samples * 1e6)
+
+
+class PerRankNoise(distfl.Algorithm):
+    """A server step drawing from the global RNG, whose state differs between ranks (each seeded it for
+    its own clients last)."""
+
+    def server_direction(self, params, reduced):
+        return super().server_direction(params, reduced) + 1e-3 * torch.randn_like(params)
 '''
 
 MODELS = guide_block("models.py") + '''
@@ -325,3 +362,38 @@ def test_plugin_models_become_classifiers_with_any_head(plugin_dir):
     assert isinstance(build_model(ModelConfig(name="mylab.models:classifier"), (2, 5, 5), 6), Classifier)
     with pytest.raises(ConfigError, match="model.name=mylab.models:plain returned Linear; return a distfl.Classifier"):
         build_model(ModelConfig(name="mylab.models:plain"), (2, 5, 5), 6)
+
+
+def test_plugin_misuse_ends_in_one_line_naming_it(tmp_path, small_config, plugin_dir):
+    """stats.add on an undeclared segment, and a method statistic too large for its segment, end the run
+    with one line naming the segment (not "diverged, lower train.lr"); init_client_state without
+    `stateful = True` is refused before any work."""
+    proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'undeclared'}", "algorithm.name=mylab.methods:Undeclared"])
+    assert proc.returncode == 1
+    assert ("round 1, local training of client" in proc.stderr and "PluginError: stats.add('extra'): this round has "
+            "no segment 'extra'; its segments are loss_sum, samples, nonfinite, clients, stop, delta, buffers. Declare "
+            "it in the method's segments()") in proc.stderr
+    assert proc.stderr.count("distfl: error:") == 1 and summary(tmp_path / "undeclared")["status"] == "failed"
+
+    proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'huge'}", "algorithm.name=mylab.methods:Huge"])
+    assert proc.returncode == 1 and "diverged" not in proc.stderr and "lower train.lr" not in proc.stderr
+    assert ("PluginError: round 1: statistic count out of range (NaN/inf or |value| above 8.39e+05) in 5 client(s), "
+            "while the clients' models and losses were finite: algorithm.name=mylab.methods:Huge adds values its "
+            "segment cannot hold") in proc.stderr
+
+    proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'forgetful'}", "algorithm.name=mylab.methods:Forgetful"])
+    assert proc.returncode == 2 and not (tmp_path / "forgetful").exists()
+    assert ("algorithm.name=mylab.methods:Forgetful: Forgetful defines init_client_state but not `stateful = True`"
+            in proc.stderr)
+
+
+def test_a_server_step_on_a_per_rank_rng_is_caught_at_the_first_checkpoint(tmp_path, small_config, plugin_dir):
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", "algorithm.name=mylab.methods:PerRankNoise")
+    assert one["status"] == "completed"
+    proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'two'}", "algorithm.name=mylab.methods:PerRankNoise"],
+                   nproc=2, paths=[plugin_dir])
+    assert proc.returncode != 0, proc.stdout + proc.stderr  # torchrun answers 1 for a rank that exited 2
+    assert proc.stderr.count("distfl: error: the ranks' global models differ at checkpoint round_000002") == 1
+    assert "server_update draws from a per-rank or unseeded RNG" in proc.stderr
+    assert not (tmp_path / "two" / "checkpoints" / "round_000002").exists()
+    assert not list((tmp_path / "two" / "checkpoints").glob(".*partial"))
