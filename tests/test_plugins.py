@@ -397,3 +397,45 @@ def test_a_server_step_on_a_per_rank_rng_is_caught_at_the_first_checkpoint(tmp_p
     assert "server_update draws from a per-rank or unseeded RNG" in proc.stderr
     assert not (tmp_path / "two" / "checkpoints" / "round_000002").exists()
     assert not list((tmp_path / "two" / "checkpoints").glob(".*partial"))
+
+
+def test_a_plugin_swept_beside_its_baseline_and_reported_with_it(tmp_path, small_config, plugin_dir):
+    """`--grid algorithm.name=fedavg,PLUGIN` with the plugin's option set (fixed) and swept: the option applies
+    to the plugin's points only, so fedavg is one point (not one per option value) and the plain fedavg run; each
+    plugin point is the plain run with its option. A report of two sweeps (the plugin's options; fedavg) groups
+    fedavg by its name, not as "mu=None"."""
+    import csv
+
+    mixed = tmp_path / "mixed"
+    proc = run_cli(["sweep", small_config, f"output.dir={mixed}", "algorithm.options.mu=0.3", "--grid",
+                    "algorithm.name=fedavg,mylab.methods:Prox", "--grid", "algorithm.options.mu=0.01,0.1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 runs in" in proc.stdout
+    assert sorted(str(p.parent.relative_to(mixed)) for p in mixed.glob("*/seed=3")) == [
+        "algorithm.name=fedavg", "algorithm.name=mylab.methods_Prox,algorithm.options.mu=0.01",
+        "algorithm.name=mylab.methods_Prox,algorithm.options.mu=0.1"]
+    fedavg = train_ok(small_config, f"output.dir={tmp_path / 'fedavg'}")
+    assert summary(mixed / "algorithm.name=fedavg" / "seed=3")["model_sha256"] == fedavg["model_sha256"]
+    for mu in ("0.01", "0.1"):
+        plain = train_ok(small_config, f"output.dir={tmp_path / mu}", "algorithm.name=mylab.methods:Prox",
+                         f"algorithm.options.mu={mu}")
+        point = summary(mixed / f"algorithm.name=mylab.methods_Prox,algorithm.options.mu={mu}" / "seed=3")
+        assert point["model_sha256"] == plain["model_sha256"] != fedavg["model_sha256"]
+    # Run again: every point is finished, none is re-planned.
+    again = run_cli(["sweep", small_config, f"output.dir={mixed}", "algorithm.options.mu=0.3", "--grid",
+                     "algorithm.name=fedavg,mylab.methods:Prox", "--grid", "algorithm.options.mu=0.01,0.1"])
+    assert again.returncode == 0 and "running 0 here" in again.stdout, again.stdout + again.stderr
+
+    options = tmp_path / "options"
+    base = tmp_path / "base"
+    assert run_cli(["sweep", small_config, f"output.dir={options}", "algorithm.name=mylab.methods:Prox",
+                    "--grid", "algorithm.options.mu=0.01,0.1"]).returncode == 0
+    assert run_cli(["sweep", small_config, f"output.dir={base}", "--grid", "train.lr=0.1"]).returncode == 0
+    proc = run_cli(["report", options, base, "--out", tmp_path / "report"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(tmp_path / "report" / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["algorithm.name"], r["algorithm.options.mu"], r["train.lr"]) for r in rows] == [
+        ("fedavg", "", "0.1"), ("mylab.methods:Prox", "0.01", "0.1"), ("mylab.methods:Prox", "0.1", "0.1")]
+    table = (tmp_path / "report" / "report.md").read_text()
+    assert "| fedavg | - | 0.1 |" in table and "None" not in table
