@@ -4,7 +4,6 @@ refused with one line saying what is wrong, and no run directory is written."""
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sys
 from pathlib import Path
 
