@@ -421,6 +421,17 @@ def test_a_plugin_swept_beside_its_baseline_and_reported_with_it(tmp_path, small
                          f"algorithm.options.mu={mu}")
         point = summary(mixed / f"algorithm.name=mylab.methods_Prox,algorithm.options.mu={mu}" / "seed=3")
         assert point["model_sha256"] == plain["model_sha256"] != fedavg["model_sha256"]
+    # A typo is still refused, naming the grid's methods and their options.
+    typo = run_cli(["sweep", small_config, f"output.dir={tmp_path / 'typo'}", "algorithm.options.mux=0.3", "--grid",
+                    "algorithm.name=fedavg,mylab.methods:Prox"])
+    assert typo.returncode == 2 and not (tmp_path / "typo").exists()
+    assert ("unknown key 'algorithm.options.mux'; did you mean 'algorithm.options.mu'? valid keys in 'algorithm.options' "
+            "for mylab.methods:Prox: mu") in typo.stderr
+    typo = run_cli(["sweep", small_config, f"output.dir={tmp_path / 'typo'}", "--grid",
+                    "algorithm.name=fedavg,mylab.methods:Prox", "--grid", "algorithm.options.mux=0.1,0.3"])
+    assert typo.returncode == 2 and not (tmp_path / "typo").exists()
+    assert ("algorithm.options.mux: no method of the grid (algorithm.name=fedavg,mylab.methods:Prox) declares it; did "
+            "you mean 'algorithm.options.mu'? (their options: mu)") in typo.stderr
     # Run again: every point is finished, none is re-planned.
     again = run_cli(["sweep", small_config, f"output.dir={mixed}", "algorithm.options.mu=0.3", "--grid",
                      "algorithm.name=fedavg,mylab.methods:Prox", "--grid", "algorithm.options.mu=0.01,0.1"])

@@ -211,6 +211,13 @@ def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[lis
         algorithm = apply_overrides(raw, [*sweep.fixed, *combo]).get("algorithm")
         options = (algorithm or {}).get("options") if isinstance(algorithm, dict) else None
         options = options if isinstance(options, dict) else {}
+        unknown = sorted(k for k in options if k not in in_grid)
+        if unknown and in_grid:
+            close = difflib.get_close_matches(unknown[0], sorted(in_grid), n=1)
+            hint = f"; did you mean '{OPTIONS_KEY}.{close[0]}'?" if close else ""
+            raise ConfigError(f"{OPTIONS_KEY}.{unknown[0]}: no method of the grid (algorithm.name="
+                              f"{','.join(sweep.grid['algorithm.name'])}) declares it{hint} (their options: "
+                              f"{', '.join(sorted(in_grid))})")
         dropped = {k for k in options if own is not None and k not in own and k in in_grid}
         kept = [o for o in combo if o.partition("=")[0] not in {f"{OPTIONS_KEY}.{k}" for k in dropped}]
         extra = []
@@ -230,12 +237,14 @@ def _base_config(config_path: str, fixed: list[str], grid: dict):
     try:
         return load_config(config_path, fixed)
     except ConfigError as first:
+        errors = [first]
         for name in grid.get("algorithm.name", []):
             try:
                 return load_config(config_path, [*fixed, f"algorithm.name={name}"])
-            except ConfigError:
-                continue
-        raise first from None
+            except ConfigError as exc:
+                errors.append(exc)
+        # An option no method takes: the error of a method that has options names the close ones.
+        raise next((e for e in errors if "declares no options" not in str(e)), first) from None
 
 
 def _expand_points(sweep: Sweep) -> list[Point]:
