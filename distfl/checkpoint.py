@@ -216,8 +216,9 @@ def newest_good(run_dir: Path, device) -> tuple[Path, dict, list[tuple[str, str]
     skipped: a kill can cut the newest short, and a requeued job must not die on it."""
     found = complete_checkpoints(run_dir)
     if not found:
-        raise CheckpointError(f"{run_dir} has no checkpoint (no {checkpoints_dir(run_dir)}/LABEL_STEP "
-                              "directory); nothing to resume")
+        raise CheckpointError(f"{run_dir} has no checkpoint to resume from ({checkpoints_dir(run_dir)} holds no "
+                              f"checkpoint such as {checkpoint_name('round', 1)}); start the run over with "
+                              f"`distfl train {Path(run_dir) / 'config.yaml'} --overwrite`")
     skipped = []
     for path in reversed(found):
         try:

@@ -25,6 +25,12 @@ class DivergenceError(DistflError):
     """Training produced a non-finite loss or model; the message names the round."""
 
 
+class PluginError(RuntimeError):
+    """A method misuses the algorithm API mid-run (a statistic added to a segment it never declared, a
+    value its segment cannot hold). Not a DistflError: the run ends as a failure whose one line is this
+    message, with the traceback (pointing into the method's code) saved in RUN_DIR/error.log."""
+
+
 class Interrupted(DistflError):
     """A stop signal (SIGTERM, SIGUSR1: preemption or time limit) arrived; a checkpoint was written and
     `distfl train --resume RUN_DIR` continues without losing a round."""

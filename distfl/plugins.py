@@ -71,6 +71,10 @@ def load_plugin(key: str, name: str):
         if not (isinstance(obj, type) and issubclass(obj, Algorithm)):
             raise ConfigError(f"algorithm.name={name!r} is {obj!r}, not a subclass of distfl.Algorithm; a "
                               "method is a class `class MyMethod(distfl.Algorithm)` (docs/extending.md)")
+        if obj.init_client_state is not Algorithm.init_client_state and not obj.stateful:
+            raise ConfigError(f"algorithm.name={name}: {obj.__name__} defines init_client_state but not `stateful = "
+                              "True`, so distfl keeps no client state for it (run.state stays empty, and is never "
+                              f"stored between rounds): add `stateful = True` to class {obj.__name__}")
         options_fields(obj)
     elif not callable(obj) or not _takes_shape_and_classes(obj):
         raise ConfigError(f"model.name={name!r} is {obj!r}, not a model class or factory: a function or nn.Module "

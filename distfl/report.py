@@ -2,7 +2,8 @@
 
 Runs are grouped by the keys given with --by, or else the swept keys (from SWEEP_DIR/sweep.json), or
 else every config key whose value differs between the runs, leaving out seed, output.*, checkpoint.*
-and runtime.*. Per group, over
+and runtime.*; where a method option (algorithm.options.*) is one of them and the runs' methods differ,
+algorithm.name too (a method without that option shows "-" for it). Per group, over
 its completed runs (one per seed): final and best test accuracy, mean and sample standard deviation
 (n-1; empty for a single run). Written to OUT/report.md, OUT/report.csv (fractions, not percent),
 OUT/acc_vs_round.png and OUT/acc_vs_time.png (test accuracy against round and against wall time,
@@ -19,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import saved_values
+from .config import OPTIONS_KEY, saved_values
 from .errors import DistflError
 
 IGNORED_PREFIXES = ("seed", "output.", "checkpoint.", "runtime.")
@@ -149,11 +150,25 @@ def summarise(runs: list[Run], keys: list[str]) -> list[dict]:
     return rows
 
 
+def grouping_keys(runs: list[Run], keys: list[str]) -> list[str]:
+    """`keys`, with algorithm.name first where a method option is among them and the runs' methods
+    differ: a baseline without that option (fedavg beside a plugin) is then its own group, named."""
+    if (any(k.startswith(OPTIONS_KEY + ".") for k in keys) and "algorithm.name" not in keys
+            and len({r.config.get("algorithm.name") for r in runs}) > 1):
+        return ["algorithm.name", *keys]
+    return keys
+
+
+def _cell(row: dict, key: str) -> str:
+    """A group's value of `key`; "-" for a method option its method does not declare."""
+    return "-" if row[key] is None and key.startswith(OPTIONS_KEY + ".") else str(row[key])
+
+
 def _label(row: dict, keys: list[str]) -> str:
     if not keys:
         runs = row["_runs"]
         return str(runs[0].config.get("algorithm.name", "runs"))
-    return ", ".join(f"{k}={row[k]}" for k in keys)
+    return ", ".join(f"{k}={row[k]}" for k in keys if _cell(row, k) != "-")
 
 
 def _pct(mean, std) -> str:
@@ -166,7 +181,7 @@ def to_markdown(rows: list[dict], keys: list[str], runs: list[Run]) -> str:
     head = [*keys, "seeds", "final acc % (mean ± std)", "best acc % (mean ± std)", "rounds", "wall s (mean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [str(row[k]) for k in keys]
+        cells = [_cell(row, k) for k in keys]
         n = f"{row['completed']}" + (f" of {row['runs']}" if row["completed"] != row["runs"] else "")
         cells += [n, _pct(row["final_acc_mean"], row["final_acc_std"]), _pct(row["best_acc_mean"], row["best_acc_std"]),
                   str(row["rounds"] if row["rounds"] is not None else "-"),
@@ -188,7 +203,8 @@ def to_csv(rows: list[dict], keys: list[str]) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow([*keys, *CSV_COLUMNS])
     for row in rows:
-        writer.writerow([row[k] for k in keys] + ["" if row[c] is None else row[c] for c in CSV_COLUMNS])
+        writer.writerow(["" if row[k] is None else row[k] for k in keys] +
+                        ["" if row[c] is None else row[c] for c in CSV_COLUMNS])
     return buf.getvalue()
 
 
@@ -255,7 +271,7 @@ def main(paths, out_dir=None, stdout=None, by=None) -> int:
         if unknown:
             raise DistflError(f"--by {', '.join(unknown)}: no run's config.yaml has this key "
                               "(keys are dotted, e.g. algorithm.name)")
-    keys = list(by) if by else swept_keys(runs, paths)
+    keys = list(by) if by else grouping_keys(runs, swept_keys(runs, paths))
     rows = summarise(runs, keys)
     if out_dir is None:
         out_dir = Path(paths[0]) / "report" if len(paths) == 1 else Path("report")

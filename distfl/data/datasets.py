@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import io
 import os
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -50,6 +51,9 @@ class Dataset:
     augment: Callable[[torch.Tensor], torch.Tensor] | None  # batched train-time augmentation, or None
     # The per-channel (mean, std) subtracted from and divided into both splits, or None for none.
     normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    # What the data were read from: role ("data.path", "train-images-idx3-ubyte", ...) -> (path, SHA-256
+    # of the bytes read); a resumed run refuses data whose bytes changed since it started. {} when synthetic.
+    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple:
@@ -201,8 +205,9 @@ def _last_line(text: str) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def _read_idx(path: str, magic: int, item_shape: tuple) -> np.ndarray:
-    """Read an IDX file (gzipped or not) of unsigned bytes, checking its magic number and size."""
+def _read_idx(path: str, magic: int, item_shape: tuple, sources: dict | None = None) -> np.ndarray:
+    """Read an IDX file (gzipped or not) of unsigned bytes, checking its magic number and size; records
+    the SHA-256 of its (decompressed) bytes in `sources`."""
     try:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as f:
@@ -226,14 +231,17 @@ def _read_idx(path: str, magic: int, item_shape: tuple) -> np.ndarray:
             f"{path}: header says {count} items ({expected} bytes) but the file holds "
             f"{len(raw) - header_size} bytes of data (truncated or corrupt; replace it)"
         )
+    if sources is not None:
+        role = os.path.basename(path).removesuffix(".gz")
+        sources[role] = (path, hashlib.sha256(raw).hexdigest())
     return np.frombuffer(raw, dtype=np.uint8, offset=header_size).reshape((count,) + item_shape)
 
 
-def _read_fmnist_split(directory: str, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _read_fmnist_split(directory: str, prefix: str, sources: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     images_path = _fmnist_file(directory, f"{prefix}-images-idx3-ubyte.gz")
     labels_path = _fmnist_file(directory, f"{prefix}-labels-idx1-ubyte.gz")
-    images = _read_idx(images_path, 0x00000803, (28, 28))
-    labels = _read_idx(labels_path, 0x00000801, ())
+    images = _read_idx(images_path, 0x00000803, (28, 28), sources)
+    labels = _read_idx(labels_path, 0x00000801, (), sources)
     if len(images) != len(labels):
         raise DataError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
     if labels.max(initial=0) > 9:
@@ -246,9 +254,10 @@ def _read_fmnist_split(directory: str, prefix: str) -> tuple[torch.Tensor, torch
 
 def _load_fmnist(cfg: DataConfig) -> Dataset:
     directory = find_fmnist(cfg.root, download=cfg.download)
-    train_x, train_y = _read_fmnist_split(directory, "train")
-    test_x, test_y = _read_fmnist_split(directory, "t10k")
-    return Dataset(train_x, train_y, test_x, test_y, num_classes=10, name="fmnist", augment=None)
+    sources = {}
+    train_x, train_y = _read_fmnist_split(directory, "train", sources)
+    test_x, test_y = _read_fmnist_split(directory, "t10k", sources)
+    return Dataset(train_x, train_y, test_x, test_y, num_classes=10, name="fmnist", augment=None, sources=sources)
 
 
 # ---------------------------------------------------------------- CIFAR
@@ -277,7 +286,9 @@ def _load_cifar(cfg: DataConfig) -> Dataset:
     train_x, train_y = convert(train)
     test_x, test_y = convert(test)
     num_classes = 10 if cfg.dataset == "cifar10" else 100
-    return Dataset(train_x, train_y, test_x, test_y, num_classes, name=cfg.dataset, augment=None)
+    folder = os.path.join(cfg.root, CIFAR_FOLDERS[cfg.dataset])
+    return Dataset(train_x, train_y, test_x, test_y, num_classes, name=cfg.dataset, augment=None,
+                   sources={"data.root": (folder, tree_sha256(folder))})
 
 
 # ---------------------------------------------------------------- synthetic
@@ -311,53 +322,152 @@ def _make_synthetic(cfg: DataConfig, seed: int) -> Dataset:
 # ---------------------------------------------------------------- your own files
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+# An optional scalar in the npz: the class count, for a dataset some of whose classes have no training sample.
+NPZ_NUM_CLASSES = "num_classes"
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_sha256(root: str) -> str:
+    """One SHA-256 over every file under `root`: each relative path and its bytes, in sorted order."""
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0" + file_sha256(path).encode())
+    return digest.hexdigest()
 
 
 def _load_files(path: str) -> Dataset:
-    """`data.dataset: files`: an .npz of NPZ_KEYS, or a folder with `train/` and `test/` ImageFolder trees."""
+    """`data.dataset: files`: an .npz of NPZ_KEYS, or a folder with `train/` and `test/` ImageFolder trees.
+
+    Refused before any work, each with one line: inputs that are not finite, channels-last images,
+    inputs and labels of different lengths, and labels that are not the classes 0..K-1 of the training
+    set (K = the largest training label + 1, every class with a training sample, unless the npz
+    declares `num_classes`), or test labels no training sample has."""
     if os.path.isdir(path):
-        train_x, train_y = _read_image_folder(os.path.join(path, "train"))
-        test_x, test_y = _read_image_folder(os.path.join(path, "test"))
+        (train_x, train_y), (test_x, test_y), names = _read_image_folders(path)
+        declared, source = None, tree_sha256(path)
     else:
-        train_x, train_y, test_x, test_y = _read_npz(path)
+        train_x, train_y, test_x, test_y, declared, source = _read_npz(path)
+        names = None
     if train_x.shape[1:] != test_x.shape[1:]:
         raise DataError(f"data.path {path}: training inputs have shape {tuple(train_x.shape[1:])} but test inputs "
                         f"{tuple(test_x.shape[1:])}")
-    num_classes = int(max(train_y.max(), test_y.max())) + 1
-    return Dataset(train_x, train_y, test_x, test_y, num_classes, name="files", augment=None)
+    num_classes = _check_labels(path, train_y.numpy(), test_y.numpy(), declared, names)
+    return Dataset(train_x, train_y, test_x, test_y, num_classes, name="files", augment=None,
+                   sources={"data.path": (path, source)})
 
 
 def _read_npz(path: str):
-    with npz_errors("data.path", path), np.load(path, allow_pickle=False) as f:
-        missing = [k for k in NPZ_KEYS if k not in f.files]
-        if missing:
-            raise DataError(f"data.path {path} lacks {', '.join(missing)}; it needs {', '.join(NPZ_KEYS)} "
-                            f"(it holds {', '.join(f.files) or 'nothing'})")
-        arrays = {k: f[k] for k in NPZ_KEYS}
+    with npz_errors("data.path", path):
+        with open(path, "rb") as f:
+            raw = f.read()
+        with np.load(io.BytesIO(raw), allow_pickle=False) as f:
+            missing = [k for k in NPZ_KEYS if k not in f.files]
+            if missing:
+                raise DataError(f"data.path {path} lacks {', '.join(missing)}; it needs {', '.join(NPZ_KEYS)} "
+                                f"(it holds {', '.join(f.files) or 'nothing'})")
+            arrays = {k: f[k] for k in NPZ_KEYS + ((NPZ_NUM_CLASSES,) if NPZ_NUM_CLASSES in f.files else ())}
+    declared = None
+    if NPZ_NUM_CLASSES in arrays:
+        value = arrays[NPZ_NUM_CLASSES]
+        if value.shape != () or not np.issubdtype(value.dtype, np.integer) or int(value) < 2:
+            raise DataError(f"data.path {path}: num_classes must be one integer >= 2 (np.savez(..., num_classes=10)), "
+                            f"got shape {value.shape} of {value.dtype}")
+        declared = int(value)
     out = []
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
         where = f"data.path {path}: x_{split}"
         if x.ndim not in (2, 4) or len(x) == 0:
             raise DataError(f"{where} must be non-empty images N x C x H x W or vectors N x D, got shape {x.shape}")
+        if x.ndim == 4 and x.shape[3] in (1, 3, 4) and x.shape[1] > 4:  # 1, 3 or 4 channels, last
+            raise DataError(f"{where} has shape {x.shape}, which looks like N x H x W x C (channels last); distfl "
+                            f"expects images as N x C x H x W: save x_{split}.transpose(0, 3, 1, 2)")
         if x.dtype == np.uint8:
             x = x.astype(np.float32) / 255.0
         elif not np.issubdtype(x.dtype, np.floating):
             raise DataError(f"{where} must be float or uint8 (scaled by 1/255), got {x.dtype}")
+        with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, refused next
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if bad.any():
+            raise DataError(f"{where} holds NaN or inf (beyond float32) in {int(bad.sum())} of its {len(x)} samples "
+                            f"(the first is sample {int(np.argmax(bad))}); distfl trains only on finite inputs: "
+                            "fix or drop those samples")
+        if y.ndim != 1 or len(y) != len(x):
+            raise DataError(f"data.path {path}: x_{split} holds {len(x)} samples but y_{split} has shape {y.shape}; "
+                            f"they must pair one to one ({len(x)} labels for {len(x)} samples)")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"data.path {path}: y_{split} must hold integer class labels, got {y.dtype}")
         if x.ndim == 2:  # vectors: one "image" of 1 x 1 x D, which the MLP and plugin models flatten
             x = x[:, None, None, :]
-        out += [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), _labels(y, len(x), f"data.path {path}: y_{split}")]
-    return out
+        out += [torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))]
+    return (*out, declared, hashlib.sha256(raw).hexdigest())
 
 
-def _labels(y: np.ndarray, n: int, where: str) -> torch.Tensor:
-    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
-        raise DataError(f"{where} must be {n} non-negative integer labels, got shape {y.shape} of {y.dtype}")
-    return torch.from_numpy(y.astype(np.int64))
+def _check_labels(path: str, train: np.ndarray, test: np.ndarray, declared: int | None, names) -> int:
+    """The class count K of a files dataset; DataError unless its labels are classes 0..K-1 (see _load_files)."""
+    where = f"data.path {path}"
+
+    def name(label) -> str:
+        return f"{label} ({names[label]})" if names is not None and 0 <= label < len(names) else str(label)
+
+    for split, y in (("y_train", train), ("y_test", test)):
+        if y.min() < 0:
+            first = int(np.argmax(y < 0))
+            raise DataError(f"{where}: {split} holds the negative label {int(y[first])} (sample {first}); labels are "
+                            "class numbers 0..K-1")
+    if declared is not None:
+        for split, y in (("y_train", train), ("y_test", test)):
+            if y.max() >= declared:
+                first = int(np.argmax(y >= declared))
+                raise DataError(f"{where}: {split} holds label {int(y[first])} (sample {first}), but the file declares "
+                                f"num_classes={declared}: labels must lie in 0..{declared - 1}")
+        classes = declared
+    else:
+        classes = int(train.max()) + 1
+        counts = np.bincount(train, minlength=classes)
+        empty = np.flatnonzero(counts == 0)
+        if len(empty):
+            top = int(train.max())
+            raise DataError(f"{where}: y_train's labels run up to {top} (sample {int(np.argmax(train == top))}), but "
+                            f"{len(empty)} of the classes 0..{top} have no training sample (the first is {int(empty[0])}); "
+                            "number the classes 0..K-1 without gaps, or, if some classes truly have no training sample, "
+                            "declare their count in the npz (np.savez(..., num_classes=K))")
+    present = np.bincount(train, minlength=classes) > 0
+    unseen = test >= len(present)
+    unseen[~unseen] = ~present[test[~unseen]]
+    if unseen.any():
+        first = int(np.argmax(unseen))
+        raise DataError(f"{where}: y_test holds label {name(int(test[first]))} (sample {first}; {int(unseen.sum())} test "
+                        "samples in all) that no y_train sample has; the model cannot learn a class it never sees: "
+                        "drop those test samples or add training samples of the class")
+    return classes
+
+
+def _read_image_folders(path: str):
+    """The train/ and test/ ImageFolder trees; test classes are matched to train's by folder name."""
+    train_x, train_y, train_names = _read_image_folder(os.path.join(path, "train"))
+    test_x, test_y, test_names = _read_image_folder(os.path.join(path, "test"))
+    unknown = [n for n in test_names if n not in train_names]
+    if unknown:
+        raise DataError(f"data.path {path}: test/ has class folder(s) {', '.join(unknown)} that train/ lacks; the model "
+                        "cannot learn a class it never sees: remove them from test/ or add them to train/")
+    index = torch.tensor([train_names.index(n) for n in test_names], dtype=torch.int64)
+    return (train_x, train_y), (test_x, index[test_y]), train_names
 
 
 def _read_image_folder(root: str):
-    """All images of a torchvision ImageFolder tree (one subfolder per class), as one tensor."""
+    """All images of a torchvision ImageFolder tree (one subfolder per class), as one tensor, and the class names."""
     from torchvision.datasets import ImageFolder
     from torchvision.transforms.functional import to_tensor
 
@@ -368,4 +478,4 @@ def _read_image_folder(root: str):
     images = [to_tensor(folder.loader(p)) for p, _ in folder.samples]
     if len({tuple(x.shape) for x in images}) != 1:
         raise DataError(f"data.path: the images in {root} differ in size or channels; resize them to one shape")
-    return torch.stack(images), torch.tensor(folder.targets, dtype=torch.int64)
+    return torch.stack(images), torch.tensor(folder.targets, dtype=torch.int64), list(folder.classes)

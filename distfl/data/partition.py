@@ -343,4 +343,33 @@ def _from_file(labels, cfg, num_classes, rng):
         if len(outside):
             raise DataError(f"partition.path {cfg.path}: client_{i} holds index {int(outside[0])}, outside the "
                             f"training set's 0..{len(labels) - 1}")
+        if len(part) == 0:
+            raise DataError(f"partition.path {cfg.path}: client_{i} holds no index; every client of the file needs a "
+                            f"sample: give client_{i} indices, or remove it (renumber the clients after it and set "
+                            f"partition.num_clients={cfg.num_clients - 1})")
+    _check_disjoint_cover(parts, len(labels), cfg.path)
     return parts
+
+
+def _check_disjoint_cover(parts, n: int, path: str) -> None:
+    """A partition file deals every training sample to exactly one client: an index given twice (in one
+    client or two) or a sample left out is refused, naming it."""
+    owner = np.full(n, -1, dtype=np.int64)
+    for i, part in enumerate(parts):
+        unique, counts = np.unique(part, return_counts=True)
+        if (counts > 1).any():
+            index = int(unique[np.argmax(counts > 1)])
+            raise DataError(f"partition.path {path}: client_{i} holds index {index} more than once; a partition "
+                            "file deals each training sample to exactly one client, once")
+        taken = owner[unique] >= 0
+        if taken.any():
+            index = int(unique[np.argmax(taken)])
+            raise DataError(f"partition.path {path}: index {index} is in both client_{int(owner[index])} and "
+                            f"client_{i}; a partition file deals each training sample to exactly one client")
+        owner[unique] = i
+    missing = np.flatnonzero(owner < 0)
+    if len(missing):
+        raise DataError(f"partition.path {path}: the clients hold {n - len(missing)} of the {n} training samples "
+                        f"({len(missing)} in no client, the first is index {int(missing[0])}); a partition file "
+                        "deals every training sample to exactly one client: add the missing indices to clients, "
+                        "or drop those samples from the training set (data.path)")

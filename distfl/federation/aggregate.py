@@ -33,6 +33,7 @@ import math
 import torch
 
 from .. import dist
+from ..errors import PluginError
 
 FRAC_BITS = 40
 # A client's mean local loss per sample above this is a divergence, not training (a cross-entropy this
@@ -128,9 +129,17 @@ class StatBuffer:
         self._host_nonfinite = [0] * len(self.fixed)
         self._reduced = False
 
+    def _segment(self, name: str) -> Segment:
+        try:
+            return self.segments[name]
+        except KeyError:
+            raise PluginError(f"stats.add({name!r}): this round has no segment {name!r}; its segments are "
+                              f"{', '.join(self.segments)}. Declare it in the method's segments() "
+                              f"(return super().segments() + [distfl.Segment({name!r}, numel)])") from None
+
     def view(self, name: str) -> torch.Tensor:
+        seg = self.internal.get(name) or self._segment(name)
         start = self.offsets[name]
-        seg = self.segments.get(name) or self.internal[name]
         return self.buffer[start : start + seg.numel]
 
     def _sum_view(self, name: str) -> torch.Tensor:
@@ -142,10 +151,7 @@ class StatBuffer:
         term or a sum beyond the exact range is found at `reduce` (`Reduced.problems`)."""
         if self._reduced:
             raise RuntimeError("StatBuffer.add after reduce")
-        seg = self.segments.get(name)
-        if seg is None:
-            raise KeyError(f"no segment {name!r} in this round's statistics; declared: {', '.join(self.segments)} "
-                           "(an algorithm declares its own in segments())")
+        seg = self._segment(name)
         if not isinstance(value, torch.Tensor):
             self._add_number(seg, value, weight)
             return
@@ -227,7 +233,7 @@ class Reduced:
         self._stats = stats
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        seg = self._stats.segments[name]
+        seg = self._stats._segment(name)
         raw = self._stats.view(name)
         if seg.kind == "int":
             return raw.clone()

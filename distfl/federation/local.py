@@ -55,6 +55,9 @@ class FlatModel:
             m._buffers[k] = self.buffers[offset : offset + n].view_as(b)
             offset += n
         self._int_snapshot = [b.clone() for b in self.int_buffers]
+        # A batch of one sample cannot train BatchNorm ("Expected more than 1 value per channel"): with
+        # BatchNorm layers, a pass's one-sample last batch is folded into the batch before it.
+        self.fold_single = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
     @property
     def num_params(self) -> int:
@@ -89,37 +92,50 @@ class ClientRun:
     loss_sum: torch.Tensor | None = None  # sum of per-batch mean loss * batch size, after training
 
 
-def local_steps(num_samples: int, batch_size: int, epochs: int, steps: int = 0) -> int:
+def pass_sizes(num_samples: int, batch_size: int, fold_single: bool = False) -> list[int]:
+    """The batch sizes of one pass over a client's data: full batches, the last one partial. With
+    `fold_single` (a model with BatchNorm), a last batch of one sample joins the one before it, which
+    then holds batch_size + 1 samples (a client of a single sample keeps its batch of one)."""
+    sizes = [batch_size] * (num_samples // batch_size) + ([num_samples % batch_size] if num_samples % batch_size else [])
+    if fold_single and len(sizes) > 1 and sizes[-1] == 1:
+        sizes = sizes[:-2] + [batch_size + 1]
+    return sizes
+
+
+def local_steps(num_samples: int, batch_size: int, epochs: int, steps: int = 0, fold_single: bool = False) -> int:
     """Local SGD steps of a client in a round: `steps` when it is set (train.local_steps), else
-    `epochs` passes over its data (the last partial batch of a pass counts as a step)."""
-    return steps if steps else epochs * -(-num_samples // batch_size)
+    `epochs` passes over its data (the last partial batch of a pass counts as a step; see pass_sizes)."""
+    return steps if steps else epochs * len(pass_sizes(num_samples, batch_size, fold_single))
 
 
-def batch_sizes(num_samples: int, batch_size: int, epochs: int, steps: int = 0) -> list[int]:
+def batch_sizes(num_samples: int, batch_size: int, epochs: int, steps: int = 0, fold_single: bool = False) -> list[int]:
     """The sizes of a client's mini-batches in a round, in order, as `local_batches` draws them: passes
-    over the data with the last batch of each pass partial, `epochs` of them, or cut at `steps`."""
-    one_pass = [batch_size] * (num_samples // batch_size) + ([num_samples % batch_size] if num_samples % batch_size else [])
-    count = local_steps(num_samples, batch_size, epochs, steps)
+    over the data (`pass_sizes`), `epochs` of them, or cut at `steps`."""
+    one_pass = pass_sizes(num_samples, batch_size, fold_single)
+    count = local_steps(num_samples, batch_size, epochs, steps, fold_single)
     passes = -(-count // len(one_pass)) if one_pass else 0
     return (one_pass * passes)[:count]
 
 
-def samples_trained(num_samples: int, batch_size: int, epochs: int, steps: int = 0) -> int:
+def samples_trained(num_samples: int, batch_size: int, epochs: int, steps: int = 0, fold_single: bool = False) -> int:
     """Samples a client's local steps cover in a round (a sample counts once per batch it is in)."""
-    return sum(batch_sizes(num_samples, batch_size, epochs, steps))
+    return sum(batch_sizes(num_samples, batch_size, epochs, steps, fold_single))
 
 
-def local_batches(data, indices: torch.Tensor, train_cfg) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def local_batches(data, indices: torch.Tensor, train_cfg, fold_single: bool = False
+                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """A client's (x, y) mini-batches for one round: passes over its data, each in a fresh random
     order, drawn from the torch global RNG as they are consumed (the caller seeds it per client).
     `train_cfg.local_epochs` whole passes, or with `train_cfg.local_steps` > 0 exactly that many
-    batches, going on into a new order when a pass runs out."""
+    batches, going on into a new order when a pass runs out. Batch sizes: `pass_sizes`."""
     n, batch = len(indices), train_cfg.batch_size
-    left = local_steps(n, batch, train_cfg.local_epochs, train_cfg.local_steps) if n else 0
+    left = local_steps(n, batch, train_cfg.local_epochs, train_cfg.local_steps, fold_single) if n else 0
+    sizes = pass_sizes(n, batch, fold_single)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
     while left:
         order = indices[torch.randperm(n, device=indices.device)]
-        for start in range(0, n, batch):
-            idx = order[start : start + batch]
+        for start, size in zip(starts, sizes):
+            idx = order[start : start + size]
             x, y = data.train_x[idx], data.train_y[idx]
             if data.augment is not None:
                 x = data.augment(x)
@@ -142,7 +158,7 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
     lr, wd, momentum = round_lr(train_cfg, run.round_idx, train_cfg.rounds), train_cfg.weight_decay, train_cfg.momentum
     velocity = None
     loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
-    for x, y in local_batches(data, indices, train_cfg):
+    for x, y in local_batches(data, indices, train_cfg, flat.fold_single):
         algorithm.shift(w, run)
         loss = algorithm.local_loss(model, x, y, run)
         g.zero_()

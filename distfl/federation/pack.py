@@ -58,10 +58,11 @@ def check_packable(cfg, algorithm, pack_size: int, sticky: bool) -> None:
                           f"clients in packs: {reason}; set runtime.pack_size=1")
 
 
-def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int) -> list[tuple]:
+def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int,
+                   fold_single: bool = False) -> list[tuple]:
     """The (x, y) of each local step of one client, drawn exactly as `train_client` draws them."""
     torch.manual_seed(client_seed(seed, run.round_idx, run.client_id))
-    return list(local_batches(data, indices, train_cfg))
+    return list(local_batches(data, indices, train_cfg, fold_single))
 
 
 class PackStep:
@@ -114,7 +115,8 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
         flat.load(run.global_params, global_buffers)
         algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
         w[k], b[k] = flat.params, flat.buffers
-    batches = [client_batches(data, idx, run, train_cfg, algorithm.seed) for idx, run in zip(indices, runs)]
+    batches = [client_batches(data, idx, run, train_cfg, algorithm.seed, flat.fold_single)
+               for idx, run in zip(indices, runs)]
     velocity = torch.zeros_like(w) if train_cfg.momentum else None
     loss_sums = torch.zeros(count, dtype=torch.float64, device=w.device)
     flat.module.train()

@@ -30,9 +30,10 @@ from ..algorithms import build_algorithm, build_phases
 from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config, flatten_dict,
                       resume_blockers, saved_values)
 from ..data.client_test import client_test_sets, holdout_split
-from ..data.datasets import load_dataset
+from ..data.datasets import file_sha256, load_dataset
 from ..data.partition import partition
-from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted
+from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
+                      RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
@@ -40,12 +41,16 @@ from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, a
 from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
+from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
 
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
+# What a client's model gives: out of range there means training diverged. A method's own statistic out
+# of range while these are fine means the method adds values its segment cannot hold.
+MODEL_STATISTICS = (NONFINITE_PARAMS, "loss_sum", "delta", "buffers", "bn_params")
 
 
 def run_has_output(run_dir: Path) -> bool:
@@ -71,9 +76,7 @@ class Trainer:
         dist.reset_counters()
         faults.check_output_dir(self.run_dir)
         if not resume and run_has_output(self.run_dir) and not overwrite:
-            raise ConfigError(
-                f"output.dir {self.run_dir} already holds a run; continue it with "
-                f"`distfl train --resume {self.run_dir}`, pick another output.dir, or pass --overwrite")
+            raise ConfigError(f"output.dir {self.run_dir} already holds a run; {_next_step(self.run_dir)}")
         # Rank 0 holds RUN_DIR/.lock until this Trainer is closed or its process dies: a second run in
         # the directory is refused, before any work if the directory exists (else once it is created).
         self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
@@ -82,6 +85,11 @@ class Trainer:
         self.data = load_dataset(cfg.data, seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
         parts = partition(labels, cfg.partition, self.data.num_classes, seed)
+        # The bytes every data and partition file was read from: a resume refuses others (_restore).
+        self.data_sources = {role: {"path": path, "sha256": digest}
+                             for role, (path, digest) in self.data.sources.items()}
+        if cfg.partition.scheme == "file":
+            self.data_sources["partition.path"] = {"path": cfg.partition.path, "sha256": file_sha256(cfg.partition.path)}
         # eval.client_split=holdout: each client's held-out samples leave its training data here, before
         # the Population (sizes, weights, class counts) is built; every rank computes the same split.
         holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
@@ -104,7 +112,13 @@ class Trainer:
             return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
 
         torch.manual_seed(cfg.seed)
-        self.worker = FlatModel(model_factory())
+        model = model_factory()
+        sizes = self.population.sizes
+        single = next((k for k in range(len(sizes)) if int(sizes[k]) == 1), None)
+        has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
+                    single if has_batchnorm else None)
+        self.worker = FlatModel(model)
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
         # Ranks with different torch builds (or kernels) can draw different initial weights from the same
@@ -162,8 +176,7 @@ class Trainer:
         if refused:
             raise ConfigError(
                 f"output.dir {self.run_dir} already holds a run (another distfl run wrote it while this one "
-                f"was starting); continue it with `distfl train --resume {self.run_dir}`, pick another "
-                "output.dir, or pass --overwrite")
+                f"was starting); {_next_step(self.run_dir)}")
         return bool(found)
 
     # ---- set-up --------------------------------------------------------------------------------
@@ -204,6 +217,7 @@ class Trainer:
         # Every rank must resume from the same checkpoint (they differ if output.dir is not shared).
         dist.check_same_on_all_ranks(int(state.get("step", state["round"])), self.ctx, "the checkpoint resumed from")
         self.resumed_from, self.skipped = path.name, skipped
+        self._check_data_on_resume(state.get("data"))
         changed = resume_blockers(state["config"], config_to_dict(self.cfg))
         if changed:
             raise CheckpointError(
@@ -229,6 +243,19 @@ class Trainer:
                 phase.restore(self)
         if self.store is not None:
             self.store.restore(path / "clients", self._hosts, self.ctx.is_main)
+
+    def _check_data_on_resume(self, saved: dict | None) -> None:
+        """Refuse to continue on data or a partition file whose bytes differ from what the run began
+        with (a checkpoint from before distfl recorded them has None: nothing to compare)."""
+        for role, was in (saved or {}).items():
+            now = self.data_sources.get(role)
+            if now is None or now["sha256"] != was["sha256"]:
+                now_text = f"{now['sha256']} now" if now is not None else "not read now"
+                raise CheckpointError(
+                    f"cannot resume {self.run_dir}: {role} {(now or was)['path']} changed since the run started "
+                    f"(SHA-256 {was['sha256']} when checkpointed, {now_text}); continuing would train on other "
+                    "data than the rounds before. Restore the original file, or start a new run on this data "
+                    "(another output.dir)")
 
     def _check_phases_on_resume(self, state: dict) -> None:
         trained, rounds = state["round"], self.cfg.train.rounds
@@ -265,9 +292,23 @@ class Trainer:
         if self.store is not None:
             written = self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
                                                   self.ctx.is_main)
-        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer.
-        clients = int(dist.all_reduce_sum(torch.tensor([written], dtype=torch.int64, device=self.device),
-                                          self.ctx, "checkpoint")[0])
+        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer. In the same
+        # all_reduce, two 24-bit hashes of each rank's global model h and their squares: n * sum(h^2) ==
+        # sum(h)^2 only if every rank holds the same h (Cauchy-Schwarz), so ranks that drifted apart (a
+        # server step drawing from a per-rank RNG) are caught at the first checkpoint.
+        hashes = self._model_hashes()
+        sums = dist.all_reduce_sum(torch.tensor([written, *hashes, *(h * h for h in hashes)], dtype=torch.int64,
+                                                device=self.device), self.ctx, "checkpoint").tolist()
+        clients, n = int(sums[0]), self.ctx.world_size
+        if any(n * sums[3 + i] != sums[1 + i] ** 2 for i in range(len(hashes))):
+            if self.ctx.is_main:
+                faults.remove_leftovers(self.run_dir)
+            raise RankDisagreement(
+                f"the ranks' global models differ at checkpoint {name} (their hashes disagree), so the server step "
+                f"did not run identically on every rank; the likely cause: algorithm.name={self.cfg.algorithm.name}'s "
+                "server_update draws from a per-rank or unseeded RNG (draw from a generator keyed by (seed, round)) or "
+                "keeps state computed from something other than the reduced sums (docs/extending.md, \"What the "
+                "exactness guarantee asks of a method\"). The checkpoint was not written")
         if self.ctx.is_main:
             state = {
                 "round": min(step, self.cfg.train.rounds),
@@ -282,6 +323,7 @@ class Trainer:
                 "server": _to_cpu(self.algorithm.server_state()),
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
+                "data": self.data_sources,
                 "world_size": self.ctx.world_size,
                 "runtime": self.runtime_identity(),
                 # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
@@ -291,6 +333,13 @@ class Trainer:
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
             checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect, clients)
+
+    def _model_hashes(self) -> list[int]:
+        """Two 24-bit hashes of the global model (parameters and buffers), for the check at checkpoints."""
+        if self.ctx.world_size == 1:
+            return [0, 0]
+        fp = dist.fingerprint(self.global_params) ^ dist.fingerprint(self.global_buffers)
+        return [fp & 0xFFFFFF, (fp >> 24) & 0xFFFFFF]
 
     def runtime_identity(self) -> dict:
         """What, beside the config, must match for a resumed run to stay bit-identical to one run
@@ -333,7 +382,14 @@ class Trainer:
         if bad or problems:
             found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
             found += [f"statistic {name} out of range ({what})" for name, what in problems.items()]
-            raise DivergenceError(f"round {round_idx}: the clients' updates are not summable ({'; '.join(found)}); "
+            text = "; ".join(found)
+            if not bad and not any(name in MODEL_STATISTICS for name in problems):
+                raise PluginError(
+                    f"round {round_idx}: {text}, while the clients' models and losses were finite: algorithm.name="
+                    f"{cfg.algorithm.name} adds values its segment cannot hold (not a divergence); add counts with "
+                    "kind=\"int\", declare the segment's bound (distfl.Segment(name, numel, bound=...)) or scale the "
+                    "value (docs/extending.md)")
+            raise DivergenceError(f"round {round_idx}: the clients' updates are not summable ({text}); "
                                   "lower train.lr or server.lr")
         server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
         self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
@@ -348,14 +404,15 @@ class Trainer:
     def _samples_trained(self, client_id: int) -> int:
         train = self.cfg.train
         return samples_trained(int(self.population.sizes[client_id]), train.batch_size, train.local_epochs,
-                               train.local_steps)
+                               train.local_steps, self.worker.fold_single)
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
         run = ClientRun(
             client_id=client_id, round_idx=round_idx, num_samples=n,
             weight=self.algorithm.client_weight(client_id, cohort),
-            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps),
+            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps,
+                              self.worker.fold_single),
             global_params=self.global_params)
         if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
@@ -591,6 +648,8 @@ class Trainer:
             "num_params": self.worker.num_params,
             "algorithm": self.cfg.algorithm.name,
             "dataset": self.cfg.data.dataset,
+            # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
+            "data_files": self.data_sources,
             # data.normalize: the per-channel [mean, std] applied to the inputs, or None
             "input_normalization": self.data.normalization and [list(v) for v in self.data.normalization],
             "distfl_version": __version__,
@@ -621,6 +680,16 @@ def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
         if trainer is not None:
             trainer.close()
         dist.shutdown(ctx)
+
+
+def _next_step(run_dir: Path) -> str:
+    """What to do with a directory that holds a run: continue it from its checkpoint, or (none yet)
+    start it over."""
+    if checkpoint.complete_checkpoints(run_dir):
+        return f"continue it with `distfl train --resume {run_dir}`, pick another output.dir, or pass --overwrite"
+    return ("it stopped before its first checkpoint, so there is nothing to resume: start it over with --overwrite "
+            f"(or `distfl train --resume {run_dir}`, which does the same from its saved config), or pick another "
+            "output.dir")
 
 
 def not_yet_checkpointed(run_dir: Path) -> bool:

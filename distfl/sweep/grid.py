@@ -11,7 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..config import OPTIONS_KEY, config_keys, config_to_dict, flatten_dict, load_config, load_sweep_block
+from ..config import (OPTIONS_KEY, SWEEP_BLOCK, apply_overrides, config_keys, config_to_dict, flatten_dict, load_config,
+                      load_sweep_block)
 from ..errors import ConfigError, DistflError
 from .slurm import SLURM_OPTIONS, check_slurm_available, check_slurm_options, slurm_active_jobs
 from .plan import Point, Sweep
@@ -125,7 +126,7 @@ def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, execut
     slurm.update(cli_slurm)
 
     seeds_value = seeds_arg if seeds_arg is not None else block.get("seeds")
-    base = load_config(config_path, list(fixed))
+    base = _base_config(config_path, list(fixed), grid)
     seeds = parse_seeds(seeds_value, "--seeds" if seeds_arg is not None else "sweep.seeds") \
         if seeds_value is not None else [base.seed]
     if executor == "slurm":
@@ -140,6 +141,80 @@ def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, execut
     return sweep
 
 
+def _declared_options(name: str) -> set[str] | None:
+    """The option names algorithm `name` declares (none for a built-in); None if it does not load
+    (the point's own config check then says why)."""
+    from .. import plugins
+    from ..schema import CHOICES
+
+    if name in CHOICES["algorithm.name"]:
+        return set()
+    try:
+        return {f.name for f in plugins.options_fields(plugins.load_plugin("algorithm.name", name))}
+    except (DistflError, KeyError):
+        return None
+
+
+def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[list[str], list[str]]]:
+    """(combo, extra overrides) per distinct point of the grid, where `algorithm.options.*` applies only to
+    the methods that declare it. With algorithm.name a grid key (a plugin beside its baseline), an option
+    that some method of the grid declares is dropped from the points whose method does not: from their
+    grid values (points that then coincide are one point) and from the config and fixed overrides (an
+    `algorithm.options={...}` override keeps the rest). An option no method of the grid declares is
+    left in, so a typo is still refused."""
+    if "algorithm.name" not in sweep.grid:
+        return [(combo, []) for combo in combos]
+    import yaml
+
+    from ..config import _read_yaml
+
+    raw = _read_yaml(sweep.config_path)
+    raw = {k: v for k, v in raw.items() if k != SWEEP_BLOCK} if isinstance(raw, dict) else {}
+    declared = {name: _declared_options(name) for name in sweep.grid["algorithm.name"]}
+    in_grid = set().union(*(d for d in declared.values() if d is not None))
+    out, seen = [], set()
+    for combo in combos:
+        name = next(o.partition("=")[2] for o in combo if o.startswith("algorithm.name="))
+        own = declared[name]
+        algorithm = apply_overrides(raw, [*sweep.fixed, *combo]).get("algorithm")
+        options = (algorithm or {}).get("options") if isinstance(algorithm, dict) else None
+        options = options if isinstance(options, dict) else {}
+        unknown = sorted(k for k in options if k not in in_grid)
+        if unknown and in_grid:
+            close = difflib.get_close_matches(unknown[0], sorted(in_grid), n=1)
+            hint = f"; did you mean '{OPTIONS_KEY}.{close[0]}'?" if close else ""
+            raise ConfigError(f"{OPTIONS_KEY}.{unknown[0]}: no method of the grid (algorithm.name="
+                              f"{','.join(sweep.grid['algorithm.name'])}) declares it{hint} (their options: "
+                              f"{', '.join(sorted(in_grid))})")
+        dropped = {k for k in options if own is not None and k not in own and k in in_grid}
+        kept = [o for o in combo if o.partition("=")[0] not in {f"{OPTIONS_KEY}.{k}" for k in dropped}]
+        extra = []
+        if dropped:
+            remaining = {k: v for k, v in options.items() if k not in dropped}
+            extra = [f"{OPTIONS_KEY}={yaml.safe_dump(remaining, default_flow_style=True).strip()}"]
+        if tuple(kept) not in seen:
+            seen.add(tuple(kept))
+            out.append((kept, extra))
+    return out
+
+
+def _base_config(config_path: str, fixed: list[str], grid: dict):
+    """The config without grid values (its output.dir is the sweep's, its seed the default one). Where
+    algorithm.name is swept, options set for some of its methods need one of them: the first that takes
+    them."""
+    try:
+        return load_config(config_path, fixed)
+    except ConfigError as first:
+        errors = [first]
+        for name in grid.get("algorithm.name", []):
+            try:
+                return load_config(config_path, [*fixed, f"algorithm.name={name}"])
+            except ConfigError as exc:
+                errors.append(exc)
+        # An option no method takes: the error of a method that has options names the close ones.
+        raise next((e for e in errors if "declares no options" not in str(e)), first) from None
+
+
 def _expand_points(sweep: Sweep) -> list[Point]:
     """Grid x seeds, grid keys in alphabetical order, seeds innermost; each point's config checked.
     Refuses two points with one directory name, or with one config."""
@@ -147,12 +222,12 @@ def _expand_points(sweep: Sweep) -> list[Point]:
     for key in sweep.swept_keys:
         combos = [c + [f"{key}={v}"] for c in combos for v in sweep.grid[key]]
     points, seen_names, seen_configs = [], {}, {}
-    for combo in combos:
+    for combo, extra in _applicable_options(sweep, combos):
         prefix = _combo_dir_name(combo)
         for seed in sweep.seeds:
             name = f"{prefix}/seed={seed}" if prefix else f"seed={seed}"
             run_dir = sweep.sweep_dir / name
-            overrides = [*combo, f"seed={seed}"]
+            overrides = [*combo, *extra, f"seed={seed}"]
             try:
                 cfg = load_config(sweep.config_path, [*sweep.fixed, *overrides, f"output.dir={run_dir}"])
             except ConfigError as exc:
