@@ -62,7 +62,7 @@ class Forgetful(distfl.Algorithm):
 
 
 class Huge(distfl.Algorithm):
-    """Adds a count far beyond what a fixed-point segment without a bound holds (2^22 / cohort)."""
+    """Adds a count far beyond what a fixed-point segment without a bound holds (2^13 at 2^-40)."""
 
     def segments(self):
         return super().segments() + [distfl.Segment("count", 1)]
@@ -377,9 +377,9 @@ def test_plugin_misuse_ends_in_one_line_naming_it(tmp_path, small_config, plugin
 
     proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'huge'}", "algorithm.name=mylab.methods:Huge"])
     assert proc.returncode == 1 and "diverged" not in proc.stderr and "lower train.lr" not in proc.stderr
-    assert ("PluginError: round 1: statistic count out of range (NaN/inf or |value| above 8.39e+05) in 5 client(s), "
-            "while the clients' models and losses were finite: algorithm.name=mylab.methods:Huge adds values its "
-            "segment cannot hold") in proc.stderr
+    assert ("PluginError: round 1: statistic count out of range (sum of |weight| * max|value| above 8.19e+03 on 1 "
+            "rank(s)), while the clients' models and losses were finite: algorithm.name=mylab.methods:Huge adds values "
+            "its segment cannot hold") in proc.stderr
 
     proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'forgetful'}", "algorithm.name=mylab.methods:Forgetful"])
     assert proc.returncode == 2 and not (tmp_path / "forgetful").exists()

@@ -211,6 +211,8 @@ class StatBuffer:
             if self.segments[seg_name].accumulate == "float64":
                 self.view(seg_name).copy_(self._sum_view(seg_name))
         for seg_name, terms in self._host.items():
+            # Past int64 a fixed sum is flagged by its mass above; an int one wraps as torch's int64 would.
+            terms = [(t + 2**63) % 2**64 - 2**63 for t in terms]
             self.view(seg_name).add_(torch.tensor(terms, dtype=torch.int64, device=self.buffer.device))
         self._reduced = True
         dist.all_reduce_sum(self.buffer, ctx, name=name)

@@ -166,9 +166,9 @@ def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[lis
         return [(combo, []) for combo in combos]
     import yaml
 
-    from ..config import _read_yaml
+    from ..yaml_loader import read_yaml
 
-    raw = _read_yaml(sweep.config_path)
+    raw = read_yaml(sweep.config_path)
     raw = {k: v for k, v in raw.items() if k != SWEEP_BLOCK} if isinstance(raw, dict) else {}
     declared = {name: _declared_options(name) for name in sweep.grid["algorithm.name"]}
     in_grid = set().union(*(d for d in declared.values() if d is not None))
