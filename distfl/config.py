@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from distfl.errors import ConfigError
-from distfl.schema import APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, Config
+from distfl.schema import (APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, RANGES, SEED_MAX,
+                           Config)
 from distfl.validate import check_numbers, float_error, number_from_text
 from distfl.yaml_loader import ConfigLoader, read_yaml
 
@@ -78,84 +79,6 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     fixed += HOLDOUT_KEYS
     return [k for k in now if k != "output.dir" and saved.get(k) != now[k]
             and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
-
-
-# Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]", "(0, 1]" or "(0, 1)".
-RANGES = {
-    "seed": ">= 0",
-    "data.synthetic_train": ">= 1",
-    "data.synthetic_test": ">= 1",
-    "data.synthetic_classes": ">= 2",
-    "data.synthetic_image_size": ">= 1",
-    "data.synthetic_channels": ">= 1",
-    "partition.num_clients": ">= 1",
-    "partition.alpha": "> 0",
-    "partition.classes_per_client": ">= 1",
-    "partition.shards_per_client": ">= 1",
-    "partition.min_size": ">= 0",
-    "partition.max_attempts": ">= 0",
-    "partition.imbalance_ratio": "(0, 1]",
-    "partition.subsample": "(0, 1]",
-    "partition.seed": ">= -1",
-    "model.gn_groups": ">= 1",
-    "model.mlp_hidden": ">= 1",
-    "model.feature_dim": ">= 0",
-    "model.head_seed": ">= 0",
-    "calibration.ridge": ">= 0",
-    "tct.p": ">= 1",
-    "tct.coordinate_seed": ">= 0",
-    "tct.head_seed": ">= 0",
-    "tct.rounds": ">= 1",
-    "tct.local_steps": ">= 1",
-    "tct.lr": "> 0",
-    "tct.chunk_size": ">= 1",
-    "tct.memory_limit_gb": ">= 0",
-    "calibration.batch_size": ">= 1",
-    "algorithm.mu": ">= 0",
-    "algorithm.alpha": "> 0",
-    "algorithm.beta_local": "[0, 1)",
-    "algorithm.beta_global": "[0, 1)",
-    "algorithm.server_alpha": "> 0",
-    "algorithm.kd_lambda": "[0, 1]",
-    "algorithm.kd_temperature": "> 0",
-    "algorithm.fedfor_alpha": ">= 0",
-    "aggregation.tau": "[0, 1]",
-    "server.lr": "> 0",
-    "server.momentum": "[0, 1)",
-    "server.lr_warmup_rounds": ">= 0",
-    "server.lr_min": ">= 0",
-    "server.lr_step_every": ">= 1",
-    "server.lr_gamma": "> 0",
-    "server.beta1": "[0, 1)",
-    "server.beta2": "[0, 1)",
-    "server.eps": "> 0",
-    "train.rounds": ">= 1",
-    "train.clients_per_round": ">= 1",
-    "train.local_epochs": ">= 1",
-    "train.local_steps": ">= 0",
-    "train.batch_size": ">= 1",
-    "train.lr": "> 0",
-    "train.weight_decay": ">= 0",
-    "train.momentum": "[0, 1)",
-    "train.lr_warmup_rounds": ">= 0",
-    "train.lr_min": ">= 0",
-    "train.lr_step_every": ">= 1",
-    "train.lr_gamma": "> 0",
-    "eval.every": ">= 1",
-    "eval.batch_size": ">= 1",
-    "eval.client_test_size": ">= 0",
-    "eval.client_holdout": "(0, 1)",
-    "checkpoint.every": ">= 0",
-    "checkpoint.keep": ">= 1",
-    "runtime.threads": ">= 1",
-    "runtime.pack_size": ">= 0",
-    "tct.threads": ">= 0",
-}
-
-# The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,
-# torch's generators 64.
-SEED_MAX = {"seed": 2**32 - 1, "partition.seed": 2**32 - 1, "model.head_seed": 2**64 - 1, "tct.coordinate_seed": 2**64 - 1,
-            "tct.head_seed": 2**64 - 1}
 
 
 # --- schema introspection ---------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """Bounds on the numbers a config may hold, checked with the rest of `config.validate` before any work.
 
-The ranges of `config.RANGES` say what a key means (a probability in [0, 1), a positive step size);
+The ranges of `schema.RANGES` say what a key means (a probability in [0, 1), a positive step size);
 the rules here say what a run can compute with:
 
 - every float key is finite in float32, the dtype a run's tensors are scaled in (|x| <= 3.4e38), and a
   non-zero value does not round to 0 there (|x| >= 1.4e-45); the quantities the maths forms from
   them (1 / algorithm.alpha in FedDyn's server step, ...) must be finite in float32 too;
-- every int key is below 2^31 (the seeds have their own limits, `config.SEED_MAX`), and a key that
+- every int key is below 2^31 (the seeds have their own limits, `schema.SEED_MAX`), and a key that
   sizes a tensor, a loop or a thread pool has a tighter limit, `INT_LIMITS`;
 - a synthetic dataset fits in `SYNTHETIC_MAX_ELEMENTS` float32 values.
 
@@ -92,7 +92,7 @@ def check_numbers(types: dict[str, type], values: dict[str, object], own_limits:
             error = float_error(key, value)
             if error:
                 raise error
-        elif typ is int and key not in own_limits and value > int_limit(key):  # lower bounds: config.RANGES
+        elif typ is int and key not in own_limits and value > int_limit(key):  # lower bounds: schema.RANGES
             why = "" if key in INT_LIMITS else " (an int key must fit in 32 bits)"
             raise ConfigError(f"{key} must be at most {int_limit(key)}, got {value}{why}")
     for text, keys, formed, derive in DERIVED:
