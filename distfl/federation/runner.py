@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -44,6 +41,7 @@ from .population import Population, place, place_packs
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
+from . import run_dir, stopping
 
 
 
@@ -51,10 +49,6 @@ NONFINITE_PARAMS = "non-finite local model parameters"
 # What a client's model gives: out of range there means training diverged. A method's own statistic out
 # of range while these are fine means the method adds values its segment cannot hold.
 MODEL_STATISTICS = (NONFINITE_PARAMS, "loss_sum", "delta", "buffers", "bn_params")
-
-
-def run_has_output(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints"))
 
 
 class Trainer:
@@ -75,8 +69,8 @@ class Trainer:
         self.launcher, self.interrupts = None, 0  # see _catch_stop_signals
         dist.reset_counters()
         faults.check_output_dir(self.run_dir)
-        if not resume and run_has_output(self.run_dir) and not overwrite:
-            raise ConfigError(f"output.dir {self.run_dir} already holds a run; {_next_step(self.run_dir)}")
+        if not resume and run_dir.run_has_output(self.run_dir) and not overwrite:
+            raise ConfigError(f"output.dir {self.run_dir} already holds a run; {run_dir.next_step(self.run_dir)}")
         # Rank 0 holds RUN_DIR/.lock until this Trainer is closed or its process dies: a second run in
         # the directory is refused, before any work if the directory exists (else once it is created).
         self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
@@ -158,45 +152,9 @@ class Trainer:
         if resume:
             self._restore()
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
-        self._prepare_run_dir(resume)
-
-    def _claim_run_dir(self, resume: bool) -> bool:
-        """Rank 0 takes the lock, then looks for a run in the directory: the look before the data
-        loaded is not enough, since another run may have started and finished there meanwhile. Every
-        rank learns its answer (one small all_reduce, also the barrier before --overwrite deletes).
-        Returns whether the old output is to be deleted (--overwrite)."""
-        found = False
-        if self.ctx.is_main:
-            with faults.run_dir_errors(self.run_dir):
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                self.lock = self.lock or checkpoint.lock_run_dir(self.run_dir)
-            found = not resume and run_has_output(self.run_dir)
-        flags = torch.tensor([int(found), int(found and not self.overwrite)], dtype=torch.int64, device=self.device)
-        found, refused = (int(v) for v in dist.all_reduce_sum(flags, self.ctx, "check"))
-        if refused:
-            raise ConfigError(
-                f"output.dir {self.run_dir} already holds a run (another distfl run wrote it while this one "
-                f"was starting); {_next_step(self.run_dir)}")
-        return bool(found)
+        run_dir.prepare(self, resume)
 
     # ---- set-up --------------------------------------------------------------------------------
-    def _prepare_run_dir(self, resume: bool) -> None:
-        clear = self._claim_run_dir(resume)
-        if self.ctx.is_main:
-            if clear:  # --overwrite was given
-                for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
-                    path = self.run_dir / name
-                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-            faults.remove_leftovers(self.run_dir)
-            if self.store is not None:
-                self.store.create()
-            config_text, saved = dump_config(self.cfg), self.run_dir / "config.yaml"
-            if not (resume and saved.is_file() and saved.read_text() == config_text):  # nothing to write on a full disk
-                checkpoint.atomic_write_text(config_text, saved)
-        dist.barrier(self.ctx)
-        if self.ctx.is_main and self.skipped:
-            checkpoint.set_aside(self.run_dir, [name for name, _ in self.skipped], self.resumed_from)
-
     def _sticky_placement(self) -> bool:
         placement, store = self.cfg.runtime.placement, self.cfg.runtime.client_state
         if self.algorithm.stateful and store == "memory" and placement == "balanced":
@@ -225,7 +183,7 @@ class Trainer:
                 f"only {', '.join(RESUMABLE_KEYS)} may change on resume (not {', '.join(HOLDOUT_KEYS)}: "
                 "they decide the clients' training data)")
         self._check_phases_on_resume(state)
-        self.resume_warnings = lost_guarantees(state.get("runtime"), self.runtime_identity())
+        self.resume_warnings = run_dir.lost_guarantees(state.get("runtime"), self.runtime_identity())
         self.global_params.copy_(state["params"])
         self.global_buffers.copy_(state["buffers"])
         for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
@@ -487,11 +445,11 @@ class Trainer:
         session_start = time.time()
         wall_before = self.progress["wall_s"]
         status, error = "completed", None
-        previous_handlers = self._catch_stop_signals()
+        previous_handlers = stopping.catch_stop_signals(self)
         try:
             for t in range(self.start_round, cfg.train.rounds + 1):
                 t0 = time.perf_counter()
-                self._check_launcher(logger)
+                stopping.check_launcher(self, logger)
                 self.where = f"round {t}"
                 row = self.run_round(t)
                 round_s = time.perf_counter() - t0
@@ -587,33 +545,6 @@ class Trainer:
         self.progress["last_eval"] = {"round": self.cfg.train.rounds, "test_acc": acc, "test_loss": loss,
                                       "phase": label, **(client_stats or {})}
 
-    def _catch_stop_signals(self) -> dict:
-        """SIGTERM / SIGUSR1 (Slurm preemption, time limits) and SIGINT (Ctrl-C) ask for a checkpoint at
-        the end of the round; a second Ctrl-C stops at once, without one."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def on_signal(signum, frame):
-            # Not under torchrun: a Ctrl-C there reaches each rank twice (from the terminal, and passed
-            # on by the launcher), and only the launcher is to answer a second one.
-            if signum == signal.SIGINT and self.stop_requested and self.interrupts and self.launcher is None:
-                raise KeyboardInterrupt
-            self.interrupts += signum == signal.SIGINT
-            self.request_stop()
-
-        # torchrun's workers: the launcher that started them. SIGKILL, or a signal torchrun does not
-        # handle (SIGUSR1: its default action kills it), ends it without stopping them; they notice
-        # their new parent at the next round boundary and stop as on SIGTERM.
-        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-
-    def _check_launcher(self, logger) -> None:
-        """At a round boundary: a worker whose launcher died checkpoints and stops after this round."""
-        if self.launcher is not None and os.getppid() != self.launcher and not self.stop_requested:
-            logger.info(f"the launcher (torchrun, pid {self.launcher}) is gone: checkpointing after this round, "
-                        "then stopping")
-            self.request_stop()
-
     def request_stop(self) -> None:
         """Checkpoint and stop after the current round (every rank stops after the same round,
         agreed through the round's all_reduce). Safe to call from a signal handler."""
@@ -662,7 +593,7 @@ def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     An unexpected error ends as faults.RunFailed: one line, the traceback saved in the run directory."""
     ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
     trainer, started = None, time.time()
-    if resume and not_yet_checkpointed(Path(cfg.output.dir)):
+    if resume and run_dir.not_yet_checkpointed(Path(cfg.output.dir)):
         if ctx.is_main:
             print(f"{cfg.output.dir} stopped before its first checkpoint, so there is nothing to resume: "
                   "starting it over from its saved config", file=sys.stderr, flush=True)
@@ -680,44 +611,6 @@ def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
         if trainer is not None:
             trainer.close()
         dist.shutdown(ctx)
-
-
-def _next_step(run_dir: Path) -> str:
-    """What to do with a directory that holds a run: continue it from its checkpoint, or (none yet)
-    start it over."""
-    if checkpoint.complete_checkpoints(run_dir):
-        return f"continue it with `distfl train --resume {run_dir}`, pick another output.dir, or pass --overwrite"
-    return ("it stopped before its first checkpoint, so there is nothing to resume: start it over with --overwrite "
-            f"(or `distfl train --resume {run_dir}`, which does the same from its saved config), or pick another "
-            "output.dir")
-
-
-def not_yet_checkpointed(run_dir: Path) -> bool:
-    """A run that stopped (a kill, a full disk) before its first checkpoint: nothing finished is lost
-    by starting it over. Not one that ended (completed, diverged) and lost its checkpoints since."""
-    if checkpoint.complete_checkpoints(run_dir):
-        return False
-    try:
-        status = json.loads((run_dir / "summary.json").read_text()).get("status")
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError, AttributeError):
-        return False
-    return status == "failed"
-
-
-def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
-    """Warnings for a resume whose runtime differs from the checkpoint's: the run goes on, but is no
-    longer bit-identical to one that ran through."""
-    if saved is None:  # a checkpoint from before distfl recorded its runtime
-        return []
-    why = {"device": "kernels differ between device types",
-           "threads": "intra-op threads change a kernel's reduction order",
-           "deterministic": "nondeterministic kernels may now run",
-           "torch": "kernels differ between torch builds"}
-    return [f"runtime {key} was {saved[key]} when checkpointed and is {now[key]} now; {why[key]}, so this run is "
-            "no longer bit-identical to one run through without the stop (nor reproducible from its config)"
-            for key in why if key in saved and saved[key] != now[key]]
 
 
 def _attempt(action) -> Exception | None:

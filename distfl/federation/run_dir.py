@@ -1,0 +1,95 @@
+"""A run's directory: claiming it (the lock, a run found there), preparing it, what to tell a user
+whose directory already holds a run, and what a resume on another runtime gives up."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint, dist, faults
+from ..config import dump_config
+from ..errors import ConfigError
+
+
+def run_has_output(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints"))
+
+
+def claim(trainer, resume: bool) -> bool:
+    """Rank 0 takes the lock, then looks for a run in the directory: the look before the data
+    loaded is not enough, since another run may have started and finished there meanwhile. Every
+    rank learns its answer (one small all_reduce, also the barrier before --overwrite deletes).
+    Returns whether the old output is to be deleted (--overwrite)."""
+    found = False
+    if trainer.ctx.is_main:
+        with faults.run_dir_errors(trainer.run_dir):
+            trainer.run_dir.mkdir(parents=True, exist_ok=True)
+            trainer.lock = trainer.lock or checkpoint.lock_run_dir(trainer.run_dir)
+        found = not resume and run_has_output(trainer.run_dir)
+    flags = torch.tensor([int(found), int(found and not trainer.overwrite)], dtype=torch.int64, device=trainer.device)
+    found, refused = (int(v) for v in dist.all_reduce_sum(flags, trainer.ctx, "check"))
+    if refused:
+        raise ConfigError(
+            f"output.dir {trainer.run_dir} already holds a run (another distfl run wrote it while this one "
+            f"was starting); {next_step(trainer.run_dir)}")
+    return bool(found)
+
+
+def prepare(trainer, resume: bool) -> None:
+    """Claim the run directory (`claim`), clear it under --overwrite, and write the config, once the data,
+    partition, model and checkpoint are known good."""
+    clear = claim(trainer, resume)
+    if trainer.ctx.is_main:
+        if clear:  # --overwrite was given
+            for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
+                path = trainer.run_dir / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        faults.remove_leftovers(trainer.run_dir)
+        if trainer.store is not None:
+            trainer.store.create()
+        config_text, saved = dump_config(trainer.cfg), trainer.run_dir / "config.yaml"
+        if not (resume and saved.is_file() and saved.read_text() == config_text):  # nothing to write on a full disk
+            checkpoint.atomic_write_text(config_text, saved)
+    dist.barrier(trainer.ctx)
+    if trainer.ctx.is_main and trainer.skipped:
+        checkpoint.set_aside(trainer.run_dir, [name for name, _ in trainer.skipped], trainer.resumed_from)
+
+
+def next_step(run_dir: Path) -> str:
+    """What to do with a directory that holds a run: continue it from its checkpoint, or (none yet)
+    start it over."""
+    if checkpoint.complete_checkpoints(run_dir):
+        return f"continue it with `distfl train --resume {run_dir}`, pick another output.dir, or pass --overwrite"
+    return ("it stopped before its first checkpoint, so there is nothing to resume: start it over with --overwrite "
+            f"(or `distfl train --resume {run_dir}`, which does the same from its saved config), or pick another "
+            "output.dir")
+
+
+def not_yet_checkpointed(run_dir: Path) -> bool:
+    """A run that stopped (a kill, a full disk) before its first checkpoint: nothing finished is lost
+    by starting it over. Not one that ended (completed, diverged) and lost its checkpoints since."""
+    if checkpoint.complete_checkpoints(run_dir):
+        return False
+    try:
+        status = json.loads((run_dir / "summary.json").read_text()).get("status")
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError, AttributeError):
+        return False
+    return status == "failed"
+
+
+def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
+    """Warnings for a resume whose runtime differs from the checkpoint's: the run goes on, but is no
+    longer bit-identical to one that ran through."""
+    if saved is None:  # a checkpoint from before distfl recorded its runtime
+        return []
+    why = {"device": "kernels differ between device types",
+           "threads": "intra-op threads change a kernel's reduction order",
+           "deterministic": "nondeterministic kernels may now run",
+           "torch": "kernels differ between torch builds"}
+    return [f"runtime {key} was {saved[key]} when checkpointed and is {now[key]} now; {why[key]}, so this run is "
+            "no longer bit-identical to one run through without the stop (nor reproducible from its config)"
+            for key in why if key in saved and saved[key] != now[key]]

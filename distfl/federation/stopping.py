@@ -1,0 +1,35 @@
+"""Stopping a run cleanly: SIGTERM / SIGUSR1 (Slurm preemption, time limits) and Ctrl-C ask for a
+checkpoint after the current round; a torchrun worker whose launcher died does the same."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+
+def catch_stop_signals(trainer) -> dict:
+    """SIGTERM / SIGUSR1 (Slurm preemption, time limits) and SIGINT (Ctrl-C) ask for a checkpoint at
+    the end of the round; a second Ctrl-C stops at once, without one."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def on_signal(signum, frame):
+        # Not under torchrun: a Ctrl-C there reaches each rank twice (from the terminal, and passed
+        # on by the launcher), and only the launcher is to answer a second one.
+        if signum == signal.SIGINT and trainer.stop_requested and trainer.interrupts and trainer.launcher is None:
+            raise KeyboardInterrupt
+        trainer.interrupts += signum == signal.SIGINT
+        trainer.request_stop()
+
+    # torchrun's workers: the launcher that started them. SIGKILL, or a signal torchrun does not
+    # handle (SIGUSR1: its default action kills it), ends it without stopping them; they notice
+    # their new parent at the next round boundary and stop as on SIGTERM.
+    trainer.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+
+def check_launcher(trainer, logger) -> None:
+    """At a round boundary: a worker whose launcher died checkpoints and stops after this round."""
+    if trainer.launcher is not None and os.getppid() != trainer.launcher and not trainer.stop_requested:
+        logger.info(f"the launcher (torchrun, pid {trainer.launcher}) is gone: checkpointing after this round, "
+                    "then stopping")
+        trainer.request_stop()
