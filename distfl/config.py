@@ -154,6 +154,13 @@ RANGES = {
     "runtime.threads": ">= 1",
     "runtime.pack_size": ">= 0",
     "tct.threads": ">= 0",
+    "privacy.clip_norm": "> 0",
+    "privacy.noise_multiplier": ">= -1",
+    "privacy.target_epsilon": ">= 0",
+    "privacy.delta": "[0, 1)",
+    "privacy.target_quantile": "(0, 1)",
+    "privacy.clip_lr": ">= 0",
+    "privacy.count_noise_multiplier": ">= 0",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,
@@ -652,6 +659,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"partition.classes_per_client ({v['partition.classes_per_client']}) > number of classes "
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
+
+    from distfl.privacy import rules as privacy_rules
+
+    name = v["algorithm.name"]
+    privacy_rules.check(v, None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name))
 
 
 def check_feature_dim(model_name: str, feature_dim: int) -> None:
