@@ -310,8 +310,10 @@ def test_a_plugin_method_must_declare_private_release(tmp_path, small_config):
         sys.modules.pop("mymethods", None)
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "slowmo", "fedadc", "fedfor"])
-def test_methods_that_release_only_the_update_run_under_dp(tmp_path, small_config, name):
+@pytest.mark.parametrize("name,server", [("fedavg", ["server.optimizer=adam", "server.lr=0.01"]),
+                                         ("fedprox", ["server.momentum=0.9"]), ("slowmo", []), ("fedadc", []),
+                                         ("fedfor", ["server.optimizer=yogi", "server.lr=0.01"])])
+def test_methods_that_release_only_the_update_run_under_dp(tmp_path, small_config, name, server):
     s = train_ok(small_config, f"output.dir={tmp_path / name}", *DP, "privacy.noise_multiplier=1",
-                 f"algorithm.name={name}", "train.rounds=2", "server.optimizer=adam", "server.lr=0.01")
+                 f"algorithm.name={name}", "train.rounds=2", *server)
     assert s["status"] == "completed" and s["privacy"]["epsilon"] > 0
