@@ -15,6 +15,9 @@ reported:
      such processes at once (ceiling = 2 * solo / concurrent, a throughput ratio). Speedup is also
      reported as a fraction of that ceiling, the figure that carries to other machines.
   3. collectives: all_reduce calls and bytes per round (dist.COLLECTIVE_CALLS / COLLECTIVE_BYTES).
+  4. privacy: the same in-process rounds under DP-FedAvg (DP_WORKLOAD: per-client clipping, one noise
+     draw a round, the accountant's epsilon a round) versus the plain ones (algorithm.weighting=uniform in
+     both, so the cohorts, steps and arithmetic besides DP are the same).
 
 Subprocesses are started with `sys.executable` in a fresh temporary directory, each in its own
 session, and their process groups are killed when they end or anything goes wrong, so none outlives
@@ -71,6 +74,10 @@ HARNESS = [
 ]
 
 TARGET_OVERHEAD = 1.15  # FL wall time / centralised wall time, at most
+TARGET_DP_OVERHEAD = 1.05  # privacy.mechanism=gaussian rounds / the same rounds without DP, at most
+# DP-FedAvg on the same workload: same cohorts (random) and steps; clipping, keyed noise, the RDP accountant.
+DP_WORKLOAD = ["algorithm.weighting=uniform", "privacy.mechanism=gaussian", "privacy.noise_multiplier=1.0",
+               "privacy.clip_norm=1.0", "privacy.delta=1e-5"]
 TARGET_SPEEDUP = 1.6  # 2 ranks versus 1, at least (the figure, for 2 real cores)
 # The same target as a fraction of the ideal 2x, applied to the measured ceiling instead.
 TARGET_FRACTION = TARGET_SPEEDUP / 2.0
@@ -373,6 +380,11 @@ def markdown_table(res: dict) -> str:
         ("1-rank and 2-rank final models bit-identical", str(s["bit_identical"]), "True",
          _fmt_bool(s["bit_identical"])),
     ]
+    if "privacy" in res:
+        d = res["privacy"]
+        rows.append(("DP-FedAvg overhead: DP / plain rounds, in-process (clip, noise, accountant)",
+                     f"{d['ratio_of_medians']:.3f} (DP {m['dp_s']:.2f} s, plain {m['plain_uniform_s']:.2f} s)",
+                     f"<= {TARGET_DP_OVERHEAD}", _fmt_bool(d["met"])))
     lines = ["| figure | measured | target | |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {t} | {ok} |" for a, b, t, ok in rows]
     mach = res["machine"]
@@ -397,7 +409,8 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
     prev_det = torch.are_deterministic_algorithms_enabled()
     prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     raw = {k: [] for k in ("fl_inprocess_s", "fl_inprocess_round_s", "centralised_s", "rank1_s",
-                           "rank1_round_s", "rank2_s", "rank2_round_s", "ceiling_solo_s", "ceiling_pair_s")}
+                           "rank1_round_s", "rank2_s", "rank2_round_s", "ceiling_solo_s", "ceiling_pair_s",
+                           "plain_uniform_s", "dp_s")}
     started = time.time()
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     try:
@@ -405,6 +418,10 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             log(f"setting up: {rounds} rounds x {repeats} repeats (loading Fashion-MNIST, partitioning)")
             tmp_dir = tmp
             ip = InProcess(rounds, str(Path(tmp) / "inprocess"))
+            plain = InProcess(rounds, str(Path(tmp) / "plain"), workload_overrides(rounds, str(Path(tmp) / "plain"))
+                              + DP_WORKLOAD[:1])
+            private = InProcess(rounds, str(Path(tmp) / "dp"), workload_overrides(rounds, str(Path(tmp) / "dp"))
+                                + DP_WORKLOAD)
             cfg = ip.cfg
             steps_total = sum(len(r) for r in ip.batches)
             samples_total = sum(sum(r) for r in ip.batches)
@@ -427,6 +444,8 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             if warmup:
                 ip.time_fl(rounds=1)
                 ip.time_centralised(ip.batches[0])
+                plain.time_fl(rounds=1)
+                private.time_fl(rounds=1)
 
             collectives = []
             rank_runs = {1: [], 2: []}
@@ -455,6 +474,12 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
                     return f"{n}-rank torchrun {r['total_s']:.2f} s"
                 return go
 
+            def dp():
+                a, b = plain.time_fl(), private.time_fl()
+                raw["plain_uniform_s"].append(a["total_s"])
+                raw["dp_s"].append(b["total_s"])
+                return f"plain (uniform) {a['total_s']:.2f} s, DP {b['total_s']:.2f} s"
+
             def solo():
                 t = ceiling.run([rep % 2])
                 raw["ceiling_solo_s"].append(t[0])
@@ -468,7 +493,7 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             log("starting the two ceiling processes")
             ceiling = CeilingWorkers(str(spec_path), tmp)
             try:
-                steps = [fl, central, ranks(1), ranks(2), solo, pair]
+                steps = [fl, central, ranks(1), ranks(2), solo, pair, dp]
                 for rep in range(repeats):
                     order = steps if rep % 2 == 0 else steps[::-1]
                     for fn in order:
@@ -493,7 +518,10 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
         "rank2_s": _median(raw["rank2_s"]),
         "ceiling_solo_s": _median(raw["ceiling_solo_s"]),
         "ceiling_pair_s": _median([max(p) for p in raw["ceiling_pair_s"]]),
+        "plain_uniform_s": _median(raw["plain_uniform_s"]),
+        "dp_s": _median(raw["dp_s"]),
     }
+    dp_ratio = med["dp_s"] / med["plain_uniform_s"]
     overhead_per = [f / c for f, c in zip(raw["fl_inprocess_s"], raw["centralised_s"])]
     overhead = med["fl_inprocess_s"] / med["centralised_s"]
     speedup_per = [a / b for a, b in zip(raw["rank1_s"], raw["rank2_s"])]
@@ -531,7 +559,8 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             "overrides": WORKLOAD, "harness": HARNESS, "rounds": rounds, "repeats": repeats,
             "steps_per_round": [len(r) for r in ip.batches], "samples_per_round": [sum(r) for r in ip.batches],
             "steps_total": steps_total, "samples_total": samples_total,
-            "order": "per repeat: FL in-process, centralised, 1-rank, 2-rank, ceiling solo, ceiling pair; "
+            "order": "per repeat: FL in-process, centralised, 1-rank, 2-rank, ceiling solo, ceiling pair, "
+                     "plain (uniform) then DP in-process; "
                      "reversed on every other repeat",
         },
         "raw": raw,
@@ -548,6 +577,9 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             "bit_identical": len(shas) == 1, "model_sha256": sorted(shas),
             "torchrun_command": rank_runs[2][0]["command"],
         },
+        "privacy": {"overrides": DP_WORKLOAD, "ratio_of_medians": dp_ratio, "target": TARGET_DP_OVERHEAD,
+                    "per_repeat": [d / p for d, p in zip(raw["dp_s"], raw["plain_uniform_s"])],
+                    "met": dp_ratio <= TARGET_DP_OVERHEAD},
         "collectives": {
             "calls_per_round": calls[0] if len(set(calls)) == 1 else calls,
             "calls_per_round_each_repeat": calls,
