@@ -317,3 +317,11 @@ def test_methods_that_release_only_the_update_run_under_dp(tmp_path, small_confi
     s = train_ok(small_config, f"output.dir={tmp_path / name}", *DP, "privacy.noise_multiplier=1",
                  f"algorithm.name={name}", "train.rounds=2", *server)
     assert s["status"] == "completed" and s["privacy"]["epsilon"] > 0
+
+
+def test_a_calibrated_run_cannot_resume_with_more_rounds(tmp_path, small_config):
+    run = tmp_path / "run"
+    train_ok(small_config, f"output.dir={run}", *DP, "train.cohort=poisson", "privacy.target_epsilon=5",
+             "train.rounds=2")
+    proc = run_cli(["train", "--resume", str(run), "train.rounds=4"])
+    assert proc.returncode != 0 and "train.rounds" in proc.stderr
