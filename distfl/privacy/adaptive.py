@@ -42,9 +42,9 @@ class AdaptiveClip:
         self.target_quantile, self.lr = target_quantile, lr
         self.count_std, self.denominator = count_std, denominator
 
-    def indicator(self, norm: torch.Tensor) -> torch.Tensor:
-        """A client's centred report b_i - 1/2 (float64, on the norm's device: no host sync)."""
-        return (norm <= self.clip_norm).to(torch.float64) - 0.5
+    def indicator(self, norm: float) -> float:
+        """A client's centred report b_i - 1/2."""
+        return (1.0 if norm <= self.clip_norm else 0.0) - 0.5
 
     def update(self, centred_sum: torch.Tensor, noise: torch.Tensor) -> float:
         """Move C from the summed reports and a standard normal draw; returns the noised fraction b_t."""

@@ -2,8 +2,9 @@
 "Learning Differentially Private Recurrent Language Models", ICLR 2018, Algorithm 1).
 
 Per client (on its rank): everything the method's `collect` adds to the round's released segments is
-staged, its joint L2 norm taken once (float64), and the whole contribution scaled by
-min(1, (C - r) / norm) before it is rounded into the fixed-point sum. r bounds what that rounding can
+staged, its joint L2 norm taken once (accumulated in float64), and the whole contribution scaled by
+(C - r) / norm if its norm exceeds C - r (else added untouched) before it is rounded into the
+fixed-point sum. r bounds what that rounding can
 add to the norm (half a unit per coordinate), so the contribution as summed has norm <= C. Every
 contribution is weighted 1 / m, m = train.clients_per_round, the expected cohort size: a fixed
 denominator, as in the paper, so no client's weight depends on who else was sampled.
@@ -83,20 +84,20 @@ class GaussianMechanism:
         # |b_i - 1/2| = 1/2 bounds a term, which sets the unit (exact far beyond any cohort).
         return [Segment(UNCLIPPED, 1, bound=0.5)] if self.clip else []
 
-    def collect(self, algorithm, run, worker, stats) -> torch.Tensor:
+    def collect(self, algorithm, run, worker, stats) -> float:
         """The method's statistics of one client, clipped jointly, into `stats`; returns the norm before
-        clipping (a 0-d float64 tensor on the device)."""
+        clipping. One host sync a client (the norm), as StatBuffer.add's range check already has."""
         staged = _Staged(self.released)
         algorithm.collect(run, worker, staged)
-        values = [value.reshape(-1).to(torch.float64) for _, value, _ in staged.parts]
-        norm = torch.linalg.vector_norm(torch.cat(values)) if values else torch.zeros((), dtype=torch.float64)
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(value, dtype=torch.float64)) ** 2
+                             for _, value, _ in staged.parts))
         # Half a unit of the fixed point per coordinate, in the units of the unweighted value.
         slack = math.sqrt(sum(value.numel() * (2.0 ** -(stats.bits[name] + 1) / weight) ** 2
-                              for (name, _, weight), value in zip(staged.parts, values)))
+                              for name, value, weight in staged.parts))
         limit = self.clip_norm - slack
-        scale = torch.clamp(limit / norm, max=1.0) if values else None  # exactly 1.0 when within the clip
-        for (name, _, weight), value in zip(staged.parts, values):
-            stats.add(name, value * scale, weight)
+        for name, value, weight in staged.parts:
+            # Within the clip: added exactly as without DP (bit for bit). Beyond it: scaled onto it.
+            stats.add(name, value if norm <= limit else value.to(torch.float64) * (limit / norm), weight)
         if self.clip:
             stats.add(UNCLIPPED, self.clip.indicator(norm))
         return norm
