@@ -22,6 +22,14 @@ from distfl.privacy import accountant
 from distfl.privacy.adaptive import update_noise_multiplier
 from distfl.privacy.mechanism import GaussianMechanism, NoisyReduced
 
+@pytest.fixture(autouse=True)
+def quiet_absl():
+    """dp-accounting's absl warnings (unconverged RDP orders) would make logging bind a root handler to
+    this test's captured stderr, which later tests find closed."""
+    with accountant._quiet_absl():
+        yield
+
+
 DP = ["privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform"]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 
 import dp_accounting
 from dp_accounting import pld, rdp
@@ -24,13 +25,21 @@ from dp_accounting.pld import privacy_loss_distribution
 
 from ..errors import ConfigError
 
+# absl (dp-accounting logs through it) builds a stream handler on import, bound to whatever sys.stderr is
+# then: a redirected or captured stream that a logging.config call elsewhere (submitit's, at import)
+# would later close as the handler's own. Bind it to the process's stderr, which no handler closes.
+import absl.logging  # noqa: E402
+
+absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
 
 PLD_INTERVAL = 1e-4  # the PLDAccountant's default value_discretization_interval
 
 
 @contextlib.contextmanager
 def _quiet_absl():
-    """dp-accounting logs (through absl) each RDP order it drops as unconverged; the bound uses the rest."""
+    """dp-accounting logs (through absl) each RDP order it drops as unconverged; the bound uses the rest.
+    Such a record would also make Python's logging install a root handler on whatever sys.stderr is then."""
     log = logging.getLogger("absl")
     level = log.level
     log.setLevel(logging.ERROR)
@@ -91,6 +100,10 @@ class Ledger:
             return math.inf
         if rounds == 0:
             return 0.0
+        with _quiet_absl():
+            return self._epsilon_after(rounds)
+
+    def _epsilon_after(self, rounds: int) -> float:
         if self.kind == "pld":  # what PLDAccountant.compose(SelfComposedDpEvent(event, rounds)) computes
             if self.one_round is None:
                 self.one_round = privacy_loss_distribution.from_gaussian_mechanism(
@@ -102,8 +115,7 @@ class Ledger:
             return float(composed.get_epsilon_for_delta(self.delta))
         if self.one_round is None:  # what RdpAccountant.compose(SelfComposedDpEvent(event, rounds)) computes
             acc = make_accountant(self.kind, self.cohort)
-            with _quiet_absl():
-                acc.compose(self.event)
+            acc.compose(self.event)
             self.orders, self.one_round = acc.orders, acc.rdp
         return float(rdp.rdp_privacy_accountant.compute_epsilon(self.orders, rounds * self.one_round, self.delta)[0])
 
