@@ -255,9 +255,16 @@ def test_target_epsilon_calibration_lands_at_or_below_target(cohort, kind):
 
 def test_a_calibrated_run_reports_its_multiplier_and_stays_within_target(tmp_path, small_config):
     proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'run'}", *DP, "train.cohort=poisson",
-                    "privacy.target_epsilon=5"])
+                    "privacy.target_epsilon=5", "output.tensorboard=true"])
     assert proc.returncode == 0, proc.stderr
     s = __import__("json").loads((tmp_path / "run" / "summary.json").read_text())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    logged = [e.value for e in events.Scalars("privacy/epsilon")]
+    assert logged == pytest.approx([r["privacy_epsilon"] for r in metrics(tmp_path / "run")], rel=1e-6)
+    assert len(logged) == 6 and logged == sorted(logged)
     assert s["privacy"]["calibrated"] and s["privacy"]["epsilon"] <= 5
     assert f"noise multiplier {s['privacy']['noise_multiplier']:.4g} (calibrated by rdp" in proc.stderr
     last = proc.stdout.strip().splitlines()[-1]

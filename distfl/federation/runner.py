@@ -516,6 +516,8 @@ class Trainer:
             last = self.progress["last_eval"] or {}
             final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
                      "best_test_acc": self.progress["best_test_acc"]}
+            if self.privacy is not None:
+                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.step, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.step)
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
