@@ -12,7 +12,7 @@ import torch
 import dp_accounting
 from dp_accounting import pld, rdp
 
-from conftest import metrics, run_cli, train_ok, write_config
+from conftest import metrics, run_cli, train_ok
 from distfl import dist
 from distfl.config import load_config
 from distfl.federation import runner
@@ -20,7 +20,7 @@ from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
 from distfl.privacy import accountant
 from distfl.privacy.adaptive import update_noise_multiplier
-from distfl.privacy.mechanism import GaussianMechanism, NoisyReduced
+from distfl.privacy.mechanism import GaussianMechanism
 
 @pytest.fixture(autouse=True)
 def quiet_absl():

@@ -91,7 +91,7 @@ class Ledger:
     and self-composed t times for round t (an FFT power; ~0.1-0.5 s on a CPU)."""
 
     def __init__(self, noise_multiplier, delta, cohort, num_clients, clients_per_round, accountant):
-        self.z, self.delta, self.kind, self.cohort = noise_multiplier, delta, accountant, cohort
+        self.delta, self.kind, self.cohort = delta, accountant, cohort
         self.event = round_event(noise_multiplier, cohort, num_clients, clients_per_round) if noise_multiplier > 0 else None
         self.one_round = None
 
