@@ -14,6 +14,7 @@ setup(
         "tensorboard",
         "submitit",
         "matplotlib",  # `distfl report`: accuracy-vs-round and accuracy-vs-time plots (PNG, Agg backend)
+        "dp-accounting==0.6.0",  # privacy.mechanism=gaussian: Google's RDP and PLD accountants (pulls scipy, dm-tree, attrs)
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["distfl=distfl.cli:main"]},

@@ -91,6 +91,18 @@ def _print_result(summary: dict, cfg) -> None:
         if clients:
             print(f"per-client accuracy (eval.clients): mean {100 * clients['mean']:.2f}%, std "
                   f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
+        privacy = summary.get("privacy")
+        if privacy:
+            print(guarantee_line(privacy))
+
+
+def guarantee_line(privacy: dict) -> str:
+    """A private run's guarantee, one line (the run's last; `distfl report`)."""
+    eps = privacy["epsilon"]
+    text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
+    return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
+            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
+            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})")
 
 
 def cmd_calibrate(args) -> int:

@@ -76,6 +76,8 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
     # eval.client_split and eval.client_holdout decide which samples the clients train on.
     fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
+    # privacy.target_epsilon calibrates the noise for train.rounds rounds: more rounds, other noise.
+    fixed += ("train.rounds",) if now.get("privacy.target_epsilon", 0) > 0 else ()
     fixed += HOLDOUT_KEYS
     return [k for k in now if k != "output.dir" and saved.get(k) != now[k]
             and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
@@ -527,6 +529,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"partition.classes_per_client ({v['partition.classes_per_client']}) > number of classes "
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
+
+    from distfl.privacy import rules as privacy_rules
+
+    name = v["algorithm.name"]
+    privacy_rules.check(v, None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name))
 
 
 def check_feature_dim(model_name: str, feature_dim: int) -> None:

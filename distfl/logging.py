@@ -30,6 +30,9 @@ TB_TAGS = {
     "round_s": "time/round_s",
     "samples_per_s": "time/samples_per_s",
     "bytes_reduced": "comm/bytes_reduced",
+    "privacy_epsilon": "privacy/epsilon",
+    "privacy_clip_norm": "privacy/clip_norm",
+    "privacy_unclipped_fraction": "privacy/unclipped_fraction",
 }
 
 

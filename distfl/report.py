@@ -145,6 +145,7 @@ def summarise(runs: list[Run], keys: list[str]) -> list[dict]:
             "best_acc_mean": bm, "best_acc_std": bs,
             "rounds": max((r.summary.get("rounds") or 0 for r in done), default=None),
             "wall_s_mean": wm,
+            "epsilon": _privacy(done),
             "_runs": members,
         })
     return rows
@@ -164,6 +165,16 @@ def _cell(row: dict, key: str) -> str:
     return "-" if row[key] is None and key.startswith(OPTIONS_KEY + ".") else str(row[key])
 
 
+def _privacy(runs: list[Run]) -> str | None:
+    """The guarantee of a group's private runs, "epsilon (delta)" (the largest epsilon), or None."""
+    found = [r.summary["privacy"] for r in runs if r.summary.get("privacy")]
+    if not found:
+        return None
+    finite = [p["epsilon"] for p in found if p["epsilon"] is not None]
+    eps = f"{max(finite):.3g}" if len(finite) == len(found) else "inf"
+    return f"{eps} ({max(p['delta'] for p in found):g})"
+
+
 def _label(row: dict, keys: list[str]) -> str:
     if not keys:
         runs = row["_runs"]
@@ -178,7 +189,9 @@ def _pct(mean, std) -> str:
 
 
 def to_markdown(rows: list[dict], keys: list[str], runs: list[Run]) -> str:
+    private = any(row["epsilon"] for row in rows)
     head = [*keys, "seeds", "final acc % (mean ± std)", "best acc % (mean ± std)", "rounds", "wall s (mean)"]
+    head += ["user-level epsilon (delta)"] if private else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [_cell(row, k) for k in keys]
@@ -186,6 +199,7 @@ def to_markdown(rows: list[dict], keys: list[str], runs: list[Run]) -> str:
         cells += [n, _pct(row["final_acc_mean"], row["final_acc_std"]), _pct(row["best_acc_mean"], row["best_acc_std"]),
                   str(row["rounds"] if row["rounds"] is not None else "-"),
                   f"{row['wall_s_mean']:.1f}" if row["wall_s_mean"] is not None else "-"]
+        cells += [row["epsilon"] or "no DP"] if private else []
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     others = [r for r in runs if r.status != "completed"]
     if others:
@@ -201,10 +215,11 @@ CSV_COLUMNS = ["runs", "completed", "diverged", "seeds", "final_acc_mean", "fina
 def to_csv(rows: list[dict], keys: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([*keys, *CSV_COLUMNS])
+    columns = CSV_COLUMNS + (["epsilon"] if any(row["epsilon"] for row in rows) else [])
+    writer.writerow([*keys, *columns])
     for row in rows:
         writer.writerow(["" if row[k] is None else row[k] for k in keys] +
-                        ["" if row[c] is None else row[c] for c in CSV_COLUMNS])
+                        ["" if row[c] is None else row[c] for c in columns])
     return buf.getvalue()
 
 

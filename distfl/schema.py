@@ -129,7 +129,7 @@ class ServerConfig:
 class TrainConfig:
     rounds: int = 30  # communication rounds
     clients_per_round: int = 10  # cohort size, sampled without replacement each round
-    cohort: str = "random"  # random (seeded sample each round) | sequential (round t takes the next clients_per_round ids: fresh clients every round)
+    cohort: str = "random"  # random (seeded sample each round) | sequential (round t takes the next clients_per_round ids: fresh clients every round) | poisson (each client joins independently with probability clients_per_round / num_clients, from (seed, round): the cohort size varies, 0 included; what privacy accountants assume)
     local_epochs: int = 1  # passes over the client's data per round
     local_steps: int = 0  # 0: local_epochs passes per round; > 0: exactly this many local SGD steps per round (FedADC's H), in fresh random orders of the client's data, a new one each time a pass runs out (needs local_epochs 1)
     batch_size: int = 32  # local mini-batch size (the last partial batch of an epoch is kept)
@@ -177,6 +177,20 @@ class RuntimeConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md)
+    clip_norm: float = 1.0  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
+    noise_multiplier: float = -1.0  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
+    target_epsilon: float = 0.0  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
+    delta: float = 0.0  # gaussian: delta of the (epsilon, delta) guarantee, required in (0, 1); common choice 1 / num_clients^1.1
+    accountant: str = "rdp"  # gaussian: rdp (Renyi DP, dp-accounting's RdpAccountant) | pld (privacy loss distributions, tighter; train.cohort=poisson only)
+    adaptive_clip: bool = False  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
+    target_quantile: float = 0.5  # adaptive_clip: fraction gamma of clients whose update should fit within the clip
+    clip_lr: float = 0.2  # adaptive_clip: geometric learning rate eta_C of C <- C * exp(-eta_C (b - gamma)), b the noised unclipped fraction
+    count_noise_multiplier: float = 0.0  # adaptive_clip: std sigma_b of the noise on the count of unclipped clients; 0: expected cohort / 20 (the paper's choice); must exceed noise_multiplier / 2
+
+
+@dataclass
 class Config:
     seed: int = 0  # seeds partition, model init, cohorts and every client's local randomness
     data: DataConfig = field(default_factory=DataConfig)
@@ -192,6 +206,7 @@ class Config:
     output: OutputConfig = field(default_factory=OutputConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
 
 # Valid values of the string keys that name a choice. config.py validates against these and suggests
@@ -202,7 +217,9 @@ CHOICES = {
     "data.augment": ["auto", "none", "crop_flip"],
     "data.normalize": ["auto", "none", "mean_std"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
-    "train.cohort": ["random", "sequential"],
+    "train.cohort": ["random", "sequential", "poisson"],
+    "privacy.mechanism": ["none", "gaussian"],
+    "privacy.accountant": ["rdp", "pld"],
     "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],
     "model.norm": ["bn", "gn"],
     "model.head": ["linear", "sphere", "fixed_random"],
@@ -279,6 +296,8 @@ APPLIES_ONLY_TO = {
     **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
        for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
+    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian"]) for key in (
+        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip")},
 }
 
 PLUGIN_KEYS = ("algorithm.name", "model.name")
@@ -355,6 +374,13 @@ RANGES = {
     "runtime.threads": ">= 1",
     "runtime.pack_size": ">= 0",
     "tct.threads": ">= 0",
+    "privacy.clip_norm": "> 0",
+    "privacy.noise_multiplier": ">= -1",
+    "privacy.target_epsilon": ">= 0",
+    "privacy.delta": "[0, 1)",
+    "privacy.target_quantile": "(0, 1)",
+    "privacy.clip_lr": ">= 0",
+    "privacy.count_noise_multiplier": ">= 0",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

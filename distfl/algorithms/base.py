@@ -37,6 +37,10 @@ from .gma import agreement_mask
 
 class Algorithm:
     name = "base"
+    # A plugin method declares True if its clients release nothing but their model update (delta and
+    # buffers segments, weighted run.weight) and its server uses nothing but their sum: then it may run
+    # under privacy.mechanism=gaussian (docs/privacy.md).
+    private_release = False
     stateful = False  # True: keeps per-client state between rounds (client state store)
     # A plugin method's options: a dataclass of bool/int/float/str fields (metadata "range" or "choices"
     # are checked like built-in keys'); `algorithm.options` is validated against it, and the method reads
@@ -69,7 +73,10 @@ class Algorithm:
 
     # ---- weights -------------------------------------------------------------------------------
     def client_weight(self, client_id: int, cohort: list[int]) -> float:
-        """Aggregation weight of a client in this round's cohort; weights sum to 1."""
+        """Aggregation weight of a client in this round's cohort; weights sum to 1, except under
+        privacy.mechanism=gaussian: 1 / the expected cohort size (DP-FedAvg's fixed denominator)."""
+        if self.cfg.privacy.mechanism != "none":
+            return 1.0 / self.cfg.train.clients_per_round
         if self.cfg.algorithm.weighting == "uniform":
             return 1.0 / len(cohort)
         sizes = self.population.sizes

@@ -16,6 +16,9 @@ reported:
      such processes at once (ceiling = 2 * solo / concurrent, a throughput ratio). Speedup is also
      reported as a fraction of that ceiling, the figure that carries to other machines.
   3. collectives: all_reduce calls and bytes per round (dist.COLLECTIVE_CALLS / COLLECTIVE_BYTES).
+  4. privacy: the same in-process rounds under DP-FedAvg (DP_WORKLOAD: per-client clipping, one noise
+     draw a round, the accountant's epsilon a round) versus the plain ones (algorithm.weighting=uniform in
+     both, so the cohorts, steps and arithmetic besides DP are the same).
 
 Subprocesses are started with `sys.executable` in a fresh temporary directory, each in its own
 session, and their process groups are killed when they end or anything goes wrong, so none outlives
@@ -31,6 +34,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +66,10 @@ WORKLOAD = [
 
 
 TARGET_OVERHEAD = 1.15  # FL wall time / centralised wall time, at most
+TARGET_DP_OVERHEAD = 1.05  # privacy.mechanism=gaussian rounds / the same rounds without DP, at most
+# DP-FedAvg on the same workload: same cohorts (random) and steps; clipping, keyed noise, the RDP accountant.
+DP_WORKLOAD = ["algorithm.weighting=uniform", "privacy.mechanism=gaussian", "privacy.noise_multiplier=1.0",
+               "privacy.clip_norm=1.0", "privacy.delta=1e-5"]
 
 
 TARGET_SPEEDUP = 1.6  # 2 ranks versus 1, at least (the issue's figure, for 2 real cores)
@@ -77,6 +85,32 @@ DEVICE = "cpu"
 
 def workload_overrides(rounds: int, out_dir: str) -> list[str]:
     return WORKLOAD + HARNESS + [f"runtime.device={DEVICE}", f"train.rounds={rounds}", f"output.dir={out_dir}"]
+
+
+def time_privacy_ops(private: InProcess, repeats: int = 200) -> dict:
+    """What DP adds to a round, each piece timed alone (median of `repeats`, ms): the norm of one client's
+    update (float64 accumulation), the round's noise draw, the accountant's epsilon. Free of the round's
+    own variance, which on a loaded machine hides a 1 ms difference in the interleaved comparison."""
+    from ..privacy.mechanism import standard_normal
+
+    tr = private.trainer
+    delta = torch.randn(tr.worker.num_params, device=tr.device) * 1e-3
+    numel = tr.privacy.numel
+
+    def median_ms(fn):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(times)
+
+    norm = median_ms(lambda: float(torch.linalg.vector_norm(delta, dtype=torch.float64)))
+    noise = median_ms(lambda: float(standard_normal(0, 1, 0, numel, tr.device)[0]))
+    eps = median_ms(lambda: tr.ledger.epsilon_after(private.rounds))
+    clients = private.cfg.train.clients_per_round
+    return {"norm_ms_per_client": norm, "noise_ms_per_round": noise, "accountant_ms_per_round": eps,
+            "ms_per_round": clients * norm + noise + eps, "clients_per_round": clients}
 
 
 def time_ranks(nproc: int, config_path: str, tmp: str, tag: str) -> dict:
@@ -201,6 +235,17 @@ def markdown_table(res: dict) -> str:
         ("1-rank and 2-rank final models bit-identical", str(s["bit_identical"]), "True",
          _fmt_bool(s["bit_identical"])),
     ]
+    if "privacy" in res:
+        d = res["privacy"]
+        rows.append(("DP-FedAvg overhead: DP / plain rounds, in-process (clip, noise, accountant)",
+                     f"{d['ratio_of_medians']:.3f} (DP {m['dp_s']:.2f} s, plain {m['plain_uniform_s']:.2f} s)",
+                     f"<= {TARGET_DP_OVERHEAD}", _fmt_bool(d["met"])))
+        ops = d["ops_timed_alone"]
+        rows.append(("DP work per round timed alone: clients x norm + noise + accountant",
+                     f"{ops['ms_per_round']:.2f} ms ({ops['clients_per_round']} x {ops['norm_ms_per_client']:.3f} + "
+                     f"{ops['noise_ms_per_round']:.3f} + {ops['accountant_ms_per_round']:.3f}), "
+                     f"{100 * d['ops_fraction_of_round']:.3f}% of a plain round", "< 5%",
+                     _fmt_bool(d["ops_fraction_of_round"] < 0.05)))
     lines = ["| figure | measured | target | |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {t} | {ok} |" for a, b, t, ok in rows]
     mach = res["machine"]
@@ -225,7 +270,8 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
     prev_det = torch.are_deterministic_algorithms_enabled()
     prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     raw = {k: [] for k in ("fl_inprocess_s", "fl_inprocess_round_s", "centralised_s", "rank1_s",
-                           "rank1_round_s", "rank2_s", "rank2_round_s", "ceiling_solo_s", "ceiling_pair_s")}
+                           "rank1_round_s", "rank2_s", "rank2_round_s", "ceiling_solo_s", "ceiling_pair_s",
+                           "plain_uniform_s", "dp_s")}
     started = time.time()
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     try:
@@ -233,6 +279,8 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             log(f"setting up: {rounds} rounds x {repeats} repeats (loading Fashion-MNIST, partitioning)")
             tmp_dir = tmp
             ip = InProcess(rounds, workload_overrides(rounds, str(Path(tmp) / "inprocess")))
+            plain = InProcess(rounds, workload_overrides(rounds, str(Path(tmp) / "plain")) + DP_WORKLOAD[:1])
+            private = InProcess(rounds, workload_overrides(rounds, str(Path(tmp) / "dp")) + DP_WORKLOAD)
             cfg = ip.cfg
             steps_total = sum(len(r) for r in ip.batches)
             samples_total = sum(sum(r) for r in ip.batches)
@@ -255,6 +303,9 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             if warmup:
                 ip.time_fl(rounds=1)
                 ip.time_centralised(ip.batches[0])
+                plain.time_fl(rounds=1)
+                private.time_fl(rounds=1)
+            dp_ops = time_privacy_ops(private)
 
             collectives = []
             rank_runs = {1: [], 2: []}
@@ -283,6 +334,12 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
                     return f"{n}-rank torchrun {r['total_s']:.2f} s"
                 return go
 
+            def dp():
+                a, b = plain.time_fl(), private.time_fl()
+                raw["plain_uniform_s"].append(a["total_s"])
+                raw["dp_s"].append(b["total_s"])
+                return f"plain (uniform) {a['total_s']:.2f} s, DP {b['total_s']:.2f} s"
+
             def solo():
                 t = ceiling.run([rep % 2])
                 raw["ceiling_solo_s"].append(t[0])
@@ -296,7 +353,7 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             log("starting the two ceiling processes")
             ceiling = CeilingWorkers(str(spec_path), tmp)
             try:
-                steps = [fl, central, ranks(1), ranks(2), solo, pair]
+                steps = [fl, central, ranks(1), ranks(2), solo, pair, dp]
                 for rep in range(repeats):
                     order = steps if rep % 2 == 0 else steps[::-1]
                     for fn in order:
@@ -321,7 +378,10 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
         "rank2_s": _median(raw["rank2_s"]),
         "ceiling_solo_s": _median(raw["ceiling_solo_s"]),
         "ceiling_pair_s": _median([max(p) for p in raw["ceiling_pair_s"]]),
+        "plain_uniform_s": _median(raw["plain_uniform_s"]),
+        "dp_s": _median(raw["dp_s"]),
     }
+    dp_ratio = med["dp_s"] / med["plain_uniform_s"]
     overhead_per = [f / c for f, c in zip(raw["fl_inprocess_s"], raw["centralised_s"])]
     overhead = med["fl_inprocess_s"] / med["centralised_s"]
     speedup_per = [a / b for a, b in zip(raw["rank1_s"], raw["rank2_s"])]
@@ -359,7 +419,8 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             "overrides": WORKLOAD + [f"runtime.device={DEVICE}"], "harness": HARNESS, "rounds": rounds, "repeats": repeats,
             "steps_per_round": [len(r) for r in ip.batches], "samples_per_round": [sum(r) for r in ip.batches],
             "steps_total": steps_total, "samples_total": samples_total,
-            "order": "per repeat: FL in-process, centralised, 1-rank, 2-rank, ceiling solo, ceiling pair; "
+            "order": "per repeat: FL in-process, centralised, 1-rank, 2-rank, ceiling solo, ceiling pair, "
+                     "plain (uniform) then DP in-process; "
                      "reversed on every other repeat",
         },
         "raw": raw,
@@ -376,6 +437,11 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
             "bit_identical": len(shas) == 1, "model_sha256": sorted(shas),
             "torchrun_command": rank_runs[2][0]["command"],
         },
+        "privacy": {"overrides": DP_WORKLOAD, "ops_timed_alone": dp_ops,
+                    "ops_fraction_of_round": dp_ops["ms_per_round"] / 1e3 / (med["plain_uniform_s"] / rounds),
+                    "ratio_of_medians": dp_ratio, "target": TARGET_DP_OVERHEAD,
+                    "per_repeat": [d / p for d, p in zip(raw["dp_s"], raw["plain_uniform_s"])],
+                    "met": dp_ratio <= TARGET_DP_OVERHEAD},
         "collectives": {
             "calls_per_round": calls[0] if len(set(calls)) == 1 else calls,
             "calls_per_round_each_repeat": calls,

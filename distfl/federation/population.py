@@ -8,6 +8,7 @@ import numpy as np
 # Distinct streams for distinct purposes, so adding a random draw in one never shifts another.
 _COHORT_STREAM = 1
 _CLIENT_STREAM = 2
+_POISSON_STREAM = 3
 
 
 class Population:
@@ -23,11 +24,16 @@ class Population:
         return len(self.indices)
 
     def cohort(self, seed: int, round_idx: int, size: int, rule: str = "random") -> list[int]:
-        """The clients of round `round_idx` (1-based): `size` distinct ids, sorted, from (seed, round) only.
+        """The clients of round `round_idx` (1-based): distinct ids, sorted, from (seed, round) only.
 
-        random: a seeded sample without replacement. sequential: ids (t-1)*size ... t*size-1 (mod N), so
-        each round meets fresh clients while N >= rounds * size (cross-device simulations, FedFOR).
+        random: `size` ids, a seeded sample without replacement. sequential: ids (t-1)*size ... t*size-1
+        (mod N), so each round meets fresh clients while N >= rounds * size (cross-device simulations,
+        FedFOR). poisson: each client joins independently with probability size / N, so the cohort has
+        `size` clients on average and any number from 0 to N (the sampling DP accountants assume).
         """
+        if rule == "poisson":
+            rng = np.random.default_rng([seed, _POISSON_STREAM, round_idx])
+            return [int(c) for c in np.flatnonzero(rng.random(len(self)) < size / len(self))]
         if size >= len(self):
             return list(range(len(self)))
         if rule == "sequential":

@@ -33,6 +33,9 @@ from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError
                       RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model
+from ..privacy import accountant as privacy_accountant
+from ..privacy.mechanism import GaussianMechanism
+from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
 from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
@@ -75,6 +78,8 @@ class Trainer:
         # the directory is refused, before any work if the directory exists (else once it is created).
         self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
 
+        # privacy.target_epsilon: the noise multiplier the accountant calibrates, before any work.
+        self.noise_multiplier = privacy_accountant.resolve_noise_multiplier(cfg)
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
@@ -125,6 +130,13 @@ class Trainer:
         for tensor in self.worker.frozen:
             dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed classifier head")
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
+        self.privacy, self.ledger = None, None
+        if cfg.privacy.mechanism != "none":
+            check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
+            self.privacy = GaussianMechanism(cfg, self.algorithm.all_segments(), self.noise_multiplier, self.device)
+            self.ledger = privacy_accountant.Ledger(self.noise_multiplier, cfg.privacy.delta, cfg.train.cohort,
+                                                    len(self.population), cfg.train.clients_per_round,
+                                                    cfg.privacy.accountant)
         self.sticky = self._sticky_placement()
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
@@ -190,6 +202,8 @@ class Trainer:
             tensor.copy_(saved)
         self.worker._int_snapshot = [t.to(self.device) for t in state["int_buffers"]]
         self.algorithm.load_server_state(state["server"])
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state["privacy"])
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
         self.step = int(state.get("step", state["round"]))
@@ -279,6 +293,7 @@ class Trainer:
                 "buffers": self.global_buffers.cpu(),
                 "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
                 "server": _to_cpu(self.algorithm.server_state()),
+                "privacy": self.privacy.state_dict() if self.privacy is not None else {},
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "data": self.data_sources,
@@ -314,7 +329,8 @@ class Trainer:
         else:
             packs = place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
         largest = max((self._samples_trained(k) for k in cohort), default=1)
-        stats = StatBuffer(round_segments(self.algorithm.all_segments(), largest),
+        private = self.privacy.segments() if self.privacy is not None else []
+        stats = StatBuffer(round_segments(self.algorithm.all_segments() + private, largest),
                            self.device, len(cohort))
         for pack in packs:
             self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
@@ -349,15 +365,22 @@ class Trainer:
                     "value (docs/extending.md)")
             raise DivergenceError(f"round {round_idx}: the clients' updates are not summable ({text}); "
                                   "lower train.lr or server.lr")
+        privacy = {}
+        if self.privacy is not None:  # the round's noise, the same on every rank; the clip adapts
+            reduced = self.privacy.privatize(reduced, round_idx)
+            privacy = dict(self.privacy.metrics)
+            if ctx.is_main:
+                privacy["privacy_epsilon"] = self.ledger.epsilon_after(round_idx)
         server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
-        self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
+        if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
+            self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
-                "server_lr": server_lr, **self.algorithm.round_metrics}
+                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy}
 
     def _samples_trained(self, client_id: int) -> int:
         train = self.cfg.train
@@ -382,7 +405,10 @@ class Trainer:
         stats.add("loss_sum", run.loss_sum)
         low, high = torch.aminmax(self.worker.params)
         stats.add("nonfinite", ~(torch.isfinite(low) & torch.isfinite(high)))
-        self.algorithm.collect(run, self.worker, stats)
+        if self.privacy is not None:
+            self.privacy.collect(self.algorithm, run, self.worker, stats)
+        else:
+            self.algorithm.collect(run, self.worker, stats)
         stats.add("samples", self._samples_trained(run.client_id))
         stats.add("clients", 1)
         # Only a stateful method's rounds keep client state (TCT keeps a store for its stage 2, but its
@@ -442,6 +468,8 @@ class Trainer:
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
                     f"{self.ctx.world_size} process(es) on {self.device}; writing {self.run_dir}")
+        if self.privacy is not None:
+            logger.info(privacy_accountant.describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
         session_start = time.time()
         wall_before = self.progress["wall_s"]
         status, error = "completed", None
@@ -483,6 +511,8 @@ class Trainer:
             last = self.progress["last_eval"] or {}
             final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
                      "best_test_acc": self.progress["best_test_acc"]}
+            if self.privacy is not None:
+                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.step, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.step)
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
@@ -556,6 +586,22 @@ class Trainer:
             self.lock.close()
             self.lock = None
 
+    def _privacy_summary(self, rounds) -> dict | None:
+        """The guarantee the released models carry: (epsilon, delta) at user level after `rounds` rounds."""
+        if self.privacy is None:
+            return None
+        p = self.cfg.privacy
+        trained = min(self.step, self.cfg.train.rounds) if rounds is None else rounds
+        eps = self.ledger.epsilon_after(trained)
+        return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
+                "rounds": trained, "noise_multiplier": self.noise_multiplier,
+                "calibrated": p.target_epsilon > 0, "target_epsilon": p.target_epsilon or None,
+                "update_noise_multiplier": self.privacy.update_multiplier, "clip_norm": p.clip_norm,
+                "final_clip_norm": self.privacy.clip_norm, "adaptive_clip": p.adaptive_clip,
+                "accountant": p.accountant, "cohort": self.cfg.train.cohort,
+                "sampling_rate": self.cfg.train.clients_per_round / len(self.population),
+                "level": "user", "model": "central"}
+
     def _summary(self, status: str, error: str | None) -> dict:
         self.worker.load(self.global_params, self.global_buffers)
         last = self.progress["last_eval"] or {}
@@ -578,6 +624,7 @@ class Trainer:
             "device": str(self.device),
             "num_params": self.worker.num_params,
             "algorithm": self.cfg.algorithm.name,
+            "privacy": self._privacy_summary(last.get("round") if status != "completed" else self.cfg.train.rounds),
             "dataset": self.cfg.data.dataset,
             # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
             "data_files": self.data_sources,

@@ -1,0 +1,140 @@
+"""The Gaussian mechanism of DP-FedAvg inside distfl's round (McMahan, Ramage, Talwar and Zhang,
+"Learning Differentially Private Recurrent Language Models", ICLR 2018, Algorithm 1).
+
+Per client (on its rank): everything the method's `collect` adds to the round's released segments is
+staged, its joint L2 norm taken once (accumulated in float64), and the whole contribution scaled by
+(C - r) / norm if its norm exceeds C - r (else added untouched) before it is rounded into the
+fixed-point sum. r bounds what that rounding can
+add to the norm (half a unit per coordinate), so the contribution as summed has norm <= C. Every
+contribution is weighted 1 / m, m = train.clients_per_round, the expected cohort size: a fixed
+denominator, as in the paper, so no client's weight depends on who else was sampled.
+
+Per round (on every rank, after the one all_reduce): N(0, (z_Delta C)^2) on every coordinate of the
+summed contributions, divided by m, drawn from a generator seeded by (seed, round) on the run's device.
+Every rank draws the same noise, so the noisy model is the same on any number of ranks and after a
+resume. The server step that follows is post-processing.
+
+What the rounds release beside the model is listed in docs/privacy.md (train loss, sample and client
+counts are logged for the operator and are not covered).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .adaptive import AdaptiveClip, count_noise_std, update_noise_multiplier
+
+_NOISE_STREAM = 11  # beside population.py's streams: the round's noise never shifts a cohort or a client
+_UPDATE_NOISE, _COUNT_NOISE = 0, 1
+UNCLIPPED = "privacy_unclipped"  # adaptive clipping: the sum of the clients' centred reports
+
+
+def noise_seed(seed: int, round_idx: int, purpose: int) -> int:
+    return int(np.random.SeedSequence([seed, _NOISE_STREAM, round_idx, purpose]).generate_state(2, np.uint32)
+               .astype(np.uint64) @ np.array([1, 2**31], dtype=np.uint64))
+
+
+def standard_normal(seed: int, round_idx: int, purpose: int, numel: int, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(noise_seed(seed, round_idx, purpose))
+    return torch.randn(numel, generator=generator, dtype=torch.float64, device=device)
+
+
+class _Staged:
+    """Stands in for the round's StatBuffer while one client's statistics are collected."""
+
+    def __init__(self, released: dict):
+        self.released, self.parts = released, []
+
+    def add(self, name, value, weight: float = 1.0) -> None:
+        if name not in self.released:
+            raise ValueError(f"under privacy.mechanism=gaussian a client may only add to the released segments "
+                             f"({', '.join(self.released)}), not {name!r}")
+        self.parts.append((name, torch.as_tensor(value), weight))
+
+
+class GaussianMechanism:
+    def __init__(self, cfg, algorithm_segments, noise_multiplier: float, device: torch.device):
+        p = cfg.privacy
+        self.seed, self.device = cfg.seed, device
+        self.noise_multiplier = noise_multiplier  # z, what the accountant sees
+        self.denominator = cfg.train.clients_per_round
+        self.released = {s.name: s for s in algorithm_segments}  # all "fixed" (rules.py refuses others)
+        self.numel = sum(s.numel for s in algorithm_segments)
+        self.clip = AdaptiveClip(p.clip_norm, p.target_quantile, p.clip_lr,
+                                 count_noise_std(p.count_noise_multiplier, self.denominator), self.denominator) \
+            if p.adaptive_clip else None
+        self.fixed_clip = p.clip_norm
+        self.update_multiplier = (update_noise_multiplier(noise_multiplier, self.clip.count_std)
+                                  if self.clip else noise_multiplier)
+        self.metrics: dict[str, float] = {}
+
+    @property
+    def clip_norm(self) -> float:
+        return self.clip.clip_norm if self.clip else self.fixed_clip
+
+    def weight(self) -> float:
+        return 1.0 / self.denominator
+
+    def segments(self) -> list:
+        from ..federation.aggregate import Segment
+
+        # |b_i - 1/2| = 1/2 bounds a term, which sets the unit (exact far beyond any cohort).
+        return [Segment(UNCLIPPED, 1, bound=0.5)] if self.clip else []
+
+    def collect(self, algorithm, run, worker, stats) -> float:
+        """The method's statistics of one client, clipped jointly, into `stats`; returns the norm before
+        clipping. One host sync a client (the norm), as StatBuffer.add's range check already has."""
+        staged = _Staged(self.released)
+        algorithm.collect(run, worker, staged)
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(value, dtype=torch.float64)) ** 2
+                             for _, value, _ in staged.parts))
+        # Half a unit of the fixed point per coordinate, in the units of the unweighted value.
+        slack = math.sqrt(sum(value.numel() * (2.0 ** -(stats.bits[name] + 1) / weight) ** 2
+                              for name, value, weight in staged.parts))
+        limit = self.clip_norm - slack
+        for name, value, weight in staged.parts:
+            # Within the clip: added exactly as without DP (bit for bit). Beyond it: scaled onto it.
+            stats.add(name, value if norm <= limit else value.to(torch.float64) * (limit / norm), weight)
+        if self.clip:
+            stats.add(UNCLIPPED, self.clip.indicator(norm))
+        return norm
+
+    def privatize(self, reduced, round_idx: int):
+        """The reduced sums with the round's noise on the released segments; adapts the clip."""
+        clip_used = self.clip_norm
+        noisy = {}
+        if self.update_multiplier > 0:
+            noise = standard_normal(self.seed, round_idx, _UPDATE_NOISE, self.numel, self.device)
+            std = self.update_multiplier * clip_used / self.denominator
+            offset = 0
+            for name, seg in self.released.items():
+                noisy[name] = reduced[name] + noise[offset : offset + seg.numel] * std
+                offset += seg.numel
+        self.metrics = {"privacy_clip_norm": clip_used}
+        if self.clip:
+            count_noise = standard_normal(self.seed, round_idx, _COUNT_NOISE, 1, self.device)
+            self.metrics["privacy_unclipped_fraction"] = self.clip.update(reduced[UNCLIPPED][0], count_noise[0])
+        return NoisyReduced(reduced, noisy)
+
+    def state_dict(self) -> dict:
+        return self.clip.state_dict() if self.clip else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.clip:
+            self.clip.load_state_dict(state)
+
+
+class NoisyReduced:
+    """The reduced sums as the server step reads them, the noised segments replaced."""
+
+    def __init__(self, reduced, noisy: dict):
+        self._reduced, self._noisy = reduced, noisy
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._noisy[name].clone() if name in self._noisy else self._reduced[name]
+
+    def scalar(self, name: str) -> float:
+        return float(self[name][0])

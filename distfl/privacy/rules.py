@@ -1,0 +1,100 @@
+"""Which runs keep a user-level guarantee under privacy.mechanism=gaussian; every other combination is a
+ConfigError before any work (config.validate calls `check`).
+
+The guarantee covers what the server releases from the clients: the noised, clipped sum of their model
+updates, and everything computed from it (the server step is post-processing). A method or option that
+releases another per-client statistic without clipping and noise would leak past it, so it is refused
+with the reason; so are a weighting that depends on the sampled clients and a sampling no accountant
+bounds.
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+
+# Methods whose clients release only their model update (and, for FedBN-free models, nothing else) and
+# whose server step uses only the averaged update and the server's own state.
+PRIVATE_METHODS = ("fedavg", "fedprox", "fedadc", "slowmo", "fedfor")
+
+WHY_NOT = {
+    "scaffold": "SCAFFOLD releases each client's control-variate update (c_i+ - c_i) unclipped and unnoised "
+                "beside its model update",
+    "feddyn": "FedDyn releases each client's update a second time, weighted 1/num_clients (delta_over_n), so "
+              "one client moves two sums and the clip bounds neither as the accountant assumes",
+    "fednova": "FedNova releases each client's normalised step count (tau_eff) unclipped and weights the update by it",
+    "tct": "TCT releases per-client eNTK statistics and SCAFFOLD control variates in its later stages, unclipped",
+}
+
+# Built-in models with BatchNorm: their running statistics are averaged over the clients unclipped.
+BATCHNORM_MODELS = ("resnet20",)
+NORM_MODELS = ("resnet18", "vgg13", "senet18", "mobilenetv2")
+
+
+def check(v: dict, algorithm_class=None) -> None:
+    """`v`: dotted key -> value (validated types). `algorithm_class`: a plugin method's class."""
+    if v["privacy.mechanism"] == "none":
+        return
+    n, m = v["partition.num_clients"], v["train.clients_per_round"]
+    name = v["algorithm.name"]
+    prefix = "privacy.mechanism=gaussian"
+    if not 0 < v["privacy.delta"] < 1:
+        raise ConfigError(f"{prefix} needs privacy.delta in (0, 1), the delta of the (epsilon, delta) guarantee; "
+                          f"a common choice is 1/num_clients^1.1 = {1 / n ** 1.1:.3g}")
+    z, target = v["privacy.noise_multiplier"], v["privacy.target_epsilon"]
+    if (z >= 0) == (target > 0):
+        raise ConfigError(f"{prefix} needs exactly one of privacy.noise_multiplier (>= 0) and "
+                          f"privacy.target_epsilon (> 0; the multiplier is then calibrated), got noise_multiplier={z}, "
+                          f"target_epsilon={target}")
+    if -1 < z < 0:
+        raise ConfigError(f"privacy.noise_multiplier must be >= 0 (or -1: not set), got {z}")
+    cohort = v["train.cohort"]
+    if cohort == "sequential":
+        raise ConfigError(f"{prefix}: train.cohort=sequential is a fixed schedule of clients, which no accountant "
+                          "bounds (no sampling amplifies privacy); use train.cohort=poisson (or random)")
+    if cohort == "random" and v["privacy.accountant"] == "pld":
+        raise ConfigError(f"{prefix}: privacy.accountant=pld bounds Poisson sampling only; use train.cohort=poisson "
+                          "with pld, or privacy.accountant=rdp for train.cohort=random")
+    if v["algorithm.weighting"] != "uniform":
+        raise ConfigError(f"{prefix}: algorithm.weighting={v['algorithm.weighting']} weights clients by their sample "
+                          "counts, which leaks them and breaks the bound on one client's influence; set "
+                          "algorithm.weighting=uniform (updates are divided by the expected cohort size)")
+    if algorithm_class is not None:
+        if not getattr(algorithm_class, "private_release", False):
+            raise ConfigError(f"{prefix}: algorithm.name={name} is a plugin method that does not declare "
+                              "private_release = True (docs/privacy.md: only a method whose clients release nothing "
+                              "but their model update, and whose server uses nothing but its average, may)")
+    elif name not in PRIVATE_METHODS:
+        raise ConfigError(f"{prefix}: {WHY_NOT.get(name, name + ' is not covered')}; under DP use one of "
+                          f"{', '.join(PRIVATE_METHODS)} (any server.optimizer)")
+    if v["aggregation.mask"] == "gma":
+        raise ConfigError(f"{prefix}: aggregation.mask=gma releases the per-coordinate sign counts of the clients' "
+                          "updates unnoised; set aggregation.mask=none")
+    if v["aggregation.fedbn"]:
+        raise ConfigError(f"{prefix}: aggregation.fedbn averages the clients' own BatchNorm layers and statistics "
+                          "outside the clipped update; set aggregation.fedbn=false")
+    if v["calibration.method"] != "none":
+        raise ConfigError(f"{prefix}: calibration.method={v['calibration.method']} sums every client's feature "
+                          "statistics (Z^T Z, Z^T Y) unclipped and unnoised; set calibration.method=none")
+    if v["eval.clients"]:
+        raise ConfigError(f"{prefix}: eval.clients releases each client's own accuracy (and its label histogram "
+                          "through its test split) unnoised; set eval.clients=false")
+    model = v["model.name"]
+    if model in BATCHNORM_MODELS or (model in NORM_MODELS and v["model.norm"] == "bn"):
+        raise ConfigError(f"{prefix}: model.name={model} has BatchNorm, whose running statistics are averaged over "
+                          "the clients unclipped; use a model without it (model.norm=gn for "
+                          f"{', '.join(NORM_MODELS)}; simplecnn, lenet5, mlp, ...)")
+    if v["privacy.adaptive_clip"] and z > 0:
+        from .adaptive import count_noise_std
+
+        sigma_b = count_noise_std(v["privacy.count_noise_multiplier"], m)
+        if 2 * sigma_b <= z:
+            raise ConfigError(f"privacy.adaptive_clip: the count's noise std sigma_b={sigma_b:g} must exceed "
+                              f"noise_multiplier / 2 = {z / 2:g} (Andrew et al. Thm 1 splits z between the update "
+                              "and the count); raise privacy.count_noise_multiplier")
+
+
+def check_model_buffers(num_buffers: int, model_name: str) -> None:
+    """A plugin model's float buffers (BatchNorm statistics) would be averaged unclipped."""
+    if num_buffers:
+        raise ConfigError(f"privacy.mechanism=gaussian: model.name={model_name} has {num_buffers} float buffer "
+                          "values (BatchNorm running statistics?), averaged over the clients unclipped; use a model "
+                          "without them")
