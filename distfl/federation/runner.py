@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, checkpoint, dist, faults
+from .. import checkpoint, dist, faults
 from ..algorithms import build_algorithm, build_phases
 from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config, flatten_dict,
                       resume_blockers, saved_values)
@@ -37,14 +37,14 @@ from ..privacy import accountant as privacy_accountant
 from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
-from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
+from .client_eval import accuracy_statistics, add_client_counts, client_segments
 from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
-from . import run_dir, stopping
+from . import run_dir, stopping, summary
 
 
 
@@ -539,15 +539,15 @@ class Trainer:
             # Where the disk allows: the run's summary must not keep an earlier run's "completed".
             if self.ctx.is_main:
                 _attempt(lambda: checkpoint.atomic_write_text(
-                    json.dumps(self._summary(status, error), indent=2) + "\n", self.run_dir / "summary.json"))
+                    json.dumps(summary.build(self, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
-        summary = self._summary(status, error)
+        result = summary.build(self, status, error)
         self.where = "writing summary.json"
         if self.ctx.is_main:
-            checkpoint.atomic_write_text(json.dumps(summary, indent=2) + "\n", self.run_dir / "summary.json")
+            checkpoint.atomic_write_text(json.dumps(result, indent=2) + "\n", self.run_dir / "summary.json")
         if status != "completed":
             raise DivergenceError(error)
-        return summary
+        return result
 
     def _run_phases(self, logger) -> None:
         """Each pending phase runs to its end and is checkpointed; a crash inside one resumes it (from
@@ -585,54 +585,6 @@ class Trainer:
         if self.lock is not None:
             self.lock.close()
             self.lock = None
-
-    def _privacy_summary(self, rounds) -> dict | None:
-        """The guarantee the released models carry: (epsilon, delta) at user level after `rounds` rounds."""
-        if self.privacy is None:
-            return None
-        p = self.cfg.privacy
-        trained = min(self.step, self.cfg.train.rounds) if rounds is None else rounds
-        eps = self.ledger.epsilon_after(trained)
-        return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
-                "rounds": trained, "noise_multiplier": self.noise_multiplier,
-                "calibrated": p.target_epsilon > 0, "target_epsilon": p.target_epsilon or None,
-                "update_noise_multiplier": self.privacy.update_multiplier, "clip_norm": p.clip_norm,
-                "final_clip_norm": self.privacy.clip_norm, "adaptive_clip": p.adaptive_clip,
-                "accountant": p.accountant, "cohort": self.cfg.train.cohort,
-                "sampling_rate": self.cfg.train.clients_per_round / len(self.population),
-                "level": "user", "model": "central"}
-
-    def _summary(self, status: str, error: str | None) -> dict:
-        self.worker.load(self.global_params, self.global_buffers)
-        last = self.progress["last_eval"] or {}
-        return {
-            "status": status,
-            "error": error,
-            "final_test_acc": last.get("test_acc"),
-            "final_test_loss": last.get("test_loss"),
-            # eval.clients: the last evaluation's per-client accuracy (mean, std, min, p10), else None
-            "final_client_acc": ({key.removeprefix("client_acc_"): last[key] for key in CLIENT_STATISTICS}
-                                 if CLIENT_STATISTICS[0] in last else None),
-            "best_test_acc": self.progress["best_test_acc"],
-            "best_round": self.progress["best_round"],
-            "rounds": last.get("round") if status != "completed" else self.cfg.train.rounds,
-            "wall_s": round(self.progress["wall_s"], 3),
-            "model_sha256": self.worker.state_sha256(),
-            "world_size": self.ctx.world_size,
-            "phases": self.phase_results,
-            "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
-            "device": str(self.device),
-            "num_params": self.worker.num_params,
-            "algorithm": self.cfg.algorithm.name,
-            "privacy": self._privacy_summary(last.get("round") if status != "completed" else self.cfg.train.rounds),
-            "dataset": self.cfg.data.dataset,
-            # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
-            "data_files": self.data_sources,
-            # data.normalize: the per-channel [mean, std] applied to the inputs, or None
-            "input_normalization": self.data.normalization and [list(v) for v in self.data.normalization],
-            "distfl_version": __version__,
-            "torch_version": torch.__version__,
-        }
 
 
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:

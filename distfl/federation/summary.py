@@ -1,0 +1,60 @@
+"""A run's summary.json."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import __version__, dist
+from .client_eval import STATISTICS as CLIENT_STATISTICS
+
+
+def privacy_guarantee(trainer, rounds) -> dict | None:
+    """The guarantee the released models carry: (epsilon, delta) at user level after `rounds` rounds."""
+    if trainer.privacy is None:
+        return None
+    p = trainer.cfg.privacy
+    trained = min(trainer.step, trainer.cfg.train.rounds) if rounds is None else rounds
+    eps = trainer.ledger.epsilon_after(trained)
+    return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
+            "rounds": trained, "noise_multiplier": trainer.noise_multiplier,
+            "calibrated": p.target_epsilon > 0, "target_epsilon": p.target_epsilon or None,
+            "update_noise_multiplier": trainer.privacy.update_multiplier, "clip_norm": p.clip_norm,
+            "final_clip_norm": trainer.privacy.clip_norm, "adaptive_clip": p.adaptive_clip,
+            "accountant": p.accountant, "cohort": trainer.cfg.train.cohort,
+            "sampling_rate": trainer.cfg.train.clients_per_round / len(trainer.population),
+            "level": "user", "model": "central"}
+
+def build(trainer, status: str, error: str | None) -> dict:
+    """summary.json: how the run ended, its accuracies, the final model's hash, the collectives, the
+    privacy guarantee and what it ran on."""
+    trainer.worker.load(trainer.global_params, trainer.global_buffers)
+    last = trainer.progress["last_eval"] or {}
+    return {
+        "status": status,
+        "error": error,
+        "final_test_acc": last.get("test_acc"),
+        "final_test_loss": last.get("test_loss"),
+        # eval.clients: the last evaluation's per-client accuracy (mean, std, min, p10), else None
+        "final_client_acc": ({key.removeprefix("client_acc_"): last[key] for key in CLIENT_STATISTICS}
+                             if CLIENT_STATISTICS[0] in last else None),
+        "best_test_acc": trainer.progress["best_test_acc"],
+        "best_round": trainer.progress["best_round"],
+        "rounds": last.get("round") if status != "completed" else trainer.cfg.train.rounds,
+        "wall_s": round(trainer.progress["wall_s"], 3),
+        "model_sha256": trainer.worker.state_sha256(),
+        "world_size": trainer.ctx.world_size,
+        "phases": trainer.phase_results,
+        "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
+        "device": str(trainer.device),
+        "num_params": trainer.worker.num_params,
+        "algorithm": trainer.cfg.algorithm.name,
+        "privacy": privacy_guarantee(trainer, last.get("round") if status != "completed" else trainer.cfg.train.rounds),
+        "dataset": trainer.cfg.data.dataset,
+        # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
+        "data_files": trainer.data_sources,
+        # data.normalize: the per-channel [mean, std] applied to the inputs, or None
+        "input_normalization": trainer.data.normalization and [list(v) for v in trainer.data.normalization],
+        "distfl_version": __version__,
+        "torch_version": torch.__version__,
+    }
