@@ -64,7 +64,7 @@ class FedExP(Algorithm):
         mean_update = reduced["delta"]  # float64
         shared = self._shared(mean_update)
         eta = extrapolated_step_size(reduced.scalar("sq_norm"), float(torch.dot(shared, shared)), self.eps)
-        self.round_metrics = {"fedexp_eta_g": eta}
+        self.round_metrics["fedexp_eta_g"] = eta
         return (mean_update * eta).to(params.dtype)
 
     def server_update(self, params, buffers, reduced):
