@@ -1,4 +1,4 @@
-"""MOON: model-contrastive federated learning (Li, He, Song, CVPR 2021), Algorithm 1, Eq. 1-3.
+"""MOON: model-contrastive federated learning (Li, He, Song, CVPR 2021), Algorithm 1, Eq. 2-3.
 
 Client i in round t trains w (from the global model w^t) on its own data, with two frozen models beside
 it: the global model w^t it received and its own local model w_i^{t-1} from the last round it trained.
