@@ -102,3 +102,26 @@ def test_refusals_come_before_any_work(tmp_path, small_config, override, key):
     proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'r'}", "algorithm.name=fedexp", override])
     assert proc.returncode == 2 and key in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_under_fedbn_the_step_size_leaves_batchnorm_out(tmp_path):
+    """FedBN: the server's BatchNorm is the mean of the clients' own, never a step, so eta_g is the formula
+    over the other coordinates (recomputed here from the clients' models off the BatchNorm mask)."""
+    from conftest import write_config
+
+    config = write_config(tmp_path / "bn.yaml", model={"name": "resnet20"},
+                          data={"synthetic_channels": 3, "synthetic_train": 240, "synthetic_test": 60},
+                          partition={"num_clients": 4}, train={"rounds": 2, "clients_per_round": 4},
+                          aggregation={"fedbn": True})
+    trainer = _trainer(config, tmp_path / "run", "algorithm.name=fedexp", "algorithm.weighting=uniform")
+    shared = ~trainer.algorithm.bn_params
+    for t in (1, 2):
+        start = trainer.global_params.clone()
+        clients = record_client_models(trainer)
+        trainer.run_round(t)
+        deltas = [(params - start)[shared].double() for params, _ in clients]
+        mean = sum(deltas) / len(deltas)
+        ratio = sum(float(d @ d) for d in deltas) / (2 * len(deltas) * (float(mean @ mean) + EPS))
+        assert trainer.algorithm.round_metrics["fedexp_eta_g"] == pytest.approx(max(1.0, ratio), rel=1e-9)
+        assert torch.allclose(trainer.global_params[shared].double(), start[shared].double() + max(1.0, ratio) * mean,
+                              rtol=0, atol=1e-6)
