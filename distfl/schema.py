@@ -46,6 +46,7 @@ class ModelConfig:
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
     feature_dim: int = 0  # simplecnn: width d of the feature layer (the head's input: C x d for head=sphere); 0 = the model's own (84). When set, the last hidden FC has d units and the FC before it max(120, d). Other models refuse a non-zero value
+    projection_dim: int = 0  # a projection head after the features (MOON's: Linear(d, d), ReLU, Linear(d, projection_dim)), read by the head (and by head=sphere's normalisation); 0 = none. algorithm.name=moon needs it (paper: 256); give the methods you compare with the same value
     head: str = "linear"  # linear (learnable, with bias) | sphere (SphereFed: fixed C x d head with orthonormal rows by QR, normalised features, MSE) | fixed_random (fixed He-initialised head, FedBABU-like)
     head_seed: int = 0  # sphere, fixed_random: seed of the fixed head matrix (its own generator, independent of `seed`); identical on every rank
     loss: str = "auto"  # auto (mse for head=sphere, else ce) | ce (cross-entropy) | mse (squared error to one-hot targets)
@@ -55,7 +56,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
@@ -68,6 +69,9 @@ class AlgorithmConfig:
     kd_temperature: float = 1.0  # fedadc with kd_lambda > 0: softmax temperature of teacher and student
     fedfor_alpha: float = 5.0  # fedfor: penalty weight alpha; the loss term is alpha / train.lr * U(...)
     fedfor_boundary: str = "ge"  # fedfor: penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
+    moon_mu: float = 1.0  # moon: weight mu of the model-contrastive loss, loss + mu * l_con (the released code's default; the paper's tuned values: 5 for CIFAR-10, 1 for CIFAR-100 and Tiny-ImageNet)
+    moon_tau: float = 0.5  # moon: temperature tau of l_con (paper: 0.5)
+    fedexp_eps: float = 1.0e-3  # fedexp: epsilon of the server step size max(1, sum_i p_i ||Delta_i||^2 / (2 (||sum_i p_i Delta_i||^2 + eps))) (the authors' code: 1e-3 for CIFAR-10/100 and CINIC-10, 0.1 for EMNIST)
     fedfor_normalize: str = "steps"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
 
 
@@ -228,7 +232,7 @@ CHOICES = {
     "model.mse_reduction": ["mean", "sum"],
     "calibration.method": ["none", "ffc"],
     "calibration.clients": ["all", "last_cohort"],
-    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "tct"],
+    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "moon", "fedexp", "tct"],
     "tct.stage1": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
     "tct.gradient_of": ["all", "extractor"],
     "tct.coordinate_order": ["parameter", "drawn"],
@@ -270,6 +274,9 @@ APPLIES_ONLY_TO = {
     "algorithm.fedfor_alpha": ("algorithm.name", ["fedfor"]),
     "algorithm.fedfor_boundary": ("algorithm.name", ["fedfor"]),
     "algorithm.fedfor_normalize": ("algorithm.name", ["fedfor"]),
+    "algorithm.moon_mu": ("algorithm.name", ["moon"]),
+    "algorithm.moon_tau": ("algorithm.name", ["moon"]),
+    "algorithm.fedexp_eps": ("algorithm.name", ["fedexp"]),
     "aggregation.tau": ("aggregation.mask", ["gma"]),
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
@@ -381,6 +388,10 @@ RANGES = {
     "privacy.target_quantile": "(0, 1)",
     "privacy.clip_lr": ">= 0",
     "privacy.count_noise_multiplier": ">= 0",
+    "model.projection_dim": ">= 0",
+    "algorithm.moon_mu": ">= 0",
+    "algorithm.moon_tau": "> 0",
+    "algorithm.fedexp_eps": "> 0",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

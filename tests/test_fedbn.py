@@ -11,6 +11,7 @@ from distfl.algorithms import ALGORITHMS
 VARIANTS = {name: [f"algorithm.name={name}"] for name in ALGORITHMS}
 VARIANTS["fedavg+gma"] = ["aggregation.mask=gma"]
 VARIANTS["fedadc+kd"] = ["algorithm.name=fedadc", "algorithm.kd_lambda=0.35"]
+VARIANTS["moon"].append("model.projection_dim=16")  # MOON needs a projection head
 
 
 def _trainer(tmp_path, name, overrides):

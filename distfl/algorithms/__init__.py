@@ -2,14 +2,17 @@
 `package.module:ClassName`, or a name registered in the entry-point group `distfl.algorithms`."""
 from .fedadc import FedADC
 from .fedavg import FedAvg
+from .fedexp import FedExP
 from .feddyn import FedDyn
 from .fedfor import FedFOR
 from .fednova import FedNova
 from .fedprox import FedProx
+from .moon import Moon
 from .scaffold import Scaffold
 from .slowmo import SlowMo
 
-ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNova, FedFOR, FedADC, SlowMo)}
+ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNova, FedFOR, FedADC, SlowMo,
+                                        Moon, FedExP)}
 
 
 def algorithm_class(name: str) -> type:

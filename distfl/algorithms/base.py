@@ -154,6 +154,12 @@ class Algorithm:
         """The pseudo-gradient handed to the server optimizer: for FedAvg the weighted mean delta."""
         return reduced["delta"].to(params.dtype)
 
+    def evaluation_model(self, params: torch.Tensor, buffers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (parameters, buffers) the evaluations score (test_acc, eval.clients): the global model,
+        unless a method evaluates another one (FedExP: the mean of the last two global models). Training
+        always continues from the global model itself."""
+        return params, buffers
+
     def server_state(self) -> dict:
         """Everything the server keeps between rounds (checkpointed)."""
         return {"server_opt": self.server_opt.state_dict()}

@@ -32,7 +32,7 @@ def add_client_counts(trainer, stats) -> None:
     total = torch.zeros(num_clients, dtype=torch.int64)
     batch = trainer.cfg.eval.batch_size
     for client in range(ctx.rank, num_clients, ctx.world_size):
-        worker.load(trainer.global_params, trainer.global_buffers)
+        worker.load(*alg.evaluation_model(trainer.global_params, trainer.global_buffers))
         state = trainer.store.peek(client) if alg.fedbn else None
         alg.load_own_model(state or {}, worker)
         worker.module.eval()

@@ -426,7 +426,7 @@ class Trainer:
     def evaluate_round(self, clients: bool) -> dict:
         """test_acc and test_loss of the global model on the whole test set, sharded by batch, and
         (`clients`) the statistics of per-client accuracy (client_eval.py), in one all_reduce."""
-        self.worker.load(self.global_params, self.global_buffers)
+        self.worker.load(*self.algorithm.evaluation_model(self.global_params, self.global_buffers))
         model = self.worker.module
         model.eval()
         x, y = self.data.test_x, self.data.test_y

@@ -93,6 +93,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
     else:
         model = as_classifier(builder(shape, num_classes), cfg.name, num_classes)
+    model.set_projection(cfg.projection_dim)
     model.set_head(cfg.head, cfg.head_seed, cfg.loss, cfg.feature_norm, cfg.mse_reduction)
     return model
 

@@ -43,6 +43,20 @@ class Classifier(nn.Module):
         self.loss_kind = loss if loss != "auto" else ("mse" if kind == "sphere" else "ce")
         self.mse_reduction = mse_reduction
 
+    def set_projection(self, dim: int) -> None:
+        """A projection head (MOON; models/heads.py) of `dim` outputs after the features, for dim > 0: it
+        becomes the last layers of `features` (named `features.projection`), and a new linear head reads
+        its `dim` outputs. What reads the features (the head, SphereFed's normalisation and fixed heads,
+        FFC, TCT) then sees the projection's output, as in the paper's networks."""
+        if dim <= 0:
+            return
+        from distfl.models.heads import projection_head
+
+        features = self.features if isinstance(self.features, nn.Sequential) else nn.Sequential(self.features)
+        features.add_module("projection", projection_head(self.feature_dim, dim))
+        self.features, self.feature_dim = features, int(dim)
+        self.head = nn.Linear(self.feature_dim, self.num_classes)
+
     def represent(self, x: torch.Tensor) -> torch.Tensor:
         h = self.features(x)
         # eps: an all-zero post-ReLU feature maps to 0 instead of NaN.

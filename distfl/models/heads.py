@@ -1,4 +1,5 @@
-"""Classifier heads: the learnable linear head, and the fixed heads of SphereFed (Dong et al., ECCV 2022).
+"""Classifier heads: the learnable linear head, the fixed heads of SphereFed (Dong et al., ECCV 2022), and
+MOON's projection head (Li, He, Song, CVPR 2021), which sits between the features and the head.
 
 - `linear`: `nn.Linear(d, C)` with bias, trained like every other layer (the usual model).
 - `sphere`: SphereFed's fixed classifier W (C x d) with orthonormal rows (Eq. 4, W W^T = I), built by
@@ -16,6 +17,7 @@ algorithm term (FedProx, SCAFFOLD, FedDyn, GMA, ...) sees it. It is still in the
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -71,6 +73,13 @@ def build_head(kind: str, dim: int, num_classes: int, seed: int) -> nn.Module:
     if kind == "fixed_random":
         return FixedHead(he_uniform(num_classes, dim, seed))
     raise ConfigError(f"model.head must be linear, sphere or fixed_random (got {kind!r})")
+
+
+def projection_head(dim: int, out_dim: int) -> nn.Module:
+    """MOON's projection head (its Sec. 3.1 and released code): Linear(d, d), ReLU, Linear(d, out_dim),
+    no ReLU after the second layer. Drawn from the global RNG (PyTorch's default initialisation)."""
+    return nn.Sequential(OrderedDict([("fc1", nn.Linear(dim, dim)), ("relu", nn.ReLU()),
+                                      ("fc2", nn.Linear(dim, out_dim))]))
 
 
 def orthonormality_error(weight: torch.Tensor) -> float:
