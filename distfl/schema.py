@@ -55,7 +55,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
@@ -68,6 +68,13 @@ class AlgorithmConfig:
     kd_temperature: float = 1.0  # fedadc with kd_lambda > 0: softmax temperature of teacher and student
     fedfor_alpha: float = 5.0  # fedfor: penalty weight alpha; the loss term is alpha / train.lr * U(...)
     fedfor_boundary: str = "ge"  # fedfor: penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
+    head_epochs: int = 10  # fedrep: local epochs of the personal head (body frozen) each round, before the body's (paper: 10)
+    body_epochs: int = 1  # fedrep: local epochs of the shared body (head frozen) after the head's (paper: 1); fedrep takes its epochs from these two keys, not train.local_epochs
+    finetune_epochs: int = 5  # fedbabu: epochs each client fine-tunes the whole global model on its training data before it is scored (eval.clients; paper: 5)
+    ditto_lambda: float = 0.1  # ditto: lambda of the personal objective F_k(v) + lambda/2 ||v - w_global||^2 (paper: tuned from {0.01, 0.1, 1, 2})
+    apfl_alpha: float = 0.5  # apfl: mixing weight alpha of the personalised model alpha v + (1 - alpha) w (the initial value when apfl_adaptive)
+    apfl_adaptive: bool = True  # apfl: learn each client's alpha by a gradient step per local step (the paper's adaptive alpha), clipped to [0, 1]
+    apfl_alpha_lr: float = 0.01  # apfl with apfl_adaptive: step size of alpha's gradient step
     fedfor_normalize: str = "steps"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
 
 
@@ -211,7 +218,8 @@ CHOICES = {
     "model.mse_reduction": ["mean", "sum"],
     "calibration.method": ["none", "ffc"],
     "calibration.clients": ["all", "last_cohort"],
-    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "tct"],
+    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "tct",
+                       "fedper", "fedrep", "fedbabu", "ditto", "apfl"],
     "tct.stage1": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
     "tct.gradient_of": ["all", "extractor"],
     "tct.coordinate_order": ["parameter", "drawn"],
@@ -253,6 +261,13 @@ APPLIES_ONLY_TO = {
     "algorithm.fedfor_alpha": ("algorithm.name", ["fedfor"]),
     "algorithm.fedfor_boundary": ("algorithm.name", ["fedfor"]),
     "algorithm.fedfor_normalize": ("algorithm.name", ["fedfor"]),
+    "algorithm.head_epochs": ("algorithm.name", ["fedrep"]),
+    "algorithm.body_epochs": ("algorithm.name", ["fedrep"]),
+    "algorithm.finetune_epochs": ("algorithm.name", ["fedbabu"]),
+    "algorithm.ditto_lambda": ("algorithm.name", ["ditto"]),
+    "algorithm.apfl_alpha": ("algorithm.name", ["apfl"]),
+    "algorithm.apfl_adaptive": ("algorithm.name", ["apfl"]),
+    "algorithm.apfl_alpha_lr": ("algorithm.name", ["apfl"]),
     "aggregation.tau": ("aggregation.mask", ["gma"]),
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
@@ -282,5 +297,10 @@ APPLIES_ONLY_TO = {
 }
 
 PLUGIN_KEYS = ("algorithm.name", "model.name")
+
+# Methods that keep a personal model (or head) per client and are scored by eval.clients.
+PERSONALISED = ["fedper", "fedrep", "fedbabu", "ditto", "apfl"]
+# Of them, those that split the model into a shared body and the classifier head (model.head=linear).
+HEAD_SPLIT = ["fedper", "fedrep", "fedbabu"]
 
 NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}

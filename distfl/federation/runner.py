@@ -37,7 +37,7 @@ from ..logging import RunLogger
 from ..models import build_model
 from .aggregate import Segment, StatBuffer, Unrepresentable, round_segments
 from .client_eval import STATISTICS as CLIENT_STATISTICS, accuracy_statistics, add_client_counts, client_segments
-from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
+from .local import ClientRun, FlatModel, local_steps, train_client
 from .phases import build_phases
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
@@ -130,6 +130,7 @@ class Trainer:
 
         self.stop_requested = self.stop_agreed = False
         self.start_round = 1
+        self.last_round = 0
         # Phases after training (calibration, TCT's stages), in order; `step` numbers checkpoints
         # through the training rounds and then the phases.
         self.phases = build_phases(cfg)
@@ -219,6 +220,7 @@ class Trainer:
         self.algorithm.load_server_state(state["server"])
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
+        self.last_round = state["round"]
         self.step = int(state.get("step", state["round"]))
         self.phases_done = list(state.get("phases_done", []))
         self.phase_results = dict(state.get("phase_results", {}))
@@ -300,6 +302,7 @@ class Trainer:
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
+        self.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         if self.pack_size == 1:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
@@ -344,9 +347,7 @@ class Trainer:
                 "server_lr": server_lr, **self.algorithm.round_metrics}
 
     def _samples_trained(self, client_id: int) -> int:
-        train = self.cfg.train
-        return samples_trained(int(self.population.sizes[client_id]), train.batch_size, train.local_epochs,
-                               train.local_steps)
+        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self.cfg.train)
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
