@@ -96,6 +96,12 @@ def _load_flat(module, flat):
             offset += p.numel()
 
 
+def _module_params_of(trainer, flat):
+    module = _initial_model(trainer)
+    _load_flat(module, flat)
+    return list(module.parameters())
+
+
 # ---- Ditto -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("lam", [0.0, 0.5])
@@ -131,12 +137,6 @@ def test_ditto_personal_model_is_local_sgd_of_the_proximal_objective(tmp_path, l
         sampled += 1
         assert torch.equal(state["v"], _flat(module)), (client, lam)
     assert sampled >= 6
-
-
-def _module_params_of(trainer, flat):
-    module = _initial_model(trainer)
-    _load_flat(module, flat)
-    return list(module.parameters())
 
 
 def test_ditto_global_model_is_fedavg_bit_for_bit(tmp_path, small_config):
@@ -449,6 +449,7 @@ def test_compositions_that_make_no_sense_are_refused_before_any_work(tmp_path, s
     ["algorithm.name=ditto", "aggregation.mask=gma"],
     ["algorithm.name=apfl", "model.head=sphere"],
     ["algorithm.name=fedper", "runtime.pack_size=2", "runtime.client_state=disk"],
+    ["algorithm.name=ditto", "model.name=resnet20", "data.synthetic_channels=3"],  # v keeps its own BatchNorm
 ])
 def test_compositions_that_make_sense_run(tmp_path, small_config, overrides):
     s = train_ok(small_config, f"output.dir={tmp_path / 'r'}", "train.rounds=2", "eval.clients=true", *overrides)
