@@ -454,3 +454,16 @@ def test_compositions_that_make_no_sense_are_refused_before_any_work(tmp_path, s
 def test_compositions_that_make_sense_run(tmp_path, small_config, overrides):
     s = train_ok(small_config, f"output.dir={tmp_path / 'r'}", "train.rounds=2", "eval.clients=true", *overrides)
     assert s["status"] == "completed" and s["final_client_acc"] is not None
+
+
+def test_stopped_on_two_ranks_resumed_on_one(tmp_path, small_config):
+    """Ditto's v_k, held in memory by two ranks, checkpointed one file per client, resumed by one rank."""
+    args = ["algorithm.name=ditto", "eval.clients=true"]
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
+    train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, "train.rounds=4", nproc=2)
+    resumed = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "two"))
+    assert resumed["world_size"] == 1
+    assert (resumed["model_sha256"], resumed["final_client_acc"]) == (one["model_sha256"], one["final_client_acc"])
+    states = _client_states(tmp_path / "one"), _client_states(tmp_path / "two")
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][c]["v"], states[1][c]["v"]) for c in states[0])
