@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 
 from distfl.errors import ConfigError
-from distfl.schema import (APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, RANGES, SEED_MAX,
-                           Config)
+from distfl.schema import (APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
+                           PLUGIN_KEYS, RANGES, SEED_MAX, Config)
 from distfl.validate import check_numbers, float_error, number_from_text
 from distfl.yaml_loader import ConfigLoader, read_yaml
 
@@ -520,6 +520,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"algorithm.name=tct re-initialises a learnable linear head; model.head="
                               f"{v['model.head']} is fixed: use model.head=linear")
 
+    _check_personalised(v)
+
     dataset = v["data.dataset"]
     classes = v["data.synthetic_classes"] if dataset == "synthetic" else NUM_CLASSES.get(dataset)
     # Only checked for n_classes: other schemes ignore the key, and sweeps vary the scheme. The class
@@ -534,6 +536,29 @@ def validate(cfg: Config) -> None:
 
     name = v["algorithm.name"]
     privacy_rules.check(v, None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name))
+
+
+def _check_personalised(v: dict) -> None:
+    """The compositions of a personalised method (fedper, fedrep, fedbabu, ditto, apfl) that make no sense."""
+    name = v["algorithm.name"]
+    if name not in PERSONALISED:
+        return
+    if v["aggregation.fedbn"]:
+        raise ConfigError(f"algorithm.name={name} keeps a personal model part per client already; aggregation.fedbn "
+                          "(personal BatchNorm) does not compose with it: set aggregation.fedbn=false")
+    if name in HEAD_SPLIT and v["model.head"] != "linear":
+        raise ConfigError(f"algorithm.name={name} splits the model into a shared body and a learnable classifier head; "
+                          f"model.head={v['model.head']} is fixed: use model.head=linear")
+    if name in HEAD_SPLIT and v["calibration.method"] != "none":
+        raise ConfigError(f"algorithm.name={name} keeps the head per client; calibration.method="
+                          f"{v['calibration.method']} would replace it by one global head: set calibration.method=none")
+    if name == "fedrep":
+        if v["train.local_steps"] or v["train.local_epochs"] != 1:
+            raise ConfigError("algorithm.name=fedrep trains algorithm.head_epochs epochs of the head, then "
+                              "algorithm.body_epochs of the body; set those (and train.local_epochs=1, train.local_steps=0)")
+        if v["algorithm.head_epochs"] + v["algorithm.body_epochs"] == 0:
+            raise ConfigError("algorithm.name=fedrep with algorithm.head_epochs=0 and algorithm.body_epochs=0 trains "
+                              "nothing; set one of them >= 1")
 
 
 def check_feature_dim(model_name: str, feature_dim: int) -> None:

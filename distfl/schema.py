@@ -56,7 +56,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
@@ -72,6 +72,13 @@ class AlgorithmConfig:
     moon_mu: float = 1.0  # moon: weight mu of the model-contrastive loss, loss + mu * l_con (the released code's default; the paper's tuned values: 5 for CIFAR-10, 1 for CIFAR-100 and Tiny-ImageNet)
     moon_tau: float = 0.5  # moon: temperature tau of l_con (paper: 0.5)
     fedexp_eps: float = 1.0e-3  # fedexp: epsilon of the server step size max(1, sum_i p_i ||Delta_i||^2 / (2 (||sum_i p_i Delta_i||^2 + eps))) (the authors' code: 1e-3 for CIFAR-10/100 and CINIC-10, 0.1 for EMNIST)
+    head_epochs: int = 10  # fedrep: local epochs of the personal head (body frozen) each round, before the body's (paper: 10)
+    body_epochs: int = 1  # fedrep: local epochs of the shared body (head frozen) after the head's (paper: 1); fedrep takes its epochs from these two keys, not train.local_epochs
+    finetune_epochs: int = 5  # fedbabu: epochs each client fine-tunes the whole global model on its training data before it is scored (eval.clients; paper: 5)
+    ditto_lambda: float = 0.1  # ditto: lambda of the personal objective F_k(v) + lambda/2 ||v - w_global||^2 (paper: tuned from {0.01, 0.1, 1, 2})
+    apfl_alpha: float = 0.5  # apfl: mixing weight alpha of the personalised model alpha v + (1 - alpha) w (the initial value when apfl_adaptive)
+    apfl_adaptive: bool = True  # apfl: learn each client's alpha by a gradient step per local step (the paper's adaptive alpha), clipped to [0, 1]
+    apfl_alpha_lr: float = 0.01  # apfl with apfl_adaptive: step size of alpha's gradient step
     fedfor_normalize: str = "steps"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
 
 
@@ -232,7 +239,8 @@ CHOICES = {
     "model.mse_reduction": ["mean", "sum"],
     "calibration.method": ["none", "ffc"],
     "calibration.clients": ["all", "last_cohort"],
-    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "moon", "fedexp", "tct"],
+    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "moon", "fedexp",
+                       "tct", "fedper", "fedrep", "fedbabu", "ditto", "apfl"],
     "tct.stage1": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
     "tct.gradient_of": ["all", "extractor"],
     "tct.coordinate_order": ["parameter", "drawn"],
@@ -277,6 +285,13 @@ APPLIES_ONLY_TO = {
     "algorithm.moon_mu": ("algorithm.name", ["moon"]),
     "algorithm.moon_tau": ("algorithm.name", ["moon"]),
     "algorithm.fedexp_eps": ("algorithm.name", ["fedexp"]),
+    "algorithm.head_epochs": ("algorithm.name", ["fedrep"]),
+    "algorithm.body_epochs": ("algorithm.name", ["fedrep"]),
+    "algorithm.finetune_epochs": ("algorithm.name", ["fedbabu"]),
+    "algorithm.ditto_lambda": ("algorithm.name", ["ditto"]),
+    "algorithm.apfl_alpha": ("algorithm.name", ["apfl"]),
+    "algorithm.apfl_adaptive": ("algorithm.name", ["apfl"]),
+    "algorithm.apfl_alpha_lr": ("algorithm.name", ["apfl"]),
     "aggregation.tau": ("aggregation.mask", ["gma"]),
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
@@ -308,6 +323,11 @@ APPLIES_ONLY_TO = {
 }
 
 PLUGIN_KEYS = ("algorithm.name", "model.name")
+
+# Methods that keep a personal model (or head) per client and are scored by eval.clients.
+PERSONALISED = ["fedper", "fedrep", "fedbabu", "ditto", "apfl"]
+# Of them, those that split the model into a shared body and the classifier head (model.head=linear).
+HEAD_SPLIT = ["fedper", "fedrep", "fedbabu"]
 
 NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}
 
@@ -392,6 +412,12 @@ RANGES = {
     "algorithm.moon_mu": ">= 0",
     "algorithm.moon_tau": "> 0",
     "algorithm.fedexp_eps": "> 0",
+    "algorithm.head_epochs": ">= 0",
+    "algorithm.body_epochs": ">= 0",
+    "algorithm.finetune_epochs": ">= 0",
+    "algorithm.ditto_lambda": ">= 0",
+    "algorithm.apfl_alpha": "[0, 1]",
+    "algorithm.apfl_alpha_lr": ">= 0",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

@@ -8,7 +8,8 @@ from conftest import write_config
 from distfl.algorithms import ALGORITHMS
 
 # Every registered method, GMA's mask and FedADC+'s distillation (whose teacher has BatchNorm too).
-VARIANTS = {name: [f"algorithm.name={name}"] for name in ALGORITHMS}
+# Personalised methods keep their own model parts and refuse FedBN (tests/test_personalised.py).
+VARIANTS = {name: [f"algorithm.name={name}"] for name, cls in ALGORITHMS.items() if not cls.personalised}
 VARIANTS["fedavg+gma"] = ["aggregation.mask=gma"]
 VARIANTS["fedadc+kd"] = ["algorithm.name=fedadc", "algorithm.kd_lambda=0.35"]
 VARIANTS["moon"].append("model.projection_dim=16")  # MOON needs a projection head

@@ -1,18 +1,25 @@
 """One file per method; `build_algorithm` picks by `algorithm.name`: a built-in name, an import path
 `package.module:ClassName`, or a name registered in the entry-point group `distfl.algorithms`."""
+from .apfl import APFL
+from .ditto import Ditto
 from .fedadc import FedADC
 from .fedavg import FedAvg
+from .fedbabu import FedBABU
 from .fedexp import FedExP
 from .feddyn import FedDyn
 from .fedfor import FedFOR
 from .fednova import FedNova
+from .fedper import FedPer
 from .fedprox import FedProx
+from .fedrep import FedRep
 from .moon import Moon
 from .scaffold import Scaffold
 from .slowmo import SlowMo
 
 ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNova, FedFOR, FedADC, SlowMo,
                                         Moon, FedExP)}
+# Personalised methods (scored by eval.clients), registered through the same hooks a plugin uses.
+ALGORITHMS.update({cls.name: cls for cls in (FedPer, FedRep, FedBABU, Ditto, APFL)})
 
 
 def algorithm_class(name: str) -> type:

@@ -23,6 +23,15 @@ of the class (`shift`, `correction`, `collect`, `server_step`), never through a 
   - the client's BatchNorm is saved into its state after every method's client_statistics;
   - the server's BatchNorm becomes the weighted mean of the cohort's own BatchNorm (parameters and
     statistics), whatever the method's server step did there; only clients never sampled use it.
+
+Personalised methods (FedPer, FedRep, FedBABU, Ditto, APFL) use four more hooks, all additive:
+  - `local_training(run, worker)`: the client's local training as calls of `run.train(...)` (passes
+    with their own epochs, a mask of trainable coordinates, a name); default: one `run.train()`;
+  - `local_samples(num_samples, train_cfg)`: the samples those recorded passes cover (train_loss);
+  - `personalised = True`: each client is scored (eval.clients) with the model
+    `load_evaluated_model(run, worker)` builds from its state, which may fine-tune with `run.train`;
+  - `head_coordinates(worker, model_name)`: the flat coordinates of the model's classifier head (the
+    rest is the body), the split FedPer, FedRep and FedBABU share.
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
+from ..federation.local import samples_trained
 from .fedopt import build_server_optimizer
 from .gma import agreement_mask
 
@@ -42,6 +52,7 @@ class Algorithm:
     # under privacy.mechanism=gaussian (docs/privacy.md).
     private_release = False
     stateful = False  # True: keeps per-client state between rounds (client state store)
+    personalised = False  # True: eval.clients scores each client with load_evaluated_model (its own model)
     # A plugin method's options: a dataclass of bool/int/float/str fields (metadata "range" or "choices"
     # are checked like built-in keys'); `algorithm.options` is validated against it, and the method reads
     # the values as `self.options`.
@@ -100,6 +111,25 @@ class Algorithm:
             worker.params[self.bn_index] = state["bn_params"]
             worker.buffers[self.bn_buffer_index] = state["bn_buffers"]
 
+    def local_training(self, run, worker) -> None:
+        """The client's local training, as calls of `run.train(epochs, steps, trainable, name, record)`
+        on the model in `worker` (federation/local.py: each call is local SGD on the client's data,
+        continuing its keyed random stream). Default: one pass of train.local_epochs / local_steps."""
+        run.train()
+
+    def local_samples(self, num_samples: int, train_cfg) -> int:
+        """Samples the recorded passes of `local_training` cover in a round (a sample counts once per
+        batch it is in): train_loss's denominator and the bound of its statistic."""
+        return samples_trained(num_samples, train_cfg.batch_size, train_cfg.local_epochs, train_cfg.local_steps,
+                               self.layout.fold_single)
+
+    def load_evaluated_model(self, run, worker) -> None:
+        """Turn the global model in the worker into the model client `run.client_id` is scored with
+        (eval.clients). `run.state` is its state ({} if it has none yet); `run.train(...)` may fine-tune
+        on its training data (randomness keyed by (seed, client), never by the rank). Used for every
+        client of a `personalised` method (and FedBN); default: `load_own_model`."""
+        self.load_own_model(run.state, worker)
+
     def local_loss(self, model, x: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
         """The loss of one local mini-batch: the model's loss (cross-entropy, or MSE for SphereFed's
         head), unless a method changes it."""
@@ -110,6 +140,8 @@ class Algorithm:
         A pack calls every hook per client except `local_loss`: its loss is the model's own."""
         if type(self).local_loss is not Algorithm.local_loss:
             return "it changes the local loss (local_loss), which a vectorised pack does not call"
+        if type(self).local_training is not Algorithm.local_training:
+            return "it trains in passes of its own (local_training), which a vectorised pack does not run"
         return None
 
     def before_forward(self, w: torch.Tensor, run) -> None:
@@ -224,3 +256,17 @@ def _batchnorm_coordinates(worker, model_name: str) -> tuple[torch.Tensor, torch
         raise ConfigError(f"aggregation.fedbn keeps BatchNorm layers local, but model.name={model_name} has "
                           "none; use a BatchNorm model (resnet20, or resnet18 with model.norm=bn)")
     return params, buffers
+
+
+def head_coordinates(worker, model_name: str) -> torch.Tensor:
+    """Boolean mask over the flat parameters of the model's classifier head: the parameters of the
+    `head` module of a `distfl.Classifier` (models/base.py: `forward(x) == head(features(x))`). The
+    rest, `features`, is the body. A fixed head (model.head=sphere|fixed_random) has no parameters."""
+    mask = torch.zeros(worker.num_params, dtype=torch.bool, device=worker.params.device)
+    for name, where in worker.param_slices.items():
+        if name.startswith("head."):
+            mask[where] = True
+    if not bool(mask.any()):
+        raise ConfigError(f"model.name={model_name} has no learnable classifier head (model.head must be linear: "
+                          "a Classifier's `head` module with parameters)")
+    return mask

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -90,6 +90,28 @@ class ClientRun:
     global_params: torch.Tensor  # the model the client received (flat, read-only): the round's global model; with FedBN, with the client's own BatchNorm
     state: dict = field(default_factory=dict)  # per-client persistent state (stateful algorithms)
     loss_sum: torch.Tensor | None = None  # sum of per-batch mean loss * batch size, after training
+    pass_name: str = "local"  # the name given to the running `train` call (methods with several passes)
+    _local_sgd: Callable | None = field(default=None, repr=False)  # set by the runtime around local training
+
+    def train(self, epochs: int = 0, steps: int = 0, trainable: torch.Tensor | None = None,
+              name: str = "local", record: bool = True) -> None:
+        """Local SGD of the worker's current parameters on this client's data (the runtime's primitive
+        for `Algorithm.local_training` and `Algorithm.load_evaluated_model`).
+
+        epochs, steps: `epochs` passes over the data, or exactly `steps` batches; both 0: the run's
+        train.local_epochs / train.local_steps. Batches continue the client's keyed random stream, so a
+        second call draws fresh orders, the same on any rank. trainable: a boolean mask over the flat
+        parameters; the others do not move (their step is zeroed after weight decay and momentum).
+        name: `pass_name` while it runs, for hooks that act differently per pass. record: add this
+        pass's loss to the round's train_loss (`Algorithm.local_samples` must count its samples).
+        The algorithm's shift, local_loss and correction apply; momentum starts afresh each call."""
+        if self._local_sgd is None:
+            raise RuntimeError("ClientRun.train is only available during local training or evaluation")
+        self.pass_name = name
+        try:
+            self._local_sgd(self, epochs, steps, trainable, record)
+        finally:
+            self.pass_name = "local"
 
 
 def pass_sizes(num_samples: int, batch_size: int, fold_single: bool = False) -> list[int]:
@@ -122,14 +144,17 @@ def samples_trained(num_samples: int, batch_size: int, epochs: int, steps: int =
     return sum(batch_sizes(num_samples, batch_size, epochs, steps, fold_single))
 
 
-def local_batches(data, indices: torch.Tensor, train_cfg, fold_single: bool = False
-                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def local_batches(data, indices: torch.Tensor, train_cfg, epochs: int = 0, steps: int = 0,
+                  fold_single: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """A client's (x, y) mini-batches for one round: passes over its data, each in a fresh random
     order, drawn from the torch global RNG as they are consumed (the caller seeds it per client).
     `train_cfg.local_epochs` whole passes, or with `train_cfg.local_steps` > 0 exactly that many
-    batches, going on into a new order when a pass runs out. Batch sizes: `pass_sizes`."""
+    batches, going on into a new order when a pass runs out. `epochs` or `steps` > 0 replace the
+    config's (a method's own passes, `ClientRun.train`). Batch sizes: `pass_sizes`."""
     n, batch = len(indices), train_cfg.batch_size
-    left = local_steps(n, batch, train_cfg.local_epochs, train_cfg.local_steps, fold_single) if n else 0
+    if not (epochs or steps):
+        epochs, steps = train_cfg.local_epochs, train_cfg.local_steps
+    left = local_steps(n, batch, epochs, steps, fold_single) if n else 0
     sizes = pass_sizes(n, batch, fold_single)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     while left:
@@ -146,19 +171,45 @@ def local_batches(data, indices: torch.Tensor, train_cfg, fold_single: bool = Fa
 
 
 def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm) -> None:
-    """Run a round of local SGD on one client (`local_batches`), starting from `run.global_params`.
+    """Run a round of local training on one client, starting from the model in the worker
+    (`run.global_params`, or what `begin_client` made of it): the algorithm's `local_training`, by
+    default one `run.train()`, i.e. local SGD over `local_batches`.
 
     All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
     (seed, round, client), so a client trains identically on whichever rank hosts it.
     """
     torch.manual_seed(client_seed(algorithm.seed, run.round_idx, run.client_id))
+    run_local_training(flat, data, indices, run, train_cfg, algorithm, algorithm.local_training)
+
+
+def run_local_training(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm,
+                       body) -> None:
+    """Call `body(run, flat)` with `run.train` bound to local SGD of `flat` on `indices` (the caller
+    has seeded the torch RNG); `run.loss_sum` is the recorded passes' loss."""
+    run.loss_sum = torch.zeros((), dtype=torch.float64, device=flat.params.device)
+
+    def local_sgd(run, epochs, steps, trainable, record):
+        loss_sum = _local_sgd(flat, data, indices, run, train_cfg, algorithm, epochs, steps, trainable)
+        if record:
+            run.loss_sum += loss_sum
+
+    run._local_sgd = local_sgd
+    try:
+        body(run, flat)
+    finally:
+        run._local_sgd = None
+
+
+def _local_sgd(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm,
+               epochs: int = 0, steps: int = 0, trainable: torch.Tensor | None = None) -> torch.Tensor:
     model = flat.module
     model.train()
     w, g = flat.params, flat.grads
     lr, wd, momentum = round_lr(train_cfg, run.round_idx, train_cfg.rounds), train_cfg.weight_decay, train_cfg.momentum
+    frozen = None if trainable is None else ~trainable
     velocity = None
     loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
-    for x, y in local_batches(data, indices, train_cfg, flat.fold_single):
+    for x, y in local_batches(data, indices, train_cfg, epochs, steps, flat.fold_single):
         algorithm.shift(w, run)
         loss = algorithm.local_loss(model, x, y, run)
         g.zero_()
@@ -174,5 +225,7 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
             step = velocity
         else:
             step = g
+        if frozen is not None:
+            step = step.masked_fill(frozen, 0.0)
         w.add_(step, alpha=-lr)
-    run.loss_sum = loss_sum
+    return loss_sum

@@ -62,7 +62,7 @@ def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed:
                    fold_single: bool = False) -> list[tuple]:
     """The (x, y) of each local step of one client, drawn exactly as `train_client` draws them."""
     torch.manual_seed(client_seed(seed, run.round_idx, run.client_id))
-    return list(local_batches(data, indices, train_cfg, fold_single))
+    return list(local_batches(data, indices, train_cfg, fold_single=fold_single))
 
 
 class PackStep:

@@ -38,7 +38,7 @@ from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import accuracy_statistics, add_client_counts, client_segments
-from .local import ClientRun, FlatModel, local_steps, samples_trained, train_client
+from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
 from .probe import probe_model
@@ -151,6 +151,7 @@ class Trainer:
 
         self.stop_requested = self.stop_agreed = False
         self.start_round = 1
+        self.last_round = 0
         # Phases after training (calibration, TCT's stages), in order; `step` numbers checkpoints
         # through the training rounds and then the phases.
         self.phases = build_phases(cfg)
@@ -206,6 +207,7 @@ class Trainer:
             self.privacy.load_state_dict(state["privacy"])
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
+        self.last_round = state["round"]
         self.step = int(state.get("step", state["round"]))
         self.phases_done = list(state.get("phases_done", []))
         self.phase_results = dict(state.get("phase_results", {}))
@@ -323,6 +325,7 @@ class Trainer:
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
+        self.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         if self.pack_size == 1:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
@@ -383,9 +386,7 @@ class Trainer:
                 "server_lr": server_lr, **self.algorithm.round_metrics, **privacy}
 
     def _samples_trained(self, client_id: int) -> int:
-        train = self.cfg.train
-        return samples_trained(int(self.population.sizes[client_id]), train.batch_size, train.local_epochs,
-                               train.local_steps, self.worker.fold_single)
+        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self.cfg.train)
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
