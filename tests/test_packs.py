@@ -128,7 +128,8 @@ def test_unequal_clients_take_exactly_their_own_steps(monkeypatch):
     train_cfg = TrainConfig(lr=0.05, weight_decay=0.01, momentum=0.9, batch_size=10, local_epochs=2)
     algorithm = SimpleNamespace(seed=5, begin_client=lambda run, worker: None,
                                 shift=lambda w, run: None, correction=lambda w, g, run: None,
-                                local_loss=lambda model, x, y, run: model.loss(model(x), y))
+                                local_loss=lambda model, x, y, run: model.loss(model(x), y),
+                                local_training=lambda run, worker: run.train())
     start_p, start_b = flat.params.clone(), flat.buffers.clone()
 
     def runs():

@@ -82,10 +82,11 @@ def test_every_contribution_has_norm_at_most_clip_norm(tmp_path, small_config, m
 
     class Recording(StatBuffer):
         def add(self, name, value, weight=1.0):
-            before = self.view(name).clone() if name == "delta" else None
+            # Until `reduce` a fixed segment's sum is float64 grid units (federation/aggregate.py).
+            before = self._sum_view(name).clone() if name == "delta" else None
             super().add(name, value, weight)
             if name == "delta":
-                units = (self.view(name) - before).to(torch.float64)
+                units = self._sum_view(name) - before
                 added.append((weight, units * 2.0 ** -self.bits[name]))
 
     monkeypatch.setattr(runner, "StatBuffer", Recording)
