@@ -2,6 +2,8 @@
 exactness across ranks and resume, and what it refuses."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.nn.utils import vector_to_parameters
@@ -89,9 +91,12 @@ def test_loss_equals_the_paper_recomputed_independently(tmp_path, moon_config):
         want, contrastive = _independent_loss(trainer.cfg, trainer.data.input_shape, trainer.data.num_classes,
                                               worker.params, trainer.global_params, trained[client], x, y, 2.5, 0.3)
     assert abs(float(contrastive) - float(torch.log(torch.tensor(2.0)))) > 1e-3  # not the degenerate log 2
-    assert float(got) == pytest.approx(float(want), rel=1e-5)
-    # A client never sampled has no previous model: the loss is the supervised one alone.
-    assert not alg.init_client_state()
+    assert float(got.detach()) == pytest.approx(float(want), rel=1e-5)
+    # A client never trained has no previous model: its loss is the supervised one alone, exactly.
+    assert alg.init_client_state() == {}
+    first = dataclasses.replace(run, state={})
+    model = worker.module
+    assert torch.equal(alg.local_loss(model, x, y, first).detach(), model.loss(model(x), y).detach())
 
 
 def test_contrastive_loss_small_case_by_hand():
