@@ -179,7 +179,9 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
     (seed, round, client), so a client trains identically on whichever rank hosts it.
     """
     torch.manual_seed(client_seed(algorithm.seed, run.round_idx, run.client_id))
-    run_local_training(flat, data, indices, run, train_cfg, algorithm, algorithm.local_training)
+    # An object with the older hooks only (no local_training) trains one pass, as before the hook existed.
+    body = getattr(algorithm, "local_training", None) or (lambda run, flat: run.train())
+    run_local_training(flat, data, indices, run, train_cfg, algorithm, body)
 
 
 def run_local_training(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm,
