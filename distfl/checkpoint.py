@@ -103,7 +103,8 @@ def load_tensors(path: Path, device=None):
         raise CheckpointError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path) -> str:
+    """SHA-256 of a file's bytes, read 1 MiB at a time (checkpoint manifests, data and partition files)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -157,7 +158,7 @@ def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str,
     save_tensors({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {"name": name, "clients": clients,
-                "files": {str(p.relative_to(staging)): _sha256(p) for p in files}}
+                "files": {str(p.relative_to(staging)): file_sha256(p) for p in files}}
     write_bytes(json.dumps(manifest, indent=1).encode(), staging / "manifest.json")
     for path in [*files, staging / "manifest.json", staging / "clients", staging]:
         fsync(path)
@@ -202,7 +203,7 @@ def verify(path: Path) -> None:
             raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing")
         if name not in files:
             raise CheckpointError(f"checkpoint {path} is corrupt: {name} is not listed in its manifest")
-        if _sha256(path / name) != files[name]:
+        if file_sha256(path / name) != files[name]:
             raise CheckpointError(f"checkpoint {path} is corrupt: {name} does not match its recorded "
                                   "SHA-256 (truncated or modified)")
     listed = sum(1 for name in files if name.startswith("clients/"))

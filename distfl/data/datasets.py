@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from distfl.checkpoint import file_sha256
 from distfl.data.npz import npz_errors
 from distfl.errors import DataError
 from distfl.schema import DataConfig
@@ -324,14 +325,6 @@ def _make_synthetic(cfg: DataConfig, seed: int) -> Dataset:
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 # An optional scalar in the npz: the class count, for a dataset some of whose classes have no training sample.
 NPZ_NUM_CLASSES = "num_classes"
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def tree_sha256(root: str) -> str:

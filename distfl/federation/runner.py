@@ -27,7 +27,8 @@ from ..algorithms import build_algorithm, build_phases
 from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config, flatten_dict,
                       resume_blockers, saved_values)
 from ..data.client_test import client_test_sets, holdout_split
-from ..data.datasets import file_sha256, load_dataset
+from ..checkpoint import file_sha256
+from ..data.datasets import load_dataset
 from ..data.partition import partition
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
