@@ -22,12 +22,15 @@ class FedPer(Algorithm):
         super().__init__(cfg, population, worker, device, model_factory)
         self.head = head_coordinates(worker, cfg.model.name)
         self.body = ~self.head
+        # The head as indices, found once: boolean-mask indexing finds them again each time, which on a
+        # GPU waits for the queue (as FedBN's bn_index).
+        self.head_index = self.head.nonzero().squeeze(1)
 
     def load_own_model(self, state, worker):
         if "head" in state:
-            worker.params[self.head] = state["head"]
+            worker.params[self.head_index] = state["head"]
 
     def client_statistics(self, run, worker, stats):
         self.add_update(stats, (worker.params - run.global_params).masked_fill(self.head, 0.0), run.weight)
         stats.add("buffers", worker.buffers, run.weight)
-        run.state["head"] = worker.params[self.head]  # boolean indexing copies
+        run.state["head"] = worker.params[self.head_index]  # index tensor indexing copies
