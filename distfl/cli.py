@@ -89,7 +89,9 @@ def _print_result(summary: dict, cfg) -> None:
               f"{summary['wall_s']:.1f}s; summary: {Path(cfg.output.dir) / 'summary.json'}")
         clients = summary.get("final_client_acc")
         if clients:
-            print(f"per-client accuracy (eval.clients): mean {100 * clients['mean']:.2f}%, std "
+            tuned = summary.get("client_finetune_epochs")
+            how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
+            print(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
                   f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
         privacy = summary.get("privacy")
         if privacy:

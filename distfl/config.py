@@ -521,6 +521,7 @@ def validate(cfg: Config) -> None:
                               f"{v['model.head']} is fixed: use model.head=linear")
 
     _check_personalised(v)
+    _check_finetune(v)
 
     dataset = v["data.dataset"]
     classes = v["data.synthetic_classes"] if dataset == "synthetic" else NUM_CLASSES.get(dataset)
@@ -559,6 +560,21 @@ def _check_personalised(v: dict) -> None:
         if v["algorithm.head_epochs"] + v["algorithm.body_epochs"] == 0:
             raise ConfigError("algorithm.name=fedrep with algorithm.head_epochs=0 and algorithm.body_epochs=0 trains "
                               "nothing; set one of them >= 1")
+
+
+def _check_finetune(v: dict) -> None:
+    """eval.finetune_epochs fine-tunes the global model of a method that has one model for all clients."""
+    epochs, name = v["eval.finetune_epochs"], v["algorithm.name"]
+    if not epochs:
+        return
+    if not v["eval.clients"]:
+        raise ConfigError(f"eval.finetune_epochs={epochs} fine-tunes each client's model before per-client "
+                          "evaluation, which is off: set eval.clients=true (or eval.finetune_epochs=0)")
+    plugin = None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name)
+    if name in PERSONALISED or getattr(plugin, "personalised", False):
+        own = " (its own fine-tuning: algorithm.finetune_epochs)" if name == "fedbabu" else ""
+        raise ConfigError(f"eval.finetune_epochs={epochs} fine-tunes the global model, but algorithm.name={name} "
+                          f"is personalised: each client is scored with its own model{own}; set eval.finetune_epochs=0")
 
 
 def check_feature_dim(model_name: str, feature_dim: int) -> None:

@@ -161,6 +161,7 @@ class EvalConfig:
     clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
     client_split: str = "test"  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
     client_test_size: int = 0  # eval.clients, client_split=test: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
+    finetune_epochs: int = 0  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, momentum, weight_decay, the lr of the last round; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.finetune_epochs)
     client_holdout: float = 0.1  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 
 
@@ -396,6 +397,7 @@ RANGES = {
     "eval.batch_size": ">= 1",
     "eval.client_test_size": ">= 0",
     "eval.client_holdout": "(0, 1)",
+    "eval.finetune_epochs": ">= 0",
     "checkpoint.every": ">= 0",
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",

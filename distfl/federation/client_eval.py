@@ -5,8 +5,11 @@ held out of its own training data, un-augmented), beside the global model on the
 The model a client uses is the global model, with FedBN its own BatchNorm from its state (a client never
 sampled yet has none and uses the global BatchNorm); for a personalised method (FedPer, FedRep, FedBABU,
 Ditto, APFL) whatever its `load_evaluated_model` builds from the client's state, which may first
-fine-tune on the client's training data (FedBABU) with randomness keyed by (seed, client) and the same
-on every rank. Client c is evaluated on rank c % world_size, the
+fine-tune on the client's training data (FedBABU). With eval.finetune_epochs > 0 (a method that is not
+personalised) each client first fine-tunes that model for that many epochs of plain local SGD on its own
+training data ("FedAvg + fine-tuning", FedBABU's baseline). Both fine-tunings run through
+`train_evaluated_model`: batches from the torch RNG keyed by (seed, client), the same on every rank,
+and the lr of the last round trained. Client c is evaluated on rank c % world_size, the
 rank that holds its state under sticky placement (with runtime.client_state=disk any rank can read it).
 Its correct and total counts go into one int slot each of the eval all_reduce, so the statistics below
 are exact and identical on 1 or N ranks.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..schema import PERSONALISED
 from .aggregate import Segment
 from .local import ClientRun, local_steps, run_local_training
 
@@ -42,6 +46,8 @@ def add_client_counts(trainer, stats) -> None:
         state = trainer.store.peek(client) if (alg.fedbn or alg.personalised) and trainer.store is not None else None
         if alg.personalised:
             personal_model(trainer, client, state or {})
+        elif trainer.cfg.eval.finetune_epochs:
+            finetuned_model(trainer, client, state or {})
         else:
             alg.load_own_model(state or {}, worker)
         worker.module.eval()
@@ -56,17 +62,70 @@ def add_client_counts(trainer, stats) -> None:
 
 
 def personal_model(trainer, client: int, state: dict) -> None:
-    """Load client `client`'s own model into the worker (`Algorithm.load_evaluated_model`), with
-    `run.train` fine-tuning on its training data under the lr of the last round trained."""
-    cfg, alg = trainer.cfg, trainer.algorithm
+    """Load client `client`'s own model into the worker (`Algorithm.load_evaluated_model`), which may
+    fine-tune it with `run.train` under the method's own hooks."""
+    alg = trainer.algorithm
+    train_evaluated_model(trainer, client, state, alg, alg.load_evaluated_model)
+
+
+class PlainSGD:
+    """The hooks of plain local SGD on the model's own loss (no proximal term, correction or extra loss):
+    eval.finetune_epochs fine-tunes every method's evaluated model the same way, and needs no client state
+    (SCAFFOLD's controls, MOON's previous model) a method's own hooks would read."""
+
+    def shift(self, w, run) -> None:
+        pass
+
+    def correction(self, w, g, run) -> None:
+        pass
+
+    def local_loss(self, model, x, y, run):
+        return model.loss(model(x), y)
+
+
+def finetuned_model(trainer, client: int, state: dict) -> None:
+    """eval.finetune_epochs: the model client `client` uses (`load_own_model`: the global model, with
+    FedBN its own BatchNorm), fine-tuned for that many epochs of plain SGD on its training data."""
+    alg, epochs = trainer.algorithm, trainer.cfg.eval.finetune_epochs
+
+    def finetune(run, worker):
+        alg.load_own_model(run.state, worker)
+        run.train(epochs=epochs, name="finetune", record=False)
+
+    train_evaluated_model(trainer, client, state, PlainSGD(), finetune)
+
+
+def train_evaluated_model(trainer, client: int, state: dict, hooks, body) -> None:
+    """Call `body(run, worker)` with `run.train` bound to local SGD of the worker on client `client`'s
+    training data (train.batch_size, the lr of the last round trained, train.momentum and weight_decay,
+    `hooks`' shift, local_loss and correction), the torch RNG seeded by (seed, client) only: the same
+    model on whichever rank evaluates the client. FedBABU's fine-tuning and eval.finetune_epochs share it."""
+    cfg = trainer.cfg
     n = int(trainer.population.sizes[client])
     run = ClientRun(client_id=client, round_idx=max(trainer.last_round, 1), num_samples=n, weight=0.0,
                     steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs, cfg.train.local_steps),
                     global_params=trainer.global_params, state=dict(state))
-    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, _FINETUNE_STREAM, client]).generate_state(1)[0]))
+    torch.manual_seed(finetune_seed(cfg.seed, client))
     with torch.enable_grad():
-        run_local_training(trainer.worker, trainer.data, trainer.client_indices[client], run, cfg.train, alg,
-                           alg.load_evaluated_model)
+        run_local_training(trainer.worker, trainer.data, trainer.client_indices[client], run, cfg.train, hooks, body)
+
+
+def finetune_seed(seed: int, client: int) -> int:
+    """The seed of client `client`'s fine-tuning batches (every evaluation draws the same ones)."""
+    return int(np.random.SeedSequence([seed, _FINETUNE_STREAM, client]).generate_state(1)[0])
+
+
+def client_finetune_epochs(cfg, algorithm) -> int | None:
+    """summary.json's `client_finetune_epochs`: the epochs each client fine-tunes on its own training data
+    before the per-client statistics score it (None without eval.clients, or for a personalised plugin
+    method, whose `load_evaluated_model` decides)."""
+    if not cfg.eval.clients:
+        return None
+    if not algorithm.personalised:
+        return cfg.eval.finetune_epochs
+    if algorithm.name == "fedbabu":
+        return cfg.algorithm.finetune_epochs
+    return 0 if algorithm.name in PERSONALISED else None
 
 
 def accuracy_statistics(correct: np.ndarray, total: np.ndarray) -> dict:

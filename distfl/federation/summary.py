@@ -6,7 +6,7 @@ import math
 import torch
 
 from .. import __version__, dist
-from .client_eval import STATISTICS as CLIENT_STATISTICS
+from .client_eval import STATISTICS as CLIENT_STATISTICS, client_finetune_epochs
 
 
 def privacy_guarantee(trainer, rounds) -> dict | None:
@@ -38,6 +38,9 @@ def build(trainer, status: str, error: str | None) -> dict:
         # eval.clients: the last evaluation's per-client accuracy (mean, std, min, p10), else None
         "final_client_acc": ({key.removeprefix("client_acc_"): last[key] for key in CLIENT_STATISTICS}
                              if CLIENT_STATISTICS[0] in last else None),
+        # eval.clients: epochs each client fine-tuned before it was scored (eval.finetune_epochs; fedbabu:
+        # algorithm.finetune_epochs), 0 for none; None without eval.clients or for a personalised plugin method
+        "client_finetune_epochs": client_finetune_epochs(trainer.cfg, trainer.algorithm),
         "best_test_acc": trainer.progress["best_test_acc"],
         "best_round": trainer.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else trainer.cfg.train.rounds,
