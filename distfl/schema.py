@@ -60,6 +60,7 @@ class AlgorithmConfig:
     options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
+    scaffold_correction: str = "gradient"  # scaffold: where c - c_i acts. gradient (Algorithm 1: added to every local step's gradient, so train.momentum and train.weight_decay act on it) | weights (NIID-Bench's code: the optimizer steps on the loss gradient, then w <- w - lr (c - c_i) after every step, outside momentum and weight decay). The same without momentum and weight decay (docs/algorithms/scaffold.md)
     alpha: float = 0.01  # feddyn: dynamic regulariser weight
     beta_local: float = 0.9  # fedadc: share of the server momentum embedded in every local step
     beta_global: float = 0.9  # fedadc, slowmo: server momentum coefficient
@@ -251,6 +252,7 @@ CHOICES = {
     "tct.local_solver": ["closed_form", "iterative"],
     "tct.compute_dtype": ["float64", "float32"],
     "algorithm.variant": ["nesterov", "heavy_ball"],
+    "algorithm.scaffold_correction": ["gradient", "weights"],
     "algorithm.fedfor_boundary": ["ge", "gt"],
     "algorithm.fedfor_normalize": ["steps", "none"],
     "aggregation.mask": ["none", "gma"],
@@ -274,6 +276,7 @@ FEATURE_DIM_MODELS = ["simplecnn"]
 APPLIES_ONLY_TO = {
     "algorithm.mu": ("algorithm.name", ["fedprox"]),
     "algorithm.alpha": ("algorithm.name", ["feddyn"]),
+    "algorithm.scaffold_correction": ("algorithm.name", ["scaffold"]),
     "algorithm.beta_local": ("algorithm.name", ["fedadc"]),
     "algorithm.beta_global": ("algorithm.name", ["fedadc", "slowmo"]),
     "algorithm.server_alpha": ("algorithm.name", ["fedadc", "slowmo"]),

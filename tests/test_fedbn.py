@@ -12,6 +12,7 @@ from distfl.algorithms import ALGORITHMS
 VARIANTS = {name: [f"algorithm.name={name}"] for name, cls in ALGORITHMS.items() if not cls.personalised}
 VARIANTS["fedavg+gma"] = ["aggregation.mask=gma"]
 VARIANTS["fedadc+kd"] = ["algorithm.name=fedadc", "algorithm.kd_lambda=0.35"]
+VARIANTS["scaffold+weights"] = ["algorithm.name=scaffold", "algorithm.scaffold_correction=weights", "train.momentum=0.9"]
 VARIANTS["moon"].append("model.projection_dim=16")  # MOON needs a projection head
 
 

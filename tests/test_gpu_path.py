@@ -195,7 +195,11 @@ def _reads_in_one_round(tmp_path, clients: int, **sections) -> int:
     {"algorithm": {"name": "scaffold"}},
     {"model": {"name": "resnet20"}, "data": {"synthetic_channels": 3}, "aggregation": {"fedbn": True}},
     {"runtime": {"pack_size": 4}, "train": {"momentum": 0.9}},
-    {"algorithm": {"name": "fedper"}}], ids=["scaffold", "fedbn", "packs", "fedper"])
+    {"algorithm": {"name": "fedper"}},
+    {"algorithm": {"name": "scaffold", "scaffold_correction": "weights"}, "model": {"name": "resnet20"},
+     "data": {"synthetic_channels": 3, "synthetic_train": 480}, "aggregation": {"fedbn": True}, "train": {"momentum": 0.9},
+     "runtime": {"pack_size": 4, "client_state": "disk"}}],
+    ids=["scaffold", "fedbn", "packs", "fedper", "scaffold_weights_fedbn_packs"])
 def test_a_round_reads_from_the_device_a_fixed_number_of_times_whatever_its_clients(tmp_path, sections):
     """Range and finiteness checks, counters, FedBN's and FedPer's coordinates cost no sync per client, and a
     packed step indexes with device tensors: a round of 8 clients waits for the device as often as one

@@ -49,6 +49,8 @@ PACKABLE = {
     "fedavg_adam": ["server.optimizer=adam", "server.lr=0.01"],
     "fedprox": ["algorithm.name=fedprox", "algorithm.mu=0.5"],
     "scaffold": ["algorithm.name=scaffold", "runtime.client_state=disk"],
+    "scaffold_weights": ["algorithm.name=scaffold", "algorithm.scaffold_correction=weights", "train.momentum=0.9",
+                         "train.weight_decay=0.01", "runtime.client_state=disk"],
     "feddyn": ["algorithm.name=feddyn", "algorithm.alpha=0.1", "runtime.client_state=disk"],
     "fednova": ["algorithm.name=fednova", "train.momentum=0.5"],
     "fedadc": ["algorithm.name=fedadc", "algorithm.beta_local=0.5", "algorithm.beta_global=0.9"],

@@ -2,7 +2,8 @@
 
 A round, as the runtime runs it (federation/runner.py):
   for each client this rank hosts:      load global model -> begin_client -> local SGD steps:
-                                          before_forward, local_loss, backward, correct_gradient, step
+                                          before_forward, local_loss, backward, correct_gradient, step,
+                                          after_step
                                         -> client_statistics(run, worker, stats)
   stats.reduce()                        one all_reduce of every segment, summed over the cohort
   server_update(reduced)                identical on every rank
@@ -15,11 +16,12 @@ it and is named by `algorithm.name: package.module:ClassName` (docs/extending.md
 signatures below are kept stable.
 
 FedBN (`aggregation.fedbn`) composes with every method through the runtime's entry points at the end
-of the class (`shift`, `correction`, `collect`, `server_step`), never through a method's own hooks:
+of the class (`shift`, `correction`, `post_step`, `collect`, `server_step`), never through a method's own hooks:
   - a client starts from the global model with its own BatchNorm, and `run.global_params` is that
     starting point, so whatever a method builds from it is built against the client's own BatchNorm;
-  - the method's moves of the weights (before_forward) and extra gradient terms (correct_gradient)
-    are undone on the BatchNorm coordinates, which train by the plain loss gradient only;
+  - the method's moves of the weights (before_forward, after_step) and extra gradient terms
+    (correct_gradient) are undone on the BatchNorm coordinates, which train by the plain loss gradient
+    only;
   - the client's BatchNorm is saved into its state after every method's client_statistics;
   - the server's BatchNorm becomes the weighted mean of the cohort's own BatchNorm (parameters and
     statistics), whatever the method's server step did there; only clients never sampled use it.
@@ -150,6 +152,11 @@ class Algorithm:
     def correct_gradient(self, w: torch.Tensor, g: torch.Tensor, run) -> None:
         """Add method-specific terms to the flat gradient `g` in place, before weight decay and momentum."""
 
+    def after_step(self, w: torch.Tensor, lr: float, run) -> None:
+        """Move the flat parameters `w` in place after each local SGD step (weight decay, momentum and
+        the step taken), outside the momentum buffer; `lr` is the lr that step used (schedules
+        included). Called after every step of every pass, also a pass with a `trainable` mask."""
+
     def segments(self) -> list[Segment]:
         segments = [Segment("delta", self.num_params), Segment("buffers", self.num_buffers)]
         if self.gma:
@@ -221,6 +228,17 @@ class Algorithm:
         own = g[self.bn_index]
         self.correct_gradient(w, g, run)
         g[self.bn_index] = own
+
+    def post_step(self, w: torch.Tensor, lr: float, run) -> None:
+        """after_step, undone on the BatchNorm coordinates under FedBN."""
+        if type(self).after_step is Algorithm.after_step:
+            return  # nothing moves: not even FedBN's copy of its coordinates each step
+        if not self.fedbn:
+            self.after_step(w, lr, run)
+            return
+        own = w[self.bn_index]
+        self.after_step(w, lr, run)
+        w[self.bn_index] = own
 
     def collect(self, run, worker, stats) -> None:
         """client_statistics, then (FedBN) the client's BatchNorm into its state and the round's mean."""

@@ -4,7 +4,13 @@ Local step:   y <- y - lr (g + c - c_i)
 After K steps: c_i+ = c_i - c + (x - y) / (K lr)
 Server:       x <- x + lr_g * mean_k (y_k - x)  (the server optimizer on the weighted mean delta)
               c <- c + (1/N) sum_k (c_i+ - c_i)  (N = all clients, |S|/N * mean over the cohort)
-Momentum and weight decay, when configured, act on the corrected gradient.
+
+Where c - c_i acts (`algorithm.scaffold_correction`; docs/algorithms/scaffold.md):
+  gradient  added to each step's gradient, as Algorithm 1 writes the step: local momentum and weight
+            decay, when configured, act on the corrected gradient;
+  weights   NIID-Bench's code (`train_net_scaffold`): the optimizer steps on the plain loss gradient,
+            then y <- y - lr (c - c_i), outside momentum and weight decay.
+The two are the same step without momentum and weight decay.
 """
 import torch
 
@@ -20,12 +26,19 @@ class Scaffold(Algorithm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.c = torch.zeros(self.num_params, device=self.device)
+        self.on_weights = self.cfg.algorithm.scaffold_correction == "weights"
 
     def init_client_state(self):
         return {"c": torch.zeros(self.num_params, device=self.device)}
 
     def correct_gradient(self, w, g, run):
-        g.add_(self.c).sub_(run.state["c"])
+        if not self.on_weights:
+            g.add_(self.c).sub_(run.state["c"])
+
+    def after_step(self, w, lr, run):
+        if self.on_weights:
+            # As NIID-Bench writes it, w - lr * (c - c_i): the product rounded before the subtraction.
+            w.sub_(torch.sub(self.c, run.state["c"]).mul_(lr))
 
     def segments(self):
         return super().segments() + [Segment("control_delta", self.num_params)]

@@ -104,7 +104,7 @@ class ClientRun:
         parameters; the others do not move (their step is zeroed after weight decay and momentum).
         name: `pass_name` while it runs, for hooks that act differently per pass. record: add this
         pass's loss to the round's train_loss (`Algorithm.local_samples` must count its samples).
-        The algorithm's shift, local_loss and correction apply; momentum starts afresh each call."""
+        The algorithm's shift, local_loss, correction and post_step apply; momentum starts afresh each call."""
         if self._local_sgd is None:
             raise RuntimeError("ClientRun.train is only available during local training or evaluation")
         self.pass_name = name
@@ -209,6 +209,8 @@ def _local_sgd(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, tra
     w, g = flat.params, flat.grads
     lr, wd, momentum = round_lr(train_cfg, run.round_idx, train_cfg.rounds), train_cfg.weight_decay, train_cfg.momentum
     frozen = None if trainable is None else ~trainable
+    # An object with the older hooks only (no post_step) moves nothing after a step.
+    post_step = getattr(algorithm, "post_step", None)
     velocity = None
     loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
     for x, y in local_batches(data, indices, train_cfg, epochs, steps, flat.fold_single):
@@ -230,4 +232,6 @@ def _local_sgd(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, tra
         if frozen is not None:
             step = step.masked_fill(frozen, 0.0)
         w.add_(step, alpha=-lr)
+        if post_step is not None:
+            post_step(w, lr, run)
     return loss_sum

@@ -9,7 +9,7 @@ Each client keeps the semantics of `train_client` (federation/local.py):
   - the same keyed randomness: its batch order (and augmentation) is drawn by replaying its own
     `torch.manual_seed(seed, round, client)` stream, exactly as `train_client` draws it;
   - the same algorithm hooks, called per client on one row (a view) of the stacked flat tensors:
-    `begin_client`, `shift`, `correction`, then `collect` on the worker;
+    `begin_client`, `shift`, `correction`, `post_step`, then `collect` on the worker;
   - the same SGD step (coupled weight decay, momentum, dampening 0) as element-wise vector ops.
 Clients of unequal sizes: at step s only the clients with an s-th batch take part, and clients whose
 s-th batch has the same size go through one vectorised call, so every client takes exactly its own
@@ -169,7 +169,12 @@ def _sgd_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train_
         if not whole:
             velocity[index] = v
         g = v
-    wr.add_(g, alpha=-round_lr(train_cfg, runs[0].round_idx, train_cfg.rounds))
+    lr = round_lr(train_cfg, runs[0].round_idx, train_cfg.rounds)
+    wr.add_(g, alpha=-lr)
+    post_step = getattr(algorithm, "post_step", None)
+    if post_step is not None:
+        for k, run in enumerate(runs):
+            post_step(wr[k], lr, run)
     if whole:
         b.copy_(new_b)
     else:

@@ -2,6 +2,9 @@
 # Runs NIID-Bench's FMNIST rows with distfl sweep (resumable: rerun this script after a stop).
 # Usage: experiments/niid_bench/run.sh [OUT]   (default OUT: experiments/niid_bench/runs)
 # algorithm.mu is fedprox's only: the sweep applies it where declared, see below.
+# SCAFFOLD runs twice: `scaffold` (distfl's default, c - c_i added to the gradient, so through momentum)
+# and `scaffold_nb` (algorithm.scaffold_correction=weights: NIID-Bench's code, w -= lr (c - c_i) after
+# each step, outside momentum and weight decay); README "Readings", item 6.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:-experiments/niid_bench/runs}
@@ -13,10 +16,14 @@ for seed in 0 1; do
       dir05) P="partition.scheme=dirichlet partition.alpha=0.5" ;;
       qty05) P="partition.scheme=quantity partition.alpha=0.5" ;;
     esac
-    for alg in fedavg fedprox scaffold fednova; do
-      MU=""; [ $alg = fedprox ] && MU="algorithm.mu=0.01"
-      $PY -m distfl sweep experiments/niid_bench/niid_bench.yaml $P algorithm.name=$alg $MU \
-        output.dir=$OUT/$part/$alg --seeds $seed || echo "FAILED $part $alg seed $seed"
+    for run in fedavg fedprox scaffold scaffold_nb fednova; do
+      case $run in
+        fedprox)     A="algorithm.name=fedprox algorithm.mu=0.01" ;;
+        scaffold_nb) A="algorithm.name=scaffold algorithm.scaffold_correction=weights" ;;
+        *)           A="algorithm.name=$run" ;;
+      esac
+      $PY -m distfl sweep experiments/niid_bench/niid_bench.yaml $P $A \
+        output.dir=$OUT/$part/$run --seeds $seed || echo "FAILED $part $run seed $seed"
     done
   done
 done
