@@ -599,6 +599,9 @@ def _warn_inapplicable(cfg: Config, explicit: frozenset[str]) -> None:
     for key, (controller, used_by) in APPLIES_ONLY_TO.items():
         # A key left at its default is not warned about: a dumped config (run dir, resume) sets
         # every key explicitly, and would otherwise warn for each one its choices ignore.
+        # TCT's stage 1 is the algorithm tct.stage1 names, with its algorithm.* keys.
+        if controller == "algorithm.name" and v[controller] == "tct" and v["tct.stage1"] in used_by:
+            continue
         if key in explicit and v[key] != defaults[key] and v[controller] not in used_by:
             warnings.warn(f"{key} is set but only used by {controller} in [{', '.join(used_by)}]; "
                           f"it is ignored for {v[controller]}", ConfigWarning,

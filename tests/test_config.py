@@ -266,6 +266,8 @@ def test_warning_for_inapplicable_key():
                                            r"in \[fedprox\]; it is ignored for fedavg"):
         cfg = load_config(None, ["algorithm.mu=0.1"])
     assert cfg.algorithm.mu == 0.1
+    with pytest.warns(ConfigWarning, match=r"algorithm.mu is set .* it is ignored for tct"):
+        load_config(None, ["algorithm.name=tct", "tct.stage1=fedavg", "algorithm.mu=0.1"])
 
 
 def test_no_warning_when_applicable_or_default(tmp_path):
@@ -273,6 +275,9 @@ def test_no_warning_when_applicable_or_default(tmp_path):
         warnings.simplefilter("error")
         load_config(None, ["algorithm.name=fedprox", "algorithm.mu=0.1"])
         load_config(None, ["algorithm.name=scaffold"])  # mu left at its default
+        # TCT's stage 1 reads the algorithm.* keys of the method tct.stage1 names.
+        load_config(None, ["algorithm.name=tct", "tct.stage1=fedprox", "algorithm.mu=0.1"])
+        load_config(None, ["algorithm.name=tct", "tct.stage1=scaffold", "algorithm.scaffold_correction=weights"])
         load_config(write(tmp_path, "server:\n  optimizer: adam\n  beta2: 0.8\n"))
         load_config(write(tmp_path, "algorithm:\n  mu: 0.01\n"))  # explicit but equal to the default
         load_config(write(tmp_path, dump_config(load_config(None))))  # a dumped config sets every key
