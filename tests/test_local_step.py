@@ -87,3 +87,32 @@ def test_channels_last_run_one_rank_equals_two_ranks_and_resume(tmp_path):
     train_ok(cfg, f"output.dir={tmp_path / 'stopped'}", "runtime.channels_last=on", "train.rounds=2")
     resumed = train_ok(None, "train.rounds=3", resume=str(tmp_path / "stopped"))
     assert through["model_sha256"] == two["model_sha256"] == resumed["model_sha256"]
+
+
+def test_a_checkpoint_from_before_channels_last_resumes_only_with_it_off(tmp_path):
+    """A distfl without runtime.channels_last trained in NCHW: resuming its checkpoint with today's
+    default (auto: channels_last for a conv model on CPU) is refused, and with runtime.channels_last=off
+    it finishes as a run of NCHW batches from the start does."""
+    import hashlib
+    import json
+
+    from conftest import run_cli, summary
+    from distfl.checkpoint import complete_checkpoints
+
+    cfg = write_config(tmp_path / "conv.yaml", **CONV)
+    through = train_ok(cfg, f"output.dir={tmp_path / 'through'}", "runtime.channels_last=off")
+    train_ok(cfg, f"output.dir={tmp_path / 'old'}", "runtime.channels_last=off", "train.rounds=2")
+    saved = tmp_path / "old" / "config.yaml"  # as an older distfl wrote them: no such key
+    saved.write_text("".join(line for line in saved.read_text().splitlines(True) if "channels_last" not in line))
+    for path in complete_checkpoints(tmp_path / "old"):
+        state = torch.load(path / "state.pt", weights_only=False)
+        del state["config"]["runtime"]["channels_last"]
+        torch.save(state, path / "state.pt")
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["files"]["state.pt"] = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=3"])
+    assert proc.returncode != 0 and "runtime.channels_last" in proc.stderr
+    proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=3", "runtime.channels_last=off"])
+    assert proc.returncode == 0, proc.stderr
+    assert summary(tmp_path / "old")["model_sha256"] == through["model_sha256"]

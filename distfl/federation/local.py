@@ -102,11 +102,12 @@ class FlatModel:
         return digest.hexdigest()
 
 
-def uses_channels_last(setting: str, module: torch.nn.Module, device: torch.device) -> bool:
-    """runtime.channels_last: on, off, or auto (on CPU, for a model with 2-D convolutions)."""
+def uses_channels_last(setting: str, module: torch.nn.Module, device: torch.device, built_in: bool) -> bool:
+    """runtime.channels_last: on, off, or auto: on CPU, for a model of distfl's zoo with 2-D
+    convolutions (a plugin model may `.view` its activations, which a channels_last tensor refuses)."""
     if setting != "auto":
         return setting == "on"
-    return device.type == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+    return built_in and device.type == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
 
 
 @dataclass
