@@ -102,12 +102,14 @@ class FlatModel:
         return digest.hexdigest()
 
 
-def uses_channels_last(setting: str, module: torch.nn.Module, device: torch.device, built_in: bool) -> bool:
-    """runtime.channels_last: on, off, or auto: on CPU, for a model of distfl's zoo with 2-D
-    convolutions (a plugin model may `.view` its activations, which a channels_last tensor refuses)."""
+def uses_channels_last(setting: str, model_name: str, device: torch.device) -> bool:
+    """runtime.channels_last: on, off, or auto: on CPU, for the zoo's models that train faster with it
+    (models.CHANNELS_LAST_ON_CPU; a plugin model may `.view` its activations, which channels_last refuses)."""
+    from ..models import CHANNELS_LAST_ON_CPU
+
     if setting != "auto":
         return setting == "on"
-    return built_in and device.type == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+    return device.type == "cpu" and model_name in CHANNELS_LAST_ON_CPU
 
 
 @dataclass

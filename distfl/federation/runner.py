@@ -33,7 +33,7 @@ from ..data.partition import partition
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
 from ..logging import RunLogger
-from ..models import MODELS, build_model
+from ..models import build_model
 from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
@@ -117,8 +117,7 @@ class Trainer:
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
                     single if has_batchnorm else None)
-        self.worker = FlatModel(model, channels_last=uses_channels_last(cfg.runtime.channels_last, model, self.device,
-                                                                           cfg.model.name in MODELS))
+        self.worker = FlatModel(model, channels_last=uses_channels_last(cfg.runtime.channels_last, cfg.model.name, self.device))
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
         # Ranks with different torch builds (or kernels) can draw different initial weights from the same
