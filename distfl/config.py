@@ -51,7 +51,7 @@ RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "ou
 HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
 # Keys whose default changed after they were added: the value a saved config that lacks the key ran with
 # (it predates the key), where that differs from today's default.
-PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn"}
+PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off"}
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""

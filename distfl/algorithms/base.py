@@ -220,6 +220,12 @@ class Algorithm:
         self.before_forward(w, run)
         w[self.bn_index] = own
 
+    def corrects_gradient(self) -> bool:
+        """Whether the local step calls a gradient correction (the runtime skips building the flat
+        gradient when nothing reads it)."""
+        return (type(self).correct_gradient is not Algorithm.correct_gradient
+                or type(self).correction is not Algorithm.correction)
+
     def correction(self, w: torch.Tensor, g: torch.Tensor, run) -> None:
         """correct_gradient, undone on the BatchNorm coordinates under FedBN (they keep the loss gradient)."""
         if not self.fedbn:

@@ -4,6 +4,12 @@ The model's parameters (and float buffers, e.g. BatchNorm running statistics) ar
 tensor each, and the parameter gradients are views into one flat gradient tensor. Loading the global
 model into the worker is then one copy, a client's update is one subtraction, and the SGD step is a
 handful of fused vector ops instead of a loop over parameter tensors.
+
+A step's gradients are not accumulated into the flat gradient: each backward pass starts with the
+parameters' `.grad` unset, so autograd hands over the tensors it computed (no zeroing pass, no
+read-add-write pass). When the step needs the flat gradient (a method's correction, weight decay,
+momentum, a trainable mask) they are copied into it; plain SGD adds them to the parameters directly.
+Either way the step is the same element-wise arithmetic as before. (measured: docs/performance.md)
 """
 from __future__ import annotations
 
@@ -18,10 +24,14 @@ from .schedule import round_lr
 
 
 class FlatModel:
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, channels_last: bool = False):
         self.module = module
+        # Training batches of images go to the model in channels_last memory format (runtime.channels_last):
+        # the same values, faster CPU kernels for convolutions and max-pooling.
+        self.channels_last = channels_last
         named = list(module.named_parameters())
         params = [p for _, p in named]
+        self.param_tensors = params
         device = params[0].device
         # name -> slice of the flat vector, for methods that treat some parameters differently (FedBN).
         self.param_slices: dict[str, slice] = {}
@@ -34,6 +44,7 @@ class FlatModel:
             p.data = self.params[offset : offset + n].view_as(p)
             p.grad = self.grads[offset : offset + n].view_as(p)
             offset += n
+        self.grad_views = [p.grad for p in params]
 
         # Buffers of `frozen` modules (a fixed classifier head) stay out of the flat vectors: they are
         # identical everywhere, never aggregated and never trained.
@@ -70,12 +81,35 @@ class FlatModel:
         for b, v in zip(self.int_buffers, self._int_snapshot):
             b.copy_(v)
 
+    def take_grads(self) -> list[torch.Tensor | None]:
+        """The gradients of the last backward pass, one per parameter (None: it got none), and the
+        parameters' `.grad` unset for the next one (autograd then hands over the tensor it computed)."""
+        grads = [p.grad for p in self.param_tensors]
+        for p in self.param_tensors:
+            p.grad = None
+        return grads
+
+    def restore_grad_views(self) -> None:
+        """Make the parameters' `.grad` the views into the flat gradient again."""
+        for p, view in zip(self.param_tensors, self.grad_views):
+            p.grad = view
+
     def state_sha256(self) -> str:
         """SHA-256 of all parameters and buffers as contiguous float32 bytes, in state_dict order."""
         digest = hashlib.sha256()
         for tensor in self.module.state_dict().values():
             digest.update(tensor.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
         return digest.hexdigest()
+
+
+def uses_channels_last(setting: str, model_name: str, device: torch.device) -> bool:
+    """runtime.channels_last: on, off, or auto: on CPU, for the zoo's models that train faster with it
+    (models.CHANNELS_LAST_ON_CPU; a plugin model may `.view` its activations, which channels_last refuses)."""
+    from ..models import CHANNELS_LAST_ON_CPU
+
+    if setting != "auto":
+        return setting == "on"
+    return device.type == "cpu" and model_name in CHANNELS_LAST_ON_CPU
 
 
 @dataclass
@@ -170,6 +204,16 @@ def local_batches(data, indices: torch.Tensor, train_cfg, epochs: int = 0, steps
                 return
 
 
+def seed_local_rng(seed: int, device: torch.device) -> None:
+    """`torch.manual_seed(seed)`. On the CPU only the CPU generator draws, so only it is seeded:
+    torch.manual_seed also queues a seed for CUDA, which without an initialised GPU records a Python
+    stack trace on every call (0.4 ms a client)."""
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm) -> None:
     """Run a round of local training on one client, starting from the model in the worker
     (`run.global_params`, or what `begin_client` made of it): the algorithm's `local_training`, by
@@ -178,7 +222,7 @@ def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, t
     All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
     (seed, round, client), so a client trains identically on whichever rank hosts it.
     """
-    torch.manual_seed(client_seed(algorithm.seed, run.round_idx, run.client_id))
+    seed_local_rng(client_seed(algorithm.seed, run.round_idx, run.client_id), flat.params.device)
     # An object with the older hooks only (no local_training) trains one pass, as before the hook existed.
     body = getattr(algorithm, "local_training", None) or (lambda run, flat: run.train())
     run_local_training(flat, data, indices, run, train_cfg, algorithm, body)
@@ -213,25 +257,47 @@ def _local_sgd(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, tra
     post_step = getattr(algorithm, "post_step", None)
     velocity = None
     loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
-    for x, y in local_batches(data, indices, train_cfg, epochs, steps, flat.fold_single):
-        algorithm.shift(w, run)
-        loss = algorithm.local_loss(model, x, y, run)
-        g.zero_()
-        loss.backward()
-        loss_sum += loss.detach().double() * len(y)
-        # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
-        # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
-        algorithm.correction(w, g, run)
-        if wd:
-            g.add_(w, alpha=wd)
-        if momentum:
-            velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
-            step = velocity
-        else:
-            step = g
-        if frozen is not None:
-            step = step.masked_fill(frozen, 0.0)
-        w.add_(step, alpha=-lr)
-        if post_step is not None:
-            post_step(w, lr, run)
+    # Plain SGD needs no flat gradient: each parameter takes its own gradient, the same arithmetic.
+    corrects = getattr(algorithm, "corrects_gradient", None)  # duck-typed plugin objects may lack it
+    plain = not wd and not momentum and frozen is None and corrects is not None and not corrects()
+    image = flat.channels_last
+    flat.take_grads()
+    try:
+        for x, y in local_batches(data, indices, train_cfg, epochs, steps, flat.fold_single):
+            if image and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            algorithm.shift(w, run)
+            loss = algorithm.local_loss(model, x, y, run)
+            loss.backward()
+            loss_sum += loss.detach().double() * len(y)
+            grads = flat.take_grads()
+            if plain:
+                with torch.no_grad():
+                    torch._foreach_add_([p for p, d in zip(flat.param_tensors, grads) if d is not None],
+                                        [d for d in grads if d is not None], alpha=-lr)
+                if post_step is not None:
+                    post_step(w, lr, run)
+                continue
+            for view, d in zip(flat.grad_views, grads):
+                if d is None:
+                    view.zero_()
+            torch._foreach_copy_([v for v, d in zip(flat.grad_views, grads) if d is not None],
+                                 [d for d in grads if d is not None])
+            # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
+            # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
+            algorithm.correction(w, g, run)
+            if wd:
+                g.add_(w, alpha=wd)
+            if momentum:
+                velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
+                step = velocity
+            else:
+                step = g
+            if frozen is not None:
+                step = step.masked_fill(frozen, 0.0)
+            w.add_(step, alpha=-lr)
+            if post_step is not None:
+                post_step(w, lr, run)
+    finally:
+        flat.restore_grad_views()
     return loss_sum

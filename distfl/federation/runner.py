@@ -38,7 +38,7 @@ from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import accuracy_statistics, add_client_counts, client_segments
-from .local import ClientRun, FlatModel, local_steps, train_client
+from .local import ClientRun, FlatModel, local_steps, train_client, uses_channels_last
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
 from .probe import probe_model
@@ -117,7 +117,8 @@ class Trainer:
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
                     single if has_batchnorm else None)
-        self.worker = FlatModel(model)
+        channels_last = uses_channels_last(cfg.runtime.channels_last, cfg.model.name, self.device)
+        self.worker = FlatModel(model, channels_last=channels_last)
         self.global_params = self.worker.params.detach().clone()
         self.global_buffers = self.worker.buffers.detach().clone()
         # Ranks with different torch builds (or kernels) can draw different initial weights from the same

@@ -64,6 +64,13 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
 }
 
 
+# Models whose local training step is faster on the CPU with channels_last batches (runtime.channels_last:
+# auto), measured at 1 thread (docs/performance.md): pfl_cnn 0.93x the NCHW step's time, cifar_cnn 0.88x,
+# resnet20 0.84x, mobilenetv2 0.71x. Not here: the 1-channel models (simplecnn, lenet5, tct_cnn: 1.00x),
+# resnet18 (1.04x), senet18 (1.03x), vgg13 (1.12x) and mlp.
+CHANNELS_LAST_ON_CPU = ("pfl_cnn", "cifar_cnn", "resnet20", "mobilenetv2")
+
+
 def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Build the model `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs.
 

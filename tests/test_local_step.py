@@ -1,0 +1,123 @@
+"""The local SGD step's fast paths (federation/local.py): gradients handed over by autograd instead of
+accumulated into the flat gradient, and channels_last image batches (runtime.channels_last)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import train_ok, write_config
+from distfl import dist
+from distfl.algorithms.base import Algorithm
+from distfl.config import load_config
+from distfl.federation.runner import Trainer
+
+# pfl_cnn on 3-channel 8x8 synthetic images: the convolutions and max-pool channels_last changes.
+CONV = {"model": {"name": "pfl_cnn"}, "data": {"synthetic_channels": 3},
+        "train": {"rounds": 3, "clients_per_round": 4}}
+
+
+def trainer(tmp_path, name, *overrides, base=None):
+    cfg_path = write_config(tmp_path / f"{name}.yaml", **(base or CONV))
+    return Trainer(load_config(str(cfg_path), [*overrides, f"output.dir={tmp_path / name}"]), dist.init("cpu", 1))
+
+
+def batch_formats(tr) -> set:
+    """The memory formats of the batches the model trains on during round 1."""
+    seen = set()
+
+    def record(module, args):
+        if module.training:
+            x = args[0]
+            seen.add("channels_last" if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+                     and not x.is_contiguous() else "contiguous")
+
+    handle = tr.worker.module.register_forward_pre_hook(record)
+    try:
+        tr.run_round(1)
+    finally:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("setting,base,expected", [
+    ("auto", CONV, {"channels_last"}),  # a model with convolutions, on the CPU
+    ("off", CONV, {"contiguous"}),
+    ("on", CONV, {"channels_last"}),
+    ("auto", {"model": {"name": "mlp"}, "data": {"synthetic_channels": 3}}, {"contiguous"}),  # no convolution
+    # Convolutions, but measured no faster with it (models.CHANNELS_LAST_ON_CPU); on is still honoured.
+    ("auto", {"model": {"name": "lenet5"}, "data": {"synthetic_channels": 3, "synthetic_image_size": 28}},
+     {"contiguous"}),
+    ("on", {"model": {"name": "lenet5"}, "data": {"synthetic_channels": 3, "synthetic_image_size": 28}},
+     {"channels_last"}),
+])
+def test_runtime_channels_last_sets_the_training_batches_format(tmp_path, setting, base, expected):
+    tr = trainer(tmp_path, setting, f"runtime.channels_last={setting}", base=base)
+    assert batch_formats(tr) == expected
+
+
+def test_channels_last_changes_only_float_rounding(tmp_path):
+    """The same function of the data: the two formats' models agree to float rounding after 3 rounds."""
+    models = {}
+    for setting in ("on", "off"):
+        tr = trainer(tmp_path, setting, f"runtime.channels_last={setting}")
+        for t in (1, 2, 3):
+            tr.run_round(t)
+        models[setting] = tr.global_params
+    assert torch.allclose(models["on"], models["off"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("extra", [[], ["train.momentum=0.9", "train.weight_decay=0.001"]])
+def test_handed_over_gradients_equal_the_flat_gradient_step(tmp_path, monkeypatch, extra):
+    """Plain SGD adds each parameter's gradient directly; forcing the flat-gradient path (what a method
+    with a gradient correction takes) gives the bit-identical model. With momentum and weight decay
+    both runs take the flat path: the check that forcing it changes nothing else."""
+    direct = trainer(tmp_path, "direct", *extra)
+    for t in (1, 2):
+        direct.run_round(t)
+    monkeypatch.setattr(Algorithm, "corrects_gradient", lambda self: True)
+    flat = trainer(tmp_path, "flat", *extra)
+    for t in (1, 2):
+        flat.run_round(t)
+    assert torch.equal(direct.global_params, flat.global_params)
+    # The parameters' .grad are the views into the flat gradient again after local training.
+    worker = direct.worker
+    assert all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
+               for p, v in zip(worker.param_tensors, worker.grad_views))
+
+
+def test_channels_last_run_one_rank_equals_two_ranks_and_resume(tmp_path):
+    cfg = write_config(tmp_path / "conv.yaml", **CONV)
+    through = train_ok(cfg, f"output.dir={tmp_path / 'through'}", "runtime.channels_last=on")
+    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", "runtime.channels_last=on", nproc=2)
+    train_ok(cfg, f"output.dir={tmp_path / 'stopped'}", "runtime.channels_last=on", "train.rounds=2")
+    resumed = train_ok(None, "train.rounds=3", resume=str(tmp_path / "stopped"))
+    assert through["model_sha256"] == two["model_sha256"] == resumed["model_sha256"]
+
+
+def test_a_checkpoint_from_before_channels_last_resumes_only_with_it_off(tmp_path):
+    """A distfl without runtime.channels_last trained in NCHW: resuming its checkpoint with today's
+    default (auto: channels_last for a conv model on CPU) is refused, and with runtime.channels_last=off
+    it finishes as a run of NCHW batches from the start does."""
+    import hashlib
+    import json
+
+    from conftest import run_cli, summary
+    from distfl.checkpoint import complete_checkpoints
+
+    cfg = write_config(tmp_path / "conv.yaml", **CONV)
+    through = train_ok(cfg, f"output.dir={tmp_path / 'through'}", "runtime.channels_last=off")
+    train_ok(cfg, f"output.dir={tmp_path / 'old'}", "runtime.channels_last=off", "train.rounds=2")
+    saved = tmp_path / "old" / "config.yaml"  # as an older distfl wrote them: no such key
+    saved.write_text("".join(line for line in saved.read_text().splitlines(True) if "channels_last" not in line))
+    for path in complete_checkpoints(tmp_path / "old"):
+        state = torch.load(path / "state.pt", weights_only=False)
+        del state["config"]["runtime"]["channels_last"]
+        torch.save(state, path / "state.pt")
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["files"]["state.pt"] = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=3"])
+    assert proc.returncode != 0 and "runtime.channels_last" in proc.stderr
+    proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=3", "runtime.channels_last=off"])
+    assert proc.returncode == 0, proc.stderr
+    assert summary(tmp_path / "old")["model_sha256"] == through["model_sha256"]
