@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import metrics, record_client_models, run_cli, train_ok
+from conftest import metrics, one_two_resumed, record_client_models, run_cli, train_ok
 
 EPS = 1e-3
 
@@ -74,12 +74,7 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
     """Same model, same step sizes and the same reported accuracy (the mean of the last two models: the
     previous one is checkpointed) on 1 rank, on 2 ranks, and stopped after round 4 then resumed on 2."""
     args = ["algorithm.name=fedexp", "server.momentum=0.5"]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, nproc=2)
-    train_ok(small_config, f"output.dir={tmp_path / 'stopped'}", *args, "train.rounds=4")
-    resumed = train_ok(None, "train.rounds=6", resume=str(tmp_path / "stopped"), nproc=2)
-    assert one["model_sha256"] == two["model_sha256"] == resumed["model_sha256"]
-    assert one["final_test_acc"] == two["final_test_acc"] == resumed["final_test_acc"]
+    one_two_resumed(small_config, tmp_path, *args)
     etas = [r["fedexp_eta_g"] for r in metrics(tmp_path / "one")]
     assert max(etas) > 1
     assert etas == [r["fedexp_eta_g"] for r in metrics(tmp_path / "two")] == \

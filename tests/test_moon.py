@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from conftest import metrics, run_cli, train_ok, write_config
+from conftest import metrics, one_two_resumed, run_cli, train_ok, write_config
 from distfl.algorithms.moon import contrastive_loss
 
 # Six clients, all sampled every round: from round 2 on every client has a previous local model.
@@ -115,16 +115,8 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, moon_config):
     """Same model on 1 rank (state in memory), on 2 ranks with the state on disk and balanced placement,
     and stopped after round 4 then resumed on 2 ranks (memory, sticky): the previous local models are
     checkpointed and restored."""
-    one = train_ok(moon_config, f"output.dir={tmp_path / 'one'}", "algorithm.name=moon")
-    two = train_ok(moon_config, f"output.dir={tmp_path / 'two'}", "algorithm.name=moon", "runtime.client_state=disk",
-                   "runtime.placement=balanced", nproc=2)
-    train_ok(moon_config, f"output.dir={tmp_path / 'stopped'}", "algorithm.name=moon", "train.rounds=4")
-    resumed = train_ok(None, "train.rounds=6", resume=str(tmp_path / "stopped"), nproc=2)
-    assert one["model_sha256"] == two["model_sha256"] == resumed["model_sha256"]
-    assert one["final_test_acc"] == two["final_test_acc"] == resumed["final_test_acc"]
-    losses = [r["train_loss"] for r in metrics(tmp_path / "one")]
-    assert losses == [r["train_loss"] for r in metrics(tmp_path / "two")]
-    assert losses == [r["train_loss"] for r in metrics(tmp_path / "stopped")]
+    one_two_resumed(moon_config, tmp_path, "algorithm.name=moon",
+                    two=("runtime.client_state=disk", "runtime.placement=balanced"))
 
 
 def test_composes_with_sphere_head_gma_and_server_momentum(tmp_path, moon_config):

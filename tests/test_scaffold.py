@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import yaml
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from conftest import metrics, run_cli, train_ok, write_config
+from conftest import one_two_resumed, run_cli, write_config
 
 # Three clients, all every round (NIID-Bench samples every party), a few local steps each (2 epochs
 # of 2-4 batches), SGD with momentum and weight decay as NIID-Bench runs it.
@@ -150,16 +150,7 @@ def test_weights_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config
     on 2 ranks (state on disk, balanced placement), and stopped after round 4, resumed on 2 ranks."""
     args = ["algorithm.name=scaffold", "algorithm.scaffold_correction=weights", "train.momentum=0.9",
             "train.weight_decay=0.001"]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, "runtime.client_state=disk",
-                   "runtime.placement=balanced", nproc=2)
-    train_ok(small_config, f"output.dir={tmp_path / 'stopped'}", *args, "train.rounds=4")
-    resumed = train_ok(None, "train.rounds=6", resume=str(tmp_path / "stopped"), nproc=2)
-    assert one["model_sha256"] == two["model_sha256"] == resumed["model_sha256"]
-    assert one["final_test_acc"] == two["final_test_acc"] == resumed["final_test_acc"]
-    losses = [r["train_loss"] for r in metrics(tmp_path / "one")]
-    assert losses == [r["train_loss"] for r in metrics(tmp_path / "two")]
-    assert losses == [r["train_loss"] for r in metrics(tmp_path / "stopped")]
+    one_two_resumed(small_config, tmp_path, *args, two=("runtime.client_state=disk", "runtime.placement=balanced"))
     saved = yaml.safe_load((tmp_path / "stopped" / "config.yaml").read_text())
     assert saved["algorithm"]["scaffold_correction"] == "weights"  # what the resumed run read
 
