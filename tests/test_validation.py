@@ -118,7 +118,9 @@ BOUNDED_BY_ANOTHER_KEY = ("train.clients_per_round",)
 @pytest.mark.filterwarnings("ignore::distfl.config.ConfigWarning")
 @pytest.mark.parametrize("key", [k for k in INT_KEYS if k not in BOUNDED_BY_ANOTHER_KEY])
 def test_every_int_key_at_its_limit_passes_validation(key):
-    cfg = config_to_dict(load_config(None, [f"{key}={largest(key)}"]))
+    # A key that acts only beside another setting is set with it (else it is refused for that reason).
+    companions = {"eval.finetune_epochs": ["eval.clients=true"]}.get(key, [])
+    cfg = config_to_dict(load_config(None, [f"{key}={largest(key)}", *companions]))
     section, _, leaf = key.rpartition(".")
     assert (cfg[section] if section else cfg)[leaf] == largest(key)
 

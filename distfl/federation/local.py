@@ -102,16 +102,6 @@ class FlatModel:
         return digest.hexdigest()
 
 
-def uses_channels_last(setting: str, model_name: str, device: torch.device) -> bool:
-    """runtime.channels_last: on, off, or auto: on CPU, for the zoo's models that train faster with it
-    (models.CHANNELS_LAST_ON_CPU; a plugin model may `.view` its activations, which channels_last refuses)."""
-    from ..models import CHANNELS_LAST_ON_CPU
-
-    if setting != "auto":
-        return setting == "on"
-    return device.type == "cpu" and model_name in CHANNELS_LAST_ON_CPU
-
-
 @dataclass
 class ClientRun:
     """What one client's local training needs to know, and what it leaves for the algorithm."""

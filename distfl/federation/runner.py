@@ -33,12 +33,12 @@ from ..data.partition import partition
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
 from ..logging import RunLogger
-from ..models import build_model
+from ..models import build_model, uses_channels_last
 from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import accuracy_statistics, add_client_counts, client_segments
-from .local import ClientRun, FlatModel, local_steps, train_client, uses_channels_last
+from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
 from .probe import probe_model

@@ -71,6 +71,14 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
 CHANNELS_LAST_ON_CPU = ("pfl_cnn", "cifar_cnn", "resnet20", "mobilenetv2")
 
 
+def uses_channels_last(setting: str, model_name: str, device) -> bool:
+    """runtime.channels_last: on, off, or auto: on CPU, for the zoo's models that train faster with it
+    (CHANNELS_LAST_ON_CPU; a plugin model may `.view` its activations, which channels_last refuses)."""
+    if setting != "auto":
+        return setting == "on"
+    return device.type == "cpu" and model_name in CHANNELS_LAST_ON_CPU
+
+
 def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Build the model `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs.
 
