@@ -1,0 +1,90 @@
+"""The all-methods table of issue 21 (experiments/all_methods/run.sh): per split and method, over the
+seeds that finished, mean ± sample std of the last evaluation (round 100; a run that diverged is
+counted in "seeds", left out of the statistics, and listed per seed with its last evaluation): the global model's test
+accuracy (pooled test set) and the per-client statistics of eval.clients (each client's local test split;
+a personalised method scores each client's own model, every other method its global model, fedavg_ft the
+global model fine-tuned by each client). The "score" column is what the method is ranked by: per-client
+mean accuracy for the personalised methods (and fedavg_ft), global test accuracy for the others.
+
+    python experiments/all_methods/table.py [experiments/all_methods/runs]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+GROUPS = [
+    ("FedAvg family", ["fedavg", "fedprox", "scaffold", "feddyn", "fednova"]),
+    ("the five papers", ["fedadc", "slowmo", "fedfor", "gma", "spherefed", "tct"]),
+    ("global-model baselines", ["moon", "fedexp"]),
+    ("personalised", ["fedavg_ft", "fedper", "fedrep", "fedbabu", "ditto", "apfl"]),
+]
+PERSONALISED = {"fedavg_ft", "fedper", "fedrep", "fedbabu", "ditto", "apfl"}
+LABELS = {"slowmo": "slowmo (FedADC's baseline)", "gma": "fedavg + GMA", "spherefed": "SphereFed + FFC",
+          "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)"}
+SPLITS = {"dir01": "Dir(0.1)", "c2": "#C=2"}
+
+
+def cell(values: list[float]) -> str:
+    if not values:
+        return "—"
+    pct = [100 * v for v in values]
+    if len(pct) == 1:
+        return f"{pct[0]:.2f}"
+    return f"{statistics.mean(pct):.2f} ± {statistics.stdev(pct):.2f}"
+
+
+def finished(root: Path, split: str, method: str) -> list[tuple[int, dict]]:
+    runs = []
+    for summary in sorted(root.glob(f"{split}_{method}_s*/summary.json")):
+        s = json.loads(summary.read_text())
+        if s["status"] in ("completed", "diverged"):
+            runs.append((int(summary.parent.name.rsplit("_s", 1)[1]), s))
+    return runs
+
+
+def client(s: dict, key: str) -> float | None:
+    c = s.get("final_client_acc")
+    return None if c is None else c[key]
+
+
+def main(root: Path) -> None:
+    print("| split | method | seeds | score | global test acc | best global acc | per-client mean | "
+          "per-client std over clients | per-client p10 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    per_seed = []
+    for split, label in SPLITS.items():
+        for group, methods in GROUPS:
+            for method in methods:
+                runs = finished(root, split, method)
+                if not runs:
+                    continue
+                diverged = sum(s["status"] == "diverged" for _, s in runs)
+                seeds = f"{len(runs)}" + (f", {diverged} diverged" if diverged else "")
+                ss = [s for _, s in runs if s["status"] == "completed"]
+                if not ss:
+                    print(f"| {label} | {LABELS.get(method, method)} ({group}) | {seeds} | **diverged** | — | — | — | — | — |")
+                for seed, s in runs:
+                    status = "" if s["status"] == "completed" else f" (diverged in {s['error'].split(':')[0]}; round {s['rounds']}'s evaluation)"
+                    per_seed.append(f"| {label} | {method} | {seed} | {100 * s['final_test_acc']:.2f}{status} | "
+                                    + (f"{100 * client(s, 'mean'):.2f}" if client(s, "mean") is not None else "—")
+                                    + f" | {s['model_sha256'][:8]} | {s['wall_s']:.0f} |")
+                if not ss:
+                    continue
+                glob = [s["final_test_acc"] for s in ss]
+                clients = {k: [v for v in (client(s, k) for s in ss) if v is not None] for k in ("mean", "std", "p10")}
+                score = clients["mean"] if method in PERSONALISED else glob
+                kind = "per-client" if method in PERSONALISED else "global"
+                print(f"| {label} | {LABELS.get(method, method)} ({group}) | {seeds} | **{cell(score)}** ({kind}) | "
+                      f"{cell(glob)} | {cell([s['best_test_acc'] for s in ss])} | {cell(clients['mean'])} | "
+                      f"{cell(clients['std'])} | {cell(clients['p10'])} |")
+    print("\nPer seed:\n")
+    print("| split | method | seed | global test acc | per-client mean | model hash | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(per_seed))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/all_methods/runs"))
