@@ -121,3 +121,21 @@ def test_a_checkpoint_from_before_channels_last_resumes_only_with_it_off(tmp_pat
     proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=3", "runtime.channels_last=off"])
     assert proc.returncode == 0, proc.stderr
     assert summary(tmp_path / "old")["model_sha256"] == through["model_sha256"]
+
+
+def test_after_step_runs_after_every_step_on_both_paths(tmp_path, monkeypatch):
+    """A method's after_step runs once per local step whether the step takes the plain-SGD path (no
+    flat gradient) or the flat-gradient path (momentum): a plugin's after_step must not depend on it."""
+    calls = []
+
+    def count(self, w, lr, run):
+        calls.append(lr)
+
+    counts = {}
+    for name, extra in (("plain", []), ("momentum", ["train.momentum=0.5"])):
+        tr = trainer(tmp_path, name, *extra, base={"train": {"rounds": 1}})
+        monkeypatch.setattr(type(tr.algorithm), "after_step", count)
+        calls.clear()
+        tr.run_round(1)
+        counts[name] = len(calls)
+    assert counts["plain"] == counts["momentum"] > 0
