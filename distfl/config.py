@@ -70,6 +70,15 @@ def saved_values(saved: dict) -> dict:
     return {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS, **flatten_dict(saved)}
 
 
+def predated_keys_hint(changed: list[str]) -> str:
+    """For blockers that the saved run predates: the overrides that resume it as it ran ('' if none)."""
+    keys = [k for k in changed if k in PREVIOUS_DEFAULTS]
+    if not keys:
+        return ""
+    return (f" (the run predates {', '.join(keys)}; add "
+            f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
+
+
 def resume_blockers(saved: dict, now: dict) -> list[str]:
     """Dotted keys whose values differ between two config dicts and may not change on resume."""
     saved, now = saved_values(saved), flatten_dict(now)

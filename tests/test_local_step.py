@@ -101,6 +101,8 @@ def test_a_checkpoint_from_before_channels_last_resumes_only_with_it_off(tmp_pat
     import hashlib
     import json
 
+    import yaml
+
     from conftest import run_cli, summary
     from distfl.checkpoint import complete_checkpoints
 
@@ -117,7 +119,15 @@ def test_a_checkpoint_from_before_channels_last_resumes_only_with_it_off(tmp_pat
         manifest["files"]["state.pt"] = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()
         (path / "manifest.json").write_text(json.dumps(manifest))
     proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=3"])
-    assert proc.returncode != 0 and "runtime.channels_last" in proc.stderr
+    assert proc.returncode != 0 and "add runtime.channels_last=off to resume it as it ran" in proc.stderr
+    # A sweep over that directory names the value it ran with, and the same fix, before anything runs.
+    seed = yaml.safe_load(saved.read_text())["seed"]
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "old").rename(tmp_path / "sweep" / f"seed={seed}")
+    proc = run_cli(["sweep", cfg, f"output.dir={tmp_path / 'sweep'}", "--seeds", seed])
+    assert proc.returncode == 2 and "runtime.channels_last ('off' there, 'auto' now)" in proc.stderr
+    assert "add runtime.channels_last=off to resume it as it ran" in proc.stderr
+    (tmp_path / "sweep" / f"seed={seed}").rename(tmp_path / "old")
     proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=3", "runtime.channels_last=off"])
     assert proc.returncode == 0, proc.stderr
     assert summary(tmp_path / "old")["model_sha256"] == through["model_sha256"]

@@ -25,7 +25,7 @@ import torch
 from .. import checkpoint, dist, faults
 from ..algorithms import build_algorithm, build_phases
 from ..config import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, config_to_dict, data_seed, dump_config, flatten_dict,
-                      resume_blockers, saved_values)
+                      predated_keys_hint, resume_blockers, saved_values)
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
@@ -193,7 +193,8 @@ class Trainer:
         changed = resume_blockers(state["config"], config_to_dict(self.cfg))
         if changed:
             raise CheckpointError(
-                f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run; "
+                f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run"
+                f"{predated_keys_hint(changed)}; "
                 f"only {', '.join(RESUMABLE_KEYS)} may change on resume (not {', '.join(HOLDOUT_KEYS)}: "
                 "they decide the clients' training data)")
         self._check_phases_on_resume(state)

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import flatten_dict, resume_blockers
+from ..config import flatten_dict, predated_keys_hint, resume_blockers, saved_values
 from ..errors import ConfigError
 
 FINISHED = ("completed", "diverged")
@@ -41,10 +41,10 @@ def point_state(run_dir: Path, config: dict) -> str:
         saved_config = yaml.safe_load(saved_path.read_text()) or {}
         changed = resume_blockers(saved_config, config)
         if changed:
-            saved, now = flatten_dict(saved_config), flatten_dict(config)
+            saved, now = saved_values(saved_config), flatten_dict(config)
             shown = ", ".join(f"{k} ({saved.get(k)!r} there, {now[k]!r} now)" for k in changed[:4])
-            raise ConfigError(f"{run_dir} holds a different run: {shown}. Use another output.dir for this sweep, "
-                              f"or delete that directory to redo it")
+            raise ConfigError(f"{run_dir} holds a different run: {shown}{predated_keys_hint(changed)}. Use another "
+                              "output.dir for this sweep, or delete that directory to redo it")
     summary = read_summary(run_dir)
     if summary is not None:
         if summary.get("status") == "diverged":

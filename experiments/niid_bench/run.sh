@@ -1,6 +1,7 @@
 #!/bin/bash
 # Runs NIID-Bench's FMNIST rows with distfl sweep (resumable: rerun this script after a stop).
 # Usage: experiments/niid_bench/run.sh [OUT]   (default OUT: experiments/niid_bench/runs)
+# A subset: SEEDS="1" PARTS="C2" RUNS="fedavg fednova" experiments/niid_bench/run.sh   (default: all)
 # algorithm.mu is fedprox's only: the sweep applies it where declared, see below.
 # SCAFFOLD runs twice: `scaffold` (distfl's default, c - c_i added to the gradient, so through momentum)
 # and `scaffold_nb` (algorithm.scaffold_correction=weights: NIID-Bench's code, w -= lr (c - c_i) after
@@ -9,14 +10,14 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:-experiments/niid_bench/runs}
 PY=${PYTHON:-python}
-for seed in 0 1; do
-  for part in C2 dir05 qty05; do
+for seed in ${SEEDS:-0 1}; do
+  for part in ${PARTS:-C2 dir05 qty05}; do
     case $part in
       C2)    P="partition.scheme=n_classes partition.classes_per_client=2" ;;
       dir05) P="partition.scheme=dirichlet partition.alpha=0.5" ;;
       qty05) P="partition.scheme=quantity partition.alpha=0.5" ;;
     esac
-    for run in fedavg fedprox scaffold scaffold_nb fednova; do
+    for run in ${RUNS:-fedavg fedprox scaffold scaffold_nb fednova}; do
       case $run in
         fedprox)     A="algorithm.name=fedprox algorithm.mu=0.01" ;;
         scaffold_nb) A="algorithm.name=scaffold algorithm.scaffold_correction=weights" ;;
