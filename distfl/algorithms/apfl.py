@@ -25,6 +25,9 @@ class APFL(Algorithm):
     stateful = True
     personalised = True
 
+    def evaluated_finetune_epochs(self) -> int:
+        return 0
+
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
         if worker.buffers.numel() or worker.int_buffers:

@@ -31,7 +31,8 @@ Personalised methods (FedPer, FedRep, FedBABU, Ditto, APFL) use four more hooks,
     with their own epochs, a mask of trainable coordinates, a name); default: one `run.train()`;
   - `local_samples(num_samples, train_cfg)`: the samples those recorded passes cover (train_loss);
   - `personalised = True`: each client is scored (eval.clients) with the model
-    `load_evaluated_model(run, worker)` builds from its state, which may fine-tune with `run.train`;
+    `load_evaluated_model(run, worker)` builds from its state, which may fine-tune with `run.train`
+    (for `evaluated_finetune_epochs()` epochs);
   - `head_coordinates(worker, model_name)`: the flat coordinates of the model's classifier head (the
     rest is the body), the split FedPer, FedRep and FedBABU share.
 """
@@ -103,6 +104,11 @@ class Algorithm:
     def begin_client(self, run, worker) -> None:
         """After the global model is loaded into the worker, before local training."""
         self.load_own_model(run.state, worker)
+
+    def evaluated_finetune_epochs(self) -> int | None:
+        """A personalised method: the epochs `load_evaluated_model` fine-tunes a client's model before it
+        is scored (summary.json's `client_finetune_epochs`); None: not stated (a plugin's default)."""
+        return None
         if self.fedbn:
             run.global_params = worker.params.clone()  # what this client received: its own BatchNorm
 

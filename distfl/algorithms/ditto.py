@@ -19,6 +19,9 @@ class Ditto(Algorithm):
     stateful = True
     personalised = True
 
+    def evaluated_finetune_epochs(self) -> int:
+        return 0
+
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
         self.lam = cfg.algorithm.ditto_lambda

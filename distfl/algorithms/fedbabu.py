@@ -23,6 +23,9 @@ class FedBABU(Algorithm):
     def local_training(self, run, worker):
         run.train(trainable=self.body)
 
+    def evaluated_finetune_epochs(self) -> int:
+        return self.cfg.algorithm.finetune_epochs
+
     def load_evaluated_model(self, run, worker):
         if self.cfg.algorithm.finetune_epochs:
             run.train(epochs=self.cfg.algorithm.finetune_epochs, name="finetune")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..schema import PERSONALISED
 from .aggregate import Segment
 from .local import ClientRun, local_steps, run_local_training
 
@@ -118,14 +117,10 @@ def finetune_seed(seed: int, client: int) -> int:
 def client_finetune_epochs(cfg, algorithm) -> int | None:
     """summary.json's `client_finetune_epochs`: the epochs each client fine-tunes on its own training data
     before the per-client statistics score it (None without eval.clients, or for a personalised plugin
-    method, whose `load_evaluated_model` decides)."""
+    method that does not state it: its `load_evaluated_model` decides)."""
     if not cfg.eval.clients:
         return None
-    if not algorithm.personalised:
-        return cfg.eval.finetune_epochs
-    if algorithm.name == "fedbabu":
-        return cfg.algorithm.finetune_epochs
-    return 0 if algorithm.name in PERSONALISED else None
+    return algorithm.evaluated_finetune_epochs() if algorithm.personalised else cfg.eval.finetune_epochs
 
 
 def accuracy_statistics(correct: np.ndarray, total: np.ndarray) -> dict:
