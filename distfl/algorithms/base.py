@@ -104,11 +104,6 @@ class Algorithm:
     def begin_client(self, run, worker) -> None:
         """After the global model is loaded into the worker, before local training."""
         self.load_own_model(run.state, worker)
-
-    def evaluated_finetune_epochs(self) -> int | None:
-        """A personalised method: the epochs `load_evaluated_model` fine-tunes a client's model before it
-        is scored (summary.json's `client_finetune_epochs`); None: not stated (a plugin's default)."""
-        return None
         if self.fedbn:
             run.global_params = worker.params.clone()  # what this client received: its own BatchNorm
 
@@ -137,6 +132,11 @@ class Algorithm:
         on its training data (randomness keyed by (seed, client), never by the rank). Used for every
         client of a `personalised` method (and FedBN); default: `load_own_model`."""
         self.load_own_model(run.state, worker)
+
+    def evaluated_finetune_epochs(self) -> int | None:
+        """A personalised method: the epochs `load_evaluated_model` fine-tunes a client's model before it
+        is scored (summary.json's `client_finetune_epochs`); None: not stated (a plugin's default)."""
+        return None
 
     def local_loss(self, model, x: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
         """The loss of one local mini-batch: the model's loss (cross-entropy, or MSE for SphereFed's
