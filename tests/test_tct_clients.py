@@ -9,6 +9,7 @@ import torch
 from conftest import metrics, run_cli, summary, train_ok, write_config
 from distfl.algorithms.tct import MODEL_FILE
 from distfl.data.client_test import client_test_sets, holdout_split
+from distfl.tct.features import entk_features, reinit_head
 from test_tct import TCT, crash_in_stage2_round_5
 
 STATISTICS = ("mean", "std", "min", "p10")
@@ -28,6 +29,19 @@ def trainer_of(config: Path, tmp_path: Path):
     from distfl.federation.runner import Trainer
 
     return Trainer(load_config(str(config), [f"output.dir={tmp_path / 'data'}"]), dist.init("cpu", 1))
+
+
+def stage1_model(run: Path, trainer) -> torch.nn.Module:
+    """Stage 1's final network with TCT's re-initialised head: the model the eNTK features are of."""
+    from distfl.checkpoint import complete_checkpoints, load
+    from distfl.federation.local import FlatModel
+    from distfl.models import build_model
+
+    state = load(next(p for p in complete_checkpoints(run) if p.name == "round_000006"), "cpu")
+    flat = FlatModel(build_model(trainer.cfg.model, trainer.data.input_shape, trainer.data.num_classes))
+    flat.load(state["params"], state["buffers"])
+    reinit_head(flat.module, trainer.cfg.tct.head_seed)
+    return flat.module
 
 
 def stored(run: Path, name: str, p: int) -> np.ndarray:
@@ -113,10 +127,16 @@ def test_stage2_per_client_statistics_on_held_out_samples(tmp_path):
     kept, held = holdout_split(parts, labels, 0.25, seed)
     saved = torch.load(tmp_path / "one" / MODEL_FILE)
     psi, p = saved["psi"].numpy(), len(saved["mean"])
+    stage1 = stage1_model(tmp_path / "one", trainer)
+    tc = trainer.cfg.tct
     accuracies = []
     for k, idx in enumerate(held):
         assert len(stored(tmp_path / "one", f"client_{k}", p)) == len(kept[k]) == len(parts[k]) - len(idx)
         z = stored(tmp_path / "one", f"holdout_{k}", p)
+        # the eNTK features of the held-out samples, z-scored with the training statistics (constant -> 0)
+        raw = entk_features(stage1, trainer.data.train_x[idx], saved["coordinates"], tc.gradient_of, tc.chunk_size)
+        expected = ((raw.to(torch.float64) - saved["mean"]) / saved["std"]).float()
+        assert torch.allclose(torch.from_numpy(z), expected, rtol=2.4e-7, atol=1e-9), k  # 2 ulp
         assert len(z) == len(idx) > 0
         accuracies.append((predict(z, psi) == labels[idx]).mean())
     assert_close(one["final_client_acc"], statistics(accuracies))
