@@ -299,7 +299,7 @@ class TCTPhase(Phase):
             for k in self.clients:
                 idx = trainer.client_test[k]
                 self.holdout_z[k] = self._extract(trainer, data.train_x[idx], f"holdout_{k}", dtype, stats_key)
-                self.holdout_y[k] = data.train_y[idx]
+                self.holdout_y[k] = data.train_y[idx].to(STAGE2_DEVICE)  # scored where psi is
         elif trainer.cfg.eval.clients:
             self._locate_client_tests(trainer)
         self.features_s = time.perf_counter() - t0
