@@ -91,6 +91,7 @@ def _print_result(summary: dict, cfg) -> None:
         if clients:
             tuned = summary.get("client_finetune_epochs")
             how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
+            how += f", the model after {' + '.join(phases)}" if phases else ""
             print(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
                   f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
         privacy = summary.get("privacy")

@@ -528,6 +528,10 @@ def validate(cfg: Config) -> None:
         if v["model.head"] != "linear":
             raise ConfigError(f"algorithm.name=tct re-initialises a learnable linear head; model.head="
                               f"{v['model.head']} is fixed: use model.head=linear")
+        if v["eval.finetune_epochs"]:
+            raise ConfigError(f"eval.finetune_epochs={v['eval.finetune_epochs']} fine-tunes a network before per-client "
+                              "evaluation, but algorithm.name=tct scores each client with stage 2's linear model: set "
+                              "eval.finetune_epochs=0")
 
     _check_personalised(v)
     _check_finetune(v)

@@ -4,6 +4,7 @@ equal to one rank. The suite hides CUDA from itself (conftest.py); these runs ar
 the machine's GPUs. The CPU tests of the same path are in test_gpu_path.py."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,6 +13,22 @@ import pytest
 from conftest import REPO, cuda_env, run_cli, summary, write_config
 
 TCT = {"p": 500, "rounds": 4, "local_steps": 20, "lr": 1e-3}
+
+# A run's sitecustomize.py: TCT's stage 2 fails at the start of its round 3 (after round 2's checkpoint).
+CRASH_IN_STAGE2_ROUND_3 = """
+from distfl.algorithms.tct import TCTPhase
+
+_round = TCTPhase._round
+
+
+def _crashing_round(self, trainer, solvers, psi, t, *rest):
+    if t == 3:
+        raise RuntimeError("simulated crash in stage 2")
+    return _round(self, trainer, solvers, psi, t, *rest)
+
+
+TCTPhase._round = _crashing_round
+"""
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +90,24 @@ def test_ffc_calibration_on_cuda(gpus, tmp_path):
     twice(config, tmp_path)
 
 
-@pytest.mark.parametrize("solver,store", [("gd", "memory"), ("scaffold", "disk")])
-def test_tct_on_cuda(gpus, tmp_path, solver, store):
+@pytest.mark.parametrize("solver,store,split", [("gd", "memory", "test"), ("scaffold", "disk", "holdout")])
+def test_tct_on_cuda(gpus, tmp_path, solver, store, split):
     """Stage 2 lives on the host beside the features on any run device: gd ran into a device mix in
-    round 1, SCAFFOLD with disk state in round 2 and after a resume."""
+    round 1, SCAFFOLD with disk state in round 2 and after a resume inside stage 2. eval.clients scores
+    stage 2's model per client there too."""
     config = write_config(tmp_path / "c.yaml", algorithm={"name": "tct"}, tct={**TCT, "solver": solver},
-                          runtime={"device": "cuda", "client_state": store}, checkpoint={"every": 1, "keep": 20})
+                          runtime={"device": "cuda", "client_state": store}, checkpoint={"every": 1, "keep": 20},
+                          eval={"clients": True, "client_split": split})
     through = twice(config, tmp_path)
-    cuda_run(config, f"output.dir={tmp_path / 'r'}", "tct.rounds=2")
-    resumed = cuda_run(None, "tct.rounds=4", resume=tmp_path / "r")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CRASH_IN_STAGE2_ROUND_3)
+    crashed = run_cli(["train", config, f"output.dir={tmp_path / 'r'}"],
+                      env=cuda_env(PYTHONPATH=f"{site}{os.pathsep}{REPO}"))
+    assert crashed.returncode == 1 and "simulated crash in stage 2" in crashed.stderr, crashed.stderr
+    resumed = cuda_run(None, resume=tmp_path / "r")
     assert resumed["phases"]["tct"]["psi_sha256"] == through["phases"]["tct"]["psi_sha256"]
+    assert resumed["final_client_acc"] == through["final_client_acc"] is not None
 
 
 def test_two_ranks_sharing_one_gpu_equal_one_rank(gpus, tmp_path):

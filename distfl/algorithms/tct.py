@@ -19,6 +19,8 @@ round loop. This phase is everything after it (Algorithm 2):
    gradient steps at eta = `tct.lr`, weighted by n_k / n (footnote 7). Ablations: `fedavg` (TCT-FedAvg)
    and `gd` (one global gradient step a round, TCT-GD). The M local steps are computed exactly in
    closed form (distfl/tct/solver.py) unless `tct.local_solver: iterative`.
+With eval.clients, each stage-2 evaluation also scores psi on every client's local test set (`_evaluate`):
+rows of the test features (client_split=test) or features of the client's held-out samples (holdout).
 Stage 2 is checkpointed every `checkpoint.every` rounds with the client controls; a resumed run
 recomputes (memory) or reopens (disk) the features, re-applies the saved statistics and continues.
 Disk files are normalised in place, so each one's marker records whether, and with which statistics,
@@ -50,6 +52,7 @@ import torch.nn.functional as F
 from .. import checkpoint, dist
 from ..errors import ConfigError, DivergenceError, Interrupted
 from ..federation.aggregate import Segment, StatBuffer
+from ..federation.client_eval import client_segments, reduced_client_statistics
 from ..federation.phases import Phase
 from ..tct.features import coordinate_index, entk_features, feature_bytes, feature_parameters, reinit_head
 from ..tct.solver import LocalLeastSquares, fedavg_client_round, scaffold_client_round
@@ -229,11 +232,15 @@ class TCTPhase(Phase):
         self.clients = [k for k in range(len(trainer.population)) if trainer._hosts(k)]
         starts = list(range(0, len(data.test_y), trainer.cfg.eval.batch_size))
         self.test_batches = starts[ctx.rank :: ctx.world_size]
+        # eval.client_split=holdout: each client is scored on features of its held-out samples too
+        self.holdout = trainer.cfg.eval.clients and trainer.cfg.eval.client_split == "holdout"
+        held = sum(len(s) for s in trainer.client_test) if self.holdout else 0
 
-        plan = memory_plan([int(n) for n in sizes], len(data.test_y), self.p, c, cfg)
+        plan = memory_plan([int(n) for n in sizes], len(data.test_y) + held, self.p, c, cfg)
         limit = cfg.memory_limit_gb * 2**30 if cfg.memory_limit_gb > 0 else 0.8 * available_memory_bytes()
         gb = lambda b: b / 2**30  # noqa: E731
-        logger.info(f"TCT: eNTK features of {int(sum(sizes))} training + {len(data.test_y)} test samples, "
+        logger.info(f"TCT: eNTK features of {int(sum(sizes))} training + {len(data.test_y)} test samples"
+                    + (f" + {held} held-out (eval.client_split=holdout)" if held else "") + ", "
                     f"p = {self.p}, {cfg.feature_dtype}: {gb(plan['features']):.2f} GB ({cfg.feature_store}); "
                     f"decompositions {gb(plan['decompositions']):.2f} GB; client state {gb(plan['client_state']):.2f} GB; "
                     f"{gb(plan['total']):.2f} GB in memory in all, limit {gb(limit):.2f} GB")
@@ -269,7 +276,8 @@ class TCTPhase(Phase):
         dtype = DTYPES[cfg.feature_dtype]
         self.train_z, self.train_y = {}, {}
         test_here = sum(len(data.test_y[s : s + trainer.cfg.eval.batch_size]) for s in self.test_batches)
-        remaining = sum(len(trainer.client_indices[k]) for k in self.clients) + test_here
+        held_here = sum(len(trainer.client_test[k]) for k in self.clients) if self.holdout else 0
+        remaining = sum(len(trainer.client_indices[k]) for k in self.clients) + test_here + held_here
         done = 0
         self.normalised: set[str] = set()  # disk files found already normalised with the resumed statistics
         self.disk: dict[str, tuple] = {}  # name -> (marker file, source key, memmap) of the disk store
@@ -286,7 +294,30 @@ class TCTPhase(Phase):
         self.test_y = torch.cat([data.test_y[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
             if self.test_batches else data.test_y[:0]
         self.test_z = self._extract(trainer, x, "test", dtype, stats_key)
+        self.holdout_z, self.holdout_y = {}, {}
+        if self.holdout:
+            for k in self.clients:
+                idx = trainer.client_test[k]
+                self.holdout_z[k] = self._extract(trainer, data.train_x[idx], f"holdout_{k}", dtype, stats_key)
+                self.holdout_y[k] = data.train_y[idx].to(STAGE2_DEVICE)  # scored where psi is
+        elif trainer.cfg.eval.clients:
+            self._locate_client_tests(trainer)
         self.features_s = time.perf_counter() - t0
+
+    def _locate_client_tests(self, trainer) -> None:
+        """eval.client_split=test: each client's local test set is a set of test-split indices
+        (client_test.py); find those held among this rank's test features (`client_rows`, the positions
+        in test_z, of client `client_of`) and count them per client (`client_here`)."""
+        n_test, batch = len(trainer.data.test_y), trainer.cfg.eval.batch_size
+        here = torch.cat([torch.arange(s, min(s + batch, n_test)) for s in self.test_batches]) \
+            if self.test_batches else torch.zeros(0, dtype=torch.int64)
+        position = torch.full((n_test,), -1, dtype=torch.int64)
+        position[here] = torch.arange(len(here))
+        rows = [position[indices.cpu()] for indices in trainer.client_test]
+        rows = [r[r >= 0] for r in rows]
+        self.client_here = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+        self.client_of = torch.repeat_interleave(torch.arange(len(rows)), self.client_here)
+        self.client_rows = torch.cat(rows)
 
     def _statistics_source(self, trainer) -> str:
         """Names what the normalisation statistics are computed from: the features (model, coordinates,
@@ -402,7 +433,8 @@ class TCTPhase(Phase):
     def _normalise_all(self, mean: torch.Tensor, std: torch.Tensor, stats_key: str) -> None:
         """Normalise every feature matrix in place, except disk files that already are. A disk file loses
         its marker while it is being rewritten, so a crash half-way makes it extracted again."""
-        named = [*((f"client_{k}", z) for k, z in self.train_z.items()), ("test", self.test_z)]
+        named = [*((f"client_{k}", z) for k, z in self.train_z.items()), ("test", self.test_z),
+                 *((f"holdout_{k}", z) for k, z in self.holdout_z.items())]
         for name, z in named:
             if name in self.normalised:
                 continue
@@ -468,7 +500,7 @@ class TCTPhase(Phase):
         else:
             self.lambda_max = 0.0  # not known without the decompositions
         t_train = time.perf_counter()
-        acc = None
+        evaluated = None
         for t in range(first, tc.rounds + 1):
             t_round = time.perf_counter()
             psi = self._round(trainer, solvers, psi, t, n_total, q, c)
@@ -477,23 +509,30 @@ class TCTPhase(Phase):
             if tc.check_invariant:
                 row["h_weighted_sum_max"] = self.invariant
             if t % cfg.eval.every == 0 or t == tc.rounds:
-                acc = self._accuracy(trainer, psi)
-                row["test_acc"] = acc
-                logger.info(f"TCT stage 2 round {t}/{tc.rounds}: test accuracy {100 * acc:.2f}%")
+                evaluated = self._evaluate(trainer, psi)
+                row.update(evaluated)
+                clients = (f", per client {100 * evaluated['client_acc_mean']:.2f}% mean"
+                           if cfg.eval.clients else "")
+                logger.info(f"TCT stage 2 round {t}/{tc.rounds}: test accuracy "
+                            f"{100 * evaluated['test_acc']:.2f}%{clients}")
             logger.log_phase(row)
             trainer.step = base_step + t
             if trainer.stop_agreed or (cfg.checkpoint.every and t % cfg.checkpoint.every == 0 and t < tc.rounds):
                 trainer.save_phase_checkpoint(self.name, {"round": t, "psi": psi, "mean": mean, "std": std})
                 if trainer.stop_agreed:
                     raise Interrupted(f"interrupted in TCT stage 2 after round {t} (checkpointed)")
-        trainer.record_eval(acc, None, self.name)
+        if evaluated is None:  # resumed from a checkpoint of the last round (a stop there): no round ran
+            evaluated = self._evaluate(trainer, psi)
+        acc = evaluated["test_acc"]
+        client_stats = {k: v for k, v in evaluated.items() if k.startswith("client_acc_")}
+        trainer.record_eval(acc, None, self.name, client_stats)
         if ctx.is_main:  # the stage-2 model: predict argmax(((z - mean) / std) @ W + b)
             checkpoint.atomic_torch_save({"psi": psi.cpu(), "mean": mean.cpu(), "std": std.cpu(),
                                           "coordinates": self.index, "head_seed": tc.head_seed},
                                          Path(trainer.run_dir) / MODEL_FILE)
         return {
             "psi_sha256": hashlib.sha256(psi.cpu().numpy().tobytes()).hexdigest(),
-            "stage1_test_acc": stage1_acc, "test_acc": acc, "p": self.p, "rounds": tc.rounds,
+            "stage1_test_acc": stage1_acc, "test_acc": acc, **client_stats, "p": self.p, "rounds": tc.rounds,
             "local_steps": tc.local_steps, "lr": tc.lr, "solver": tc.solver, "local_solver": tc.local_solver,
             "lambda_max": self.lambda_max, "feature_bytes": self.plan["features"], "memory_bytes": self.plan["total"],
             "features_s": self.features_s, "normalise_s": normalise_s,
@@ -594,13 +633,43 @@ class TCTPhase(Phase):
             self.invariant = float(reduced["h_sum"].abs().max())
         return reduced["psi"].view(q, c).to(STAGE2_DEVICE)
 
-    def _accuracy(self, trainer, psi) -> float:
-        """Test accuracy of the linear model on this rank's test batches, summed over ranks."""
-        stats = StatBuffer([Segment("correct", 1, kind="int")], trainer.device, 1)
-        if len(self.test_y):
-            z = self.test_z
-            scores = torch.cat([z[s : s + 4096].to(psi.device, torch.float64) @ psi[:-1] + psi[-1]
-                                for s in range(0, len(z), 4096)])
-            stats.add("correct", (scores.argmax(1) == self.test_y.to(psi.device)).sum())
+    def _evaluate(self, trainer, psi) -> dict:
+        """test_acc of the linear model psi, from this rank's test batches; with eval.clients the statistics
+        of its accuracy on every client's local test set (`client_acc_*`, client_eval.py), scored on the
+        features of those samples: rows of the test features (client_split=test) or the client's held-out
+        features (holdout). Each client's correct and total counts fill its int slots of the same
+        all_reduce, so the statistics are exact and identical on any number of ranks."""
+        num_clients = len(trainer.population)
+        clients = trainer.cfg.eval.clients
+        stats = StatBuffer([Segment("correct", 1, kind="int"), *(client_segments(num_clients) if clients else [])],
+                           trainer.device, 1)
+        hits = _hits(self.test_z, self.test_y, psi)
+        stats.add("correct", hits.sum())
+        if clients:
+            correct = torch.zeros(num_clients, dtype=torch.int64)
+            total = torch.zeros(num_clients, dtype=torch.int64)
+            if self.holdout:
+                for k, z in self.holdout_z.items():
+                    correct[k] = _hits(z, self.holdout_y[k], psi).sum()
+                    total[k] = len(z)
+            else:
+                correct.index_add_(0, self.client_of, hits[self.client_rows].to(torch.int64))
+                total += self.client_here
+            stats.add("client_correct", correct)
+            stats.add("client_total", total)
         reduced = stats.reduce(trainer.ctx, name="tct_eval")
-        return int(reduced["correct"][0]) / len(trainer.data.test_y)
+        metrics = {"test_acc": int(reduced["correct"][0]) / len(trainer.data.test_y)}
+        if clients:
+            metrics.update(reduced_client_statistics(reduced))
+        return metrics
+
+
+def _hits(z: torch.Tensor, y: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+    """Whether the linear model psi (W; b as its last row) predicts y for each row of z, argmax of the
+    float64 scores z @ W + b, 4096 rows at a time (z may be a memory-mapped file)."""
+    y = y.to(psi.device)
+    hits = torch.zeros(len(z), dtype=torch.bool, device=psi.device)
+    for s in range(0, len(z), 4096):
+        scores = z[s : s + 4096].to(psi.device, torch.float64) @ psi[:-1] + psi[-1]
+        hits[s : s + 4096] = scores.argmax(1) == y[s : s + 4096]
+    return hits

@@ -123,6 +123,11 @@ def client_finetune_epochs(cfg, algorithm) -> int | None:
     return algorithm.evaluated_finetune_epochs() if algorithm.personalised else cfg.eval.finetune_epochs
 
 
+def reduced_client_statistics(reduced) -> dict:
+    """`accuracy_statistics` of the summed `client_segments` of a reduced eval buffer."""
+    return accuracy_statistics(reduced["client_correct"].cpu().numpy(), reduced["client_total"].cpu().numpy())
+
+
 def accuracy_statistics(correct: np.ndarray, total: np.ndarray) -> dict:
     """Mean, standard deviation (population, ddof 0), minimum and 10th percentile (numpy's linear
     interpolation) of the clients' accuracies correct_k / total_k."""
