@@ -11,6 +11,7 @@ import torch
 
 from conftest import env_with_sitecustomize, metrics, run_cli, summary, train_ok, write_config
 from distfl.algorithms import tct as tct_module
+from distfl.tct import resources as tct_resources
 from distfl.algorithms.tct import MODEL_FILE, TCTPhase
 from distfl.checkpoint import complete_checkpoints, load
 
@@ -208,14 +209,14 @@ def test_disk_store_too_big_for_the_disk_is_refused_on_every_rank_before_extract
     written = sum(f.stat().st_size for f in store.rglob("*") if f.suffix in (".float32", ".pt") and
                   f.name != tct_module.STATS_FILE)
     for free, refused in ((int(0.97 * written), True), (int(1.03 * written), False)):
-        monkeypatch.setattr(tct_module.shutil, "disk_usage", lambda path, free=free: Usage(2**40, 2**40 - free, free))
+        monkeypatch.setattr(tct_resources.shutil, "disk_usage", lambda path, free=free: Usage(2**40, 2**40 - free, free))
         proc = run_cli(["train", config, f"output.dir={tmp_path / f'free{free}'}"])
         assert (proc.returncode == 2) == refused, proc.stderr
         assert ("TCT's disk store needs" in proc.stderr and "smaller tct.p" in proc.stderr) == refused
     # a resume counts the run's own files as space
-    monkeypatch.setattr(tct_module.shutil, "disk_usage", lambda path: Usage(2**40, 2**40 - 2**10, 2**10))
-    assert tct_module.disk_shortfall(tmp_path / "ok", written)[0] == 0
-    assert tct_module.disk_shortfall(tmp_path / "new" / "run", written) == (written - 2**10, 2**10)
+    monkeypatch.setattr(tct_resources.shutil, "disk_usage", lambda path: Usage(2**40, 2**40 - 2**10, 2**10))
+    assert tct_resources.disk_shortfall(tmp_path / "ok", written)[0] == 0
+    assert tct_resources.disk_shortfall(tmp_path / "new" / "run", written) == (written - 2**10, 2**10)
 
 
 def test_p_larger_than_the_model_keeps_every_coordinate(tmp_path):
