@@ -40,19 +40,6 @@ class ConfigWarning(UserWarning):
     """A key was set explicitly but the current choice of another key ignores it."""
 
 
-# Keys that may change when a run is resumed: they do not alter what the finished model will be.
-# Keys of the phases after training (calibration.*, tct.*) may change until their phase starts:
-# calibrate a finished run (`distfl calibrate RUN_DIR`), or try other stage-2 settings on a copy of a
-# TCT run directory whose stage 1 is done. The runner refuses them once the phase has begun.
-PHASE_KEYS = ("calibration.", "tct.")
-RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
-                  "runtime.device", "runtime.threads", "runtime.deterministic", *PHASE_KEYS)
-# eval.* keys that may not change on resume: a holdout split removes samples from the clients' training data.
-HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
-# Keys whose default changed after they were added: the value a saved config that lacks the key ran with
-# (it predates the key), where that differs from today's default.
-PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off"}
-
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """{"train": {"rounds": 5}} -> {"train.rounds": 5}."""
     out = {}
@@ -63,33 +50,6 @@ def flatten_dict(d: dict, prefix: str = "") -> dict:
             out[f"{prefix}{k}"] = v
     return out
 
-
-def saved_values(saved: dict) -> dict:
-    """A saved run's config (nested, as in its config.yaml or checkpoint), flat, with every key it
-    predates at the value it ran with: today's default, or its `PREVIOUS_DEFAULTS` entry."""
-    return {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS, **flatten_dict(saved)}
-
-
-def predated_keys_hint(changed: list[str]) -> str:
-    """For blockers that the saved run predates: the overrides that resume it as it ran ('' if none)."""
-    keys = [k for k in changed if k in PREVIOUS_DEFAULTS]
-    if not keys:
-        return ""
-    return (f" (the run predates {', '.join(keys)}; add "
-            f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
-
-
-def resume_blockers(saved: dict, now: dict) -> list[str]:
-    """Dotted keys whose values differ between two config dicts and may not change on resume."""
-    saved, now = saved_values(saved), flatten_dict(now)
-    # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
-    # eval.client_split and eval.client_holdout decide which samples the clients train on.
-    fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
-    # privacy.target_epsilon calibrates the noise for train.rounds rounds: more rounds, other noise.
-    fixed += ("train.rounds",) if now.get("privacy.target_epsilon", 0) > 0 else ()
-    fixed += HOLDOUT_KEYS
-    return [k for k in now if k != "output.dir" and saved.get(k) != now[k]
-            and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
 
 
 # --- schema introspection ---------------------------------------------------------------------------
@@ -612,13 +572,21 @@ def _warn_inapplicable(cfg: Config, explicit: frozenset[str]) -> None:
     for key, (controller, used_by) in APPLIES_ONLY_TO.items():
         # A key left at its default is not warned about: a dumped config (run dir, resume) sets
         # every key explicitly, and would otherwise warn for each one its choices ignore.
-        # TCT's stage 1 is the algorithm tct.stage1 names, with its algorithm.* keys.
-        if controller == "algorithm.name" and v[controller] == "tct" and v["tct.stage1"] in used_by:
-            continue
-        if key in explicit and v[key] != defaults[key] and v[controller] not in used_by:
+        if key in explicit and v[key] != defaults[key] and not key_applies(key, v):
             warnings.warn(f"{key} is set but only used by {controller} in [{', '.join(used_by)}]; "
                           f"it is ignored for {v[controller]}", ConfigWarning,
                           stacklevel=_caller_stacklevel())
+
+
+def key_applies(key: str, values: dict) -> bool:
+    """Whether a run with these flat config values reads `key` (APPLIES_ONLY_TO; TCT's stage 1 is the
+    algorithm tct.stage1 names, with its algorithm.* keys)."""
+    if key not in APPLIES_ONLY_TO:
+        return True
+    controller, used_by = APPLIES_ONLY_TO[key]
+    if controller == "algorithm.name" and values.get(controller) == "tct" and values.get("tct.stage1") in used_by:
+        return True
+    return values.get(controller) in used_by
 
 
 def _caller_stacklevel() -> int:

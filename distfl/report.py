@@ -1,9 +1,11 @@
 """`distfl report SWEEP_DIR|RUN_DIR ...`: one table and two plots for a sweep.
 
 Runs are grouped by the keys given with --by, or else the swept keys (from SWEEP_DIR/sweep.json), or
-else every config key whose value differs between the runs, leaving out seed, output.*, checkpoint.*
-and runtime.*; where a method option (algorithm.options.*) is one of them and the runs' methods differ,
-algorithm.name too (a method without that option shows "-" for it). Per group, over
+else every config key whose value differs between the runs, leaving out seed, output.*, checkpoint.*,
+runtime.* and keys no run reads; where a method option (algorithm.options.*) is one of them and the
+runs' methods differ, algorithm.name too. A run whose method does not read a grouping key (a method
+option it does not declare; algorithm.mu of a fedavg run: schema.APPLIES_ONLY_TO) shows "-" for it and
+groups as if the key were absent. Per group, over
 its completed runs (one per seed): final and best test accuracy, mean and sample standard deviation
 (n-1; empty for a single run). Written to OUT/report.md, OUT/report.csv (fractions, not percent),
 OUT/acc_vs_round.png and OUT/acc_vs_time.png (test accuracy against round and against wall time,
@@ -20,7 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import OPTIONS_KEY, saved_values
+from .config import OPTIONS_KEY, key_applies
+from .resume_rules import saved_values
 from .errors import DistflError
 
 IGNORED_PREFIXES = ("seed", "output.", "checkpoint.", "runtime.")
@@ -112,7 +115,7 @@ def swept_keys(runs: list[Run], roots) -> list[str]:
     if keys:
         return keys
     all_keys = sorted({k for r in runs for k in r.config})
-    return [k for k in all_keys if not k.startswith(IGNORED_PREFIXES)
+    return [k for k in all_keys if not k.startswith(IGNORED_PREFIXES) and any(key_applies(k, r.config) for r in runs)
             and len({json.dumps(r.config.get(k)) for r in runs}) > 1]
 
 
@@ -126,7 +129,9 @@ def summarise(runs: list[Run], keys: list[str]) -> list[dict]:
     """One row per group of runs with equal values of `keys`, in order of first appearance."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
-        groups.setdefault(tuple(run.config.get(k) for k in keys), []).append(run)
+        # A key the run's method does not read (algorithm.mu of a fedavg run) groups as absent, shown "-".
+        groups.setdefault(tuple(run.config.get(k) if key_applies(k, run.config) else None for k in keys),
+                          []).append(run)
     rows = []
     for values, members in groups.items():
         done = [r for r in members if r.status == "completed"]
@@ -161,8 +166,9 @@ def grouping_keys(runs: list[Run], keys: list[str]) -> list[str]:
 
 
 def _cell(row: dict, key: str) -> str:
-    """A group's value of `key`; "-" for a method option its method does not declare."""
-    return "-" if row[key] is None and key.startswith(OPTIONS_KEY + ".") else str(row[key])
+    """A group's value of `key`; "-" for a key its runs do not read (a method option their method does
+    not declare, a key APPLIES_ONLY_TO gives to other choices)."""
+    return "-" if row[key] is None else str(row[key])
 
 
 def _privacy(runs: list[Run]) -> str | None:

@@ -60,13 +60,19 @@ def test_report_of_a_finished_sweep(tmp_path):
     assert rows["fedprox"]["final_acc_std"] == ""  # one run: no standard deviation
     assert f"{unfinished}: unfinished" in (tmp_path / "r2" / "report.md").read_text()
 
-    # --by picks the grouping: a key that differs but does not matter (here a TCT option in a FedAvg
-    # run) splits the runs into two groups by default, and not when the user names the key that matters.
+    # A key that differs but that no run reads (here a TCT option in FedAvg runs) does not split them;
+    # one that is read and differs (train.lr) does by default, and not when --by names the key that matters.
     import yaml
 
     fedavg = [sweep_dir / "algorithm.name=fedavg" / f"seed={s}" for s in (0, 1)]
     saved = yaml.safe_load((fedavg[1] / "config.yaml").read_text())
     saved["tct"]["chunk_size"] += 1
+    (fedavg[1] / "config.yaml").write_text(yaml.safe_dump(saved))
+    proc = run_cli(["report", *fedavg, "--out", tmp_path / "r3"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _csv(tmp_path / "r3" / "report.csv")
+    assert [r["runs"] for r in rows] == ["2"] and "tct.chunk_size" not in rows[0]
+    saved["train"]["lr"] *= 2
     (fedavg[1] / "config.yaml").write_text(yaml.safe_dump(saved))
     proc = run_cli(["report", *fedavg, "--out", tmp_path / "r3"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -76,6 +82,17 @@ def test_report_of_a_finished_sweep(tmp_path):
     rows = _csv(tmp_path / "r4" / "report.csv")
     assert len(rows) == 1 and rows[0]["runs"] == "2" and rows[0]["seeds"] == "0,1"
     assert float(rows[0]["final_acc_mean"]) == statistics.fmean(summary(r)["final_test_acc"] for r in fedavg)
+    # A key the method does not read is "-" and does not split its runs: fedavg ignores algorithm.mu.
+    saved = yaml.safe_load((fedavg[1] / "config.yaml").read_text())
+    saved["algorithm"]["mu"] = 0.5
+    (fedavg[1] / "config.yaml").write_text(yaml.safe_dump(saved))
+    proc = run_cli(["report", sweep_dir, "--out", tmp_path / "r6", "--by", "algorithm.name,algorithm.mu"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["algorithm.name"]: r for r in _csv(tmp_path / "r6" / "report.csv")}
+    mu = yaml.safe_load((sweep_dir / "algorithm.name=fedprox" / "seed=0" / "config.yaml").read_text())["algorithm"]["mu"]
+    assert rows["fedavg"]["algorithm.mu"] == "" and rows["fedavg"]["runs"] == "2"
+    assert float(rows["fedprox"]["algorithm.mu"]) == mu
+    assert "| fedavg | - |" in (tmp_path / "r6" / "report.md").read_text()
     proc = run_cli(["report", runs[0], "--by", "algorithm.nmae", "--out", tmp_path / "r5"])
     assert proc.returncode == 2 and "algorithm.nmae" in proc.stderr and "Traceback" not in proc.stderr
 

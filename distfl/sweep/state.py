@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import flatten_dict, predated_keys_hint, resume_blockers, saved_values
+from ..config import flatten_dict
+from ..resume_rules import predated_keys_hint, resume_blockers, saved_values
 from ..errors import ConfigError
 
 FINISHED = ("completed", "diverged")
