@@ -11,9 +11,11 @@ mean accuracy for the personalised methods (and fedavg_ft), global test accuracy
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "personal"))
+import table as personal_table  # noqa: E402  (experiments/personal/table.py: the same cells)
 
 GROUPS = [
     ("FedAvg family", ["fedavg", "fedprox", "scaffold", "feddyn", "fednova"]),
@@ -28,12 +30,7 @@ SPLITS = {"dir01": "Dir(0.1)", "c2": "#C=2"}
 
 
 def cell(values: list[float]) -> str:
-    if not values:
-        return "—"
-    pct = [100 * v for v in values]
-    if len(pct) == 1:
-        return f"{pct[0]:.2f}"
-    return f"{statistics.mean(pct):.2f} ± {statistics.stdev(pct):.2f}"
+    return personal_table.cell(values, one_seed="")
 
 
 def finished(root: Path, split: str, method: str) -> list[tuple[int, dict]]:

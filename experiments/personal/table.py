@@ -15,12 +15,13 @@ METHODS = ["fedavg", "fedper", "fedrep", "fedbabu", "ditto", "apfl"]
 SPLITS = {"dir01": "Dir(0.1)", "c2": "#C=2"}
 
 
-def cell(values: list[float]) -> str:
+def cell(values: list[float], one_seed: str = " (1 seed)") -> str:
+    """Fractions as percent: mean ± sample std over seeds; one value with `one_seed` after it; "—" for none."""
     if not values:
         return "—"
     pct = [100 * v for v in values]
     if len(pct) == 1:
-        return f"{pct[0]:.2f} (1 seed)"
+        return f"{pct[0]:.2f}{one_seed}"
     return f"{statistics.mean(pct):.2f} ± {statistics.stdev(pct):.2f}"
 
 
