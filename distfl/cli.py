@@ -261,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="runtime and cross-device suites: the device the runs train on (default: runtime cpu, "
                         "cross-device cuda when available)")
+    p.add_argument("--pack-sizes", default="1,10", metavar="P1,P2,...",
+                   help="cross-device suite: the runtime.pack_size values timed side by side; the first is "
+                        "the reference the others' speed-up and final-model difference are measured against "
+                        "(default: 1,10)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("sweep", help="run a grid of configs x seeds, here or on Slurm (docs/sweeps.md)")
     p.add_argument("config", help="base YAML config (its output.dir is the sweep directory); then fixed overrides")

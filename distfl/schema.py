@@ -187,7 +187,7 @@ class RuntimeConfig:
     client_state: str = "memory"  # where per-client state lives: memory | disk (under the run dir)
     placement: str = "auto"  # clients -> ranks: auto (sticky for stateful methods in memory, else balanced) | balanced | sticky
     channels_last: str = "auto"  # memory format of image training batches: on (channels_last: the same values, faster CPU convolutions and max-pooling; float rounding differs from off) | off (contiguous NCHW) | auto (on CPU for the zoo models measured faster with it: pfl_cnn, cifar_cnn, resnet20, mobilenetv2; off for the others, for plugin models, which may .view their activations, and on CUDA until measured)
-    pack_size: int = 0  # clients trained at once as one vectorised model (torch.func), cut from the cohort in order and dealt to ranks whole; 0 = auto (1: one at a time on CPU, and on CUDA until measured). Equals pack_size=1 up to float rounding; bit-identical on any number of ranks. Needs balanced placement (runtime.client_state=disk for stateful methods)
+    pack_size: int = 0  # clients trained at once as one vectorised model (torch.func), cut from the cohort in order and dealt to ranks whole; 0 = auto (CPU: 1, one at a time; CUDA: 50 where the run can pack, else 1; measured: bench/cross-device.md, bench/cross-device-cuda.md). Equals pack_size=1 up to float rounding; bit-identical on any number of ranks. Needs balanced placement (runtime.client_state=disk for stateful methods)
 
 
 @dataclass

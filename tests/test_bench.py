@@ -120,10 +120,11 @@ def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
     monkeypatch.setattr(xdev, "WORKLOAD", small + ["data.synthetic_train=200", "data.synthetic_image_size=8",
                                                    "partition.num_clients=20", "train.clients_per_round=10"])
     out = tmp_path / "cross-device.json"
-    args = argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=False, suite="cross-device")
+    args = argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=False, suite="cross-device",
+                              pack_sizes="1,3,10")
     assert distfl.bench.main(args) == 0
     res = json.loads(out.read_text())
-    assert set(res["median_s_per_round"]) == {str(p) for p in xdev.PACK_SIZES} and len(xdev.PACK_SIZES) > 1
+    assert set(res["median_s_per_round"]) == {"1", "3", "10"}
     assert all(v > 0 for v in res["median_s_per_round"].values())
     assert res["max_abs_diff_vs_pack_1"]["1"] == 0.0
     assert all(v < 1e-4 for v in res["max_abs_diff_vs_pack_1"].values())
@@ -133,6 +134,14 @@ def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
     assert exact["num_params"] > 0 and exact["clients"] == 10
     assert exact["ms_per_client_per_mparam"] == exact["ms_per_client"] / (exact["num_params"] / 1e6) > 0
     assert "ms per client per million parameters" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("sizes", ["2,10", "1,0", "1,1", "1,x", ""])
+def test_cross_device_pack_sizes_are_checked_before_any_work(sizes, capsys):
+    from distfl.cli import main
+
+    assert main(["bench", "--suite", "cross-device", "--pack-sizes", sizes]) != 0
+    assert "--pack-sizes" in capsys.readouterr().err
 
 
 def test_tct_bench_counts_the_multiply_adds_of_the_papers_network():

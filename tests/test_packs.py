@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli, train_ok, write_config
+from conftest import run_cli, summary, train_ok, write_config
 from distfl.errors import ConfigError
 
 # Packed and one-at-a-time runs differ only by the summation order of vectorised kernels.
@@ -58,6 +58,8 @@ PACKABLE = {
     "slowmo": ["algorithm.name=slowmo", "algorithm.beta_global=0.9"],
     "fedfor": ["algorithm.name=fedfor", "algorithm.fedfor_alpha=0.5"],
     "gma": ["aggregation.mask=gma", "aggregation.tau=0.4"],
+    # SphereFed's fixed head and MSE loss (its one-hot targets once used an in-place scatter vmap refuses)
+    "sphere_head_mse": ["model.head=sphere", "train.momentum=0.9"],
 }
 
 
@@ -220,8 +222,30 @@ def test_a_plugin_method_with_its_own_loss_is_refused():
     check_packable(cfg, method, 1, sticky=False)  # one at a time: fine
 
 
-def test_auto_pack_size_is_one_at_a_time_on_cpu():
+def test_auto_pack_size_packs_on_cuda_only_where_the_run_can_pack():
+    """Auto (0): one at a time on CPU; packs of 50 on CUDA, except where an explicit size would be
+    refused (sticky placement, a method that cannot pack): there auto trains one at a time, no error."""
+    from distfl.algorithms.base import Algorithm
     from distfl.federation.pack import resolve_pack_size
 
-    assert resolve_pack_size(0, torch.device("cpu")) == 1
-    assert resolve_pack_size(8, torch.device("cpu")) == 8
+    class Distilling(Algorithm):
+        def local_loss(self, model, x, y, run):
+            return model.loss(model(x), y) * 2
+
+    plain, distilling = Algorithm.__new__(Algorithm), Distilling.__new__(Distilling)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_pack_size(0, cpu, plain, sticky=False) == 1
+    assert resolve_pack_size(0, cuda, plain, sticky=False) == 50
+    assert resolve_pack_size(0, cuda, plain, sticky=True) == 1
+    assert resolve_pack_size(0, cuda, distilling, sticky=False) == 1
+    assert resolve_pack_size(8, cpu, plain, sticky=False) == 8
+    assert resolve_pack_size(8, cuda, distilling, sticky=True) == 8  # explicit: check_packable refuses it
+
+
+def test_summary_and_start_line_name_the_pack_size(tmp_path, small_config):
+    proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'p'}", "runtime.pack_size=4"])
+    assert proc.returncode == 0, proc.stderr
+    assert "clients in packs of 4" in proc.stdout + proc.stderr
+    assert summary(tmp_path / "p")["pack_size"] == 4
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}")
+    assert one["pack_size"] == 1

@@ -54,7 +54,8 @@ def main_suite(args) -> int:
         res = startup.bench(repeats, log, 2 if quick else int(args.rounds))
     elif suite == "cross-device":
         res = cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log,
-                                              getattr(args, "device", None))
+                                              getattr(args, "device", None),
+                                              cross_device.pack_sizes(getattr(args, "pack_sizes", "1,10")))
     else:
         res = module.bench(repeats, log)
     res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
+
 WORKLOAD = [
     "seed=0", "data.dataset=synthetic", "data.synthetic_train=50000", "data.synthetic_test=1000",
     "data.synthetic_classes=10", "data.synthetic_image_size=32", "data.synthetic_channels=3",
@@ -34,6 +36,17 @@ WORKLOAD = [
     "train.batch_size=10", "train.lr=0.1", "runtime.threads=1",
 ]
 PACK_SIZES = (1, 10)
+
+
+def pack_sizes(text: str) -> tuple[int, ...]:
+    """`--pack-sizes 1,10,50` -> (1, 10, 50); the first must be 1 (the reference the rest are compared to)."""
+    try:
+        sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] != 1 or any(p < 1 for p in sizes) or len(set(sizes)) != len(sizes):
+        raise ConfigError(f"--pack-sizes {text!r}: expected distinct positive integers starting with 1, e.g. 1,10,50")
+    return sizes
 # pfl-research 0.6 cannot live in distfl's environment; a Python that has it (pip install pfl==0.6.0,
 # with torch) named here runs bench/pfl_research_cross_device.py on the same shape, after distfl's runs.
 PFL_PYTHON_ENV = "DISTFL_PFL_PYTHON"
@@ -79,23 +92,24 @@ def exact_sum_cost(num_params: int, clients: int, repeats: int, device: torch.de
             "ms_per_client_per_mparam": ms / (num_params / 1e6)}
 
 
-def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None) -> dict:
+def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None,
+                       sizes: tuple[int, ...] = PACK_SIZES) -> dict:
     from ..federation.local import local_steps
     from .harness import HARNESS, InProcess
 
     placed = [f"runtime.device={device}"] if device else []
     with tempfile.TemporaryDirectory(prefix="distfl_bench_xdev_") as tmp:
         runs = {}
-        for p in PACK_SIZES:
+        for p in sizes:
             overrides = WORKLOAD + placed + HARNESS + [f"train.rounds={rounds}", f"runtime.pack_size={p}",
                                                        f"output.dir={tmp}/pack{p}"]
             runs[p] = InProcess(rounds, overrides)
             log(f"pack_size={p}: warm-up round (untimed)")
             runs[p].time_fl(1)
-        per_round = {p: [] for p in PACK_SIZES}
+        per_round = {p: [] for p in sizes}
         pfl_runs: list = []  # pfl-research, run between distfl's in every repeat (same load, same time)
         for rep in range(repeats):
-            order = [*PACK_SIZES, "pfl"]
+            order = [*sizes, "pfl"]
             for p in order if rep % 2 == 0 else reversed(order):
                 if p == "pfl":
                     pfl_runs.append(pfl_research(rounds, log))
@@ -104,7 +118,7 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
                 per_round[p].append(statistics.mean(res["round_s"]))
                 log(f"repeat {rep + 1}/{repeats}: pack_size={p}: {per_round[p][-1]:.3f} s/round")
         reference = runs[1].trainer.global_params
-        diff = {p: float((runs[p].trainer.global_params - reference).abs().max()) for p in PACK_SIZES}
+        diff = {p: float((runs[p].trainer.global_params - reference).abs().max()) for p in sizes}
         device = str(runs[1].trainer.device)
         train = runs[1].cfg.train
         per_client = int(runs[1].trainer.population.sizes.max())  # iid: every client holds the same
@@ -117,11 +131,12 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
     return {
         "exact_sum": exact_sum,
         "workload": WORKLOAD, "rounds": rounds, "repeats": repeats, "device": device,
+        "gpu": torch.cuda.get_device_name(runs[1].trainer.device) if device.startswith("cuda") else None,
         "torch_threads": torch.get_num_threads(),
         "s_per_round": {str(p): v for p, v in per_round.items()},
         "median_s_per_round": {str(p): v for p, v in median.items()},
-        "ms_per_client_step": {str(p): 1000 * median[p] * rounds / steps for p in PACK_SIZES},
-        "speedup_vs_pack_1": {str(p): median[1] / median[p] for p in PACK_SIZES},
+        "ms_per_client_step": {str(p): 1000 * median[p] * rounds / steps for p in sizes},
+        "speedup_vs_pack_1": {str(p): median[1] / median[p] for p in sizes},
         "max_abs_diff_vs_pack_1": {str(p): v for p, v in diff.items()},
         "pfl_research_0.6": _pfl_summary(pfl_runs, median[1]),
     }
@@ -142,21 +157,24 @@ def markdown(res: dict) -> str:
         f"# distfl bench --suite cross-device ({res['date']})", "",
         "pfl-research's CIFAR-10 shape: 1,000 clients x 50 samples, 50 a round, 1 epoch, batch 10, lr 0.1, "
         "server lr 1, pfl_cnn; synthetic 3x32x32 data.", "",
-        f"Command: `{res['command']}`. Device: {res['device']}, {res['torch_threads']} thread(s); "
+        f"Command: `{res['command']}`. Device: {res['device']}{f' ({gpu})' if (gpu := res.get('gpu')) else ''}, "
+        f"{res['torch_threads']} thread(s); "
         f"{res['rounds']} rounds x {res['repeats']} repeat(s), medians; load average {res['machine']['loadavg']}.",
         "",
-        "| pack_size | s / round | ms / client step | speed-up vs pack_size=1 | max abs diff of the final model vs pack_size=1 |",
-        "|---|---|---|---|---|",
+        "| pack_size | s / round | ms / client step | speed-up vs pack_size=1 | speed vs pfl-research | "
+        "max abs diff of the final model vs pack_size=1 |",
+        "|---|---|---|---|---|---|",
     ]
+    pfl = res["pfl_research_0.6"]
     for p in res["median_s_per_round"]:
+        versus = f"{pfl['s_per_round'] / res['median_s_per_round'][p]:.2f}x" if isinstance(pfl, dict) else "-"
         lines.append(f"| {p} | {res['median_s_per_round'][p]:.3f} | {res['ms_per_client_step'][p]:.3f} | "
-                     f"{res['speedup_vs_pack_1'][p]:.2f}x | {res['max_abs_diff_vs_pack_1'][p]:.2e} |")
+                     f"{res['speedup_vs_pack_1'][p]:.2f}x | {versus} | {res['max_abs_diff_vs_pack_1'][p]:.2e} |")
     exact = res.get("exact_sum")
     if exact:
         lines += ["", f"Exact sum (StatBuffer.add and its share of `reduce`): {exact['ms_per_client']:.2f} ms a client "
                   f"of {exact['num_params']:,} parameters = **{exact['ms_per_client_per_mparam']:.2f} ms per client per "
                   "million parameters**."]
-    pfl = res["pfl_research_0.6"]
     if isinstance(pfl, dict):
         pfl = (f"{pfl['s_per_round']:.3f} s / round, median of {len(pfl.get('s_per_round_each_repeat', [1]))} "
                f"repeats interleaved with distfl's ({pfl['rounds']} rounds after a warm-up round, 1 thread, torch "

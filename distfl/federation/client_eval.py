@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .aggregate import Segment
-from .local import ClientRun, local_steps, run_local_training
+from .local import ClientRun, local_steps, run_local_training, seed_local_rng
 
 _FINETUNE_STREAM = 5  # distinct from population.py's (1, 2) and client_test.py's (3, 4) streams
 
@@ -104,7 +104,7 @@ def train_evaluated_model(trainer, client: int, state: dict, hooks, body) -> Non
     run = ClientRun(client_id=client, round_idx=max(trainer.last_round, 1), num_samples=n, weight=0.0,
                     steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs, cfg.train.local_steps),
                     global_params=trainer.global_params, state=dict(state))
-    torch.manual_seed(finetune_seed(cfg.seed, client))
+    seed_local_rng(finetune_seed(cfg.seed, client), trainer.worker.params.device)
     with torch.enable_grad():
         run_local_training(trainer.worker, trainer.data, trainer.client_indices[client], run, cfg.train, hooks, body)
 

@@ -27,19 +27,26 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from ..errors import ConfigError
-from .local import ClientRun, FlatModel, local_batches
+from .local import ClientRun, FlatModel, local_batches, seed_local_rng
 from .population import client_seed
 from .schedule import round_lr
 
 # runtime.pack_size=0 (auto) by device type. CPU: a vmap pack measured 1.05-1.5x slower per client step
 # than one at a time (SimpleCNN, batch 10-32), and 3.3x slower for pfl_cnn at batch 10, pack 10
-# (bench/cross-device.md). CUDA: not measured yet (no GPU session so far), so auto keeps one at a time
-# there too until a measurement picks the size.
-AUTO_PACK_SIZE = {"cpu": 1, "cuda": 1}
+# (bench/cross-device.md). CUDA (H200, pfl_cnn, batch 10, 50 clients a round; bench/cross-device-cuda.md):
+# a round took 5.8x less time in packs of 50 than one at a time, 2.9x in packs of 10: one client's step
+# is ~0.3 ms of GPU work behind ~2 ms of kernel launches, and a pack launches once for all its clients.
+AUTO_PACK_SIZE = {"cpu": 1, "cuda": 50}
 
 
-def resolve_pack_size(value: int, device: torch.device) -> int:
-    return value if value > 0 else AUTO_PACK_SIZE.get(device.type, 1)
+def resolve_pack_size(value: int, device: torch.device, algorithm, sticky: bool) -> int:
+    """runtime.pack_size, with 0 (auto) resolved for `device`: AUTO_PACK_SIZE where the run can train in
+    packs, else 1 (auto never turns a run that cannot pack into an error; check_packable refuses an
+    explicit size)."""
+    if value > 0:
+        return value
+    auto = AUTO_PACK_SIZE.get(device.type, 1)
+    return auto if auto > 1 and not sticky and not algorithm.pack_refusal() else 1
 
 
 def check_packable(cfg, algorithm, pack_size: int, sticky: bool) -> None:
@@ -58,10 +65,10 @@ def check_packable(cfg, algorithm, pack_size: int, sticky: bool) -> None:
                           f"clients in packs: {reason}; set runtime.pack_size=1")
 
 
-def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int,
+def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int, device: torch.device,
                    fold_single: bool = False) -> list[tuple]:
     """The (x, y) of each local step of one client, drawn exactly as `train_client` draws them."""
-    torch.manual_seed(client_seed(seed, run.round_idx, run.client_id))
+    seed_local_rng(client_seed(seed, run.round_idx, run.client_id), device)
     return list(local_batches(data, indices, train_cfg, fold_single=fold_single))
 
 
@@ -115,7 +122,7 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
         flat.load(run.global_params, global_buffers)
         algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
         w[k], b[k] = flat.params, flat.buffers
-    batches = [client_batches(data, idx, run, train_cfg, algorithm.seed, flat.fold_single)
+    batches = [client_batches(data, idx, run, train_cfg, algorithm.seed, w.device, flat.fold_single)
                for idx, run in zip(indices, runs)]
     velocity = torch.zeros_like(w) if train_cfg.momentum else None
     loss_sums = torch.zeros(count, dtype=torch.float64, device=w.device)

@@ -140,7 +140,7 @@ class Trainer:
                                                     len(self.population), cfg.train.clients_per_round,
                                                     cfg.privacy.accountant)
         self.sticky = self._sticky_placement()
-        self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device)
+        self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
@@ -470,7 +470,8 @@ class Trainer:
             logger.info(f"warning: {warning}")
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
-                    f"{self.ctx.world_size} process(es) on {self.device}; writing {self.run_dir}")
+                    f"{self.ctx.world_size} process(es) on {self.device}"
+                    f"{f', clients in packs of {self.pack_size}' if self.pack_size > 1 else ''}; writing {self.run_dir}")
         if self.privacy is not None:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
         session_start = time.time()

@@ -50,6 +50,7 @@ def build(trainer, status: str, error: str | None) -> dict:
         "phases": trainer.phase_results,
         "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
         "device": str(trainer.device),
+        "pack_size": trainer.pack_size,  # runtime.pack_size as run (auto resolved)
         "num_params": trainer.worker.num_params,
         "algorithm": trainer.cfg.algorithm.name,
         "privacy": privacy_guarantee(trainer, last.get("round") if status != "completed" else trainer.cfg.train.rounds),

@@ -70,7 +70,9 @@ class Classifier(nn.Module):
         over the batch)."""
         if self.loss_kind == "ce":
             return F.cross_entropy(logits, y, reduction=reduction)
-        per_class = (logits - F.one_hot(y, logits.shape[1]).to(logits.dtype)) ** 2
+        # One-hot by comparison, not F.one_hot: its in-place scatter cannot run under vmap (client packs).
+        one_hot = y.unsqueeze(1) == torch.arange(logits.shape[1], device=y.device)
+        per_class = (logits - one_hot.to(logits.dtype)) ** 2
         per_sample = per_class.mean(1) if self.mse_reduction == "mean" else per_class.sum(1)
         return per_sample.mean() if reduction == "mean" else per_sample.sum()
 
