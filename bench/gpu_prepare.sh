@@ -1,0 +1,19 @@
+#!/bin/bash
+# Here (no GPU): gather what bench/gpu_session.sh needs on a bare GPU machine that has python3 with torch
+# but no network: distfl's other dependencies and pfl-research 0.6 as wheels for its Python (.whl/), and
+# Fashion-MNIST (.gpu/fmnist/, the training images xz-compressed to fit a 64 MiB transfer). Both folders are
+# git-ignored through .git/info/exclude. Usage: bench/gpu_prepare.sh [PYTHON_VERSION, default 3.12]
+set -eu
+cd "$(dirname "$0")/.."
+PYV=${1:-3.12}
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
+mkdir -p .whl .gpu/fmnist
+PLAT="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+for pkg in pfl==0.6.0 prv-accountant==0.2.0 multiprocess==0.70.19 dill==0.4.1 dp-accounting==0.6.0 dm-tree==0.1.10 submitit; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp $PLAT -d .whl "$pkg"
+done
+SRC=/usr/share/datasets/fashion-mnist  # `make data`
+cp $SRC/t10k-images-idx3-ubyte.gz $SRC/t10k-labels-idx1-ubyte.gz $SRC/train-labels-idx1-ubyte.gz .gpu/fmnist/
+zcat $SRC/train-images-idx3-ubyte.gz | xz -9e > .gpu/fmnist/train-images-idx3-ubyte.xz
+du -sh .whl .gpu
