@@ -260,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(written to bench/<suite>.json)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="runtime and cross-device suites: the device the runs train on (default: runtime cpu, "
-                        "cross-device cuda when available)")
+                        "cross-device cuda when available); tct suite: where the eNTK features are computed "
+                        "(default cpu, 1 thread; stage 2 stays on the host)")
     p.add_argument("--pack-sizes", default="1,10", metavar="P1,P2,...",
                    help="cross-device suite: the runtime.pack_size values timed side by side; the first is "
                         "the reference the others' speed-up and final-model difference are measured against "

@@ -56,6 +56,8 @@ def main_suite(args) -> int:
         res = cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log,
                                               getattr(args, "device", None),
                                               cross_device.pack_sizes(getattr(args, "pack_sizes", "1,10")))
+    elif suite == "tct":
+        res = tct.bench(repeats, log, getattr(args, "device", None))
     else:
         res = module.bench(repeats, log)
     res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),

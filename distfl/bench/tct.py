@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 import time
 
-def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> dict:
+def _bench_features(model_name: str, p: int | None, data, repeats: int, log, device=None) -> dict:
     """eNTK features of 256 FMNIST training samples for `model_name` at p coordinates (None: all P):
     `entk_features` (the TCT phase's defaults: chunks of `tct.chunk_size`, coordinates in
     `tct.coordinate_order`) and Algorithm 3's loop on the same coordinates, interleaved, alternating which goes first;
@@ -14,7 +14,8 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
     first layer's) and their per-sample weight gradients, each as many as the forward's
     (`_layer_macs`; the Linear ones an upper bound when p < P): at this thread's
     float32 matmul rate (`_matmul_gflops`) that gives the least time any method can take, and the
-    speedup over the loop it allows."""
+    speedup over the loop it allows. On a GPU (`device`), each timing waits for the GPU's queue before
+    it starts and ends; the matmul rate is the GPU's."""
     import torch
 
     from ..config import load_config
@@ -23,11 +24,13 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
 
     cfg = load_config(None, ["data.dataset=fmnist", f"model.name={model_name}"])
     torch.manual_seed(0)
-    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    device = torch.device(device or "cpu")
+    model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
     num = sum(q.numel() for q in model.parameters())
     tct = cfg.tct
     index = coordinate_index(num, num if p is None else p, tct.coordinate_seed, tct.coordinate_order)
-    x = data.train_x[:256]
+    x = data.train_x[:256].to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def forward_backward():
         model.eval()
@@ -38,6 +41,7 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
     entk_features(model, x[:8], index)  # warm-up (untimed): one-time allocations and kernel set-up
     entk_features_loop(model, x[:8], index)
     forward_backward()
+    sync()
     wall = {"fast": [], "loop": [], "pass": []}
     cpu = {"fast": [], "loop": [], "pass": []}
     for rep in range(repeats):
@@ -49,6 +53,7 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
                 ref = entk_features_loop(model, x, index)
             else:
                 forward_backward()
+            sync()
             wall[what].append(time.perf_counter() - t0)
             cpu[what].append(time.thread_time() - c0)
         log(f"features {model_name} repeat {rep + 1}/{repeats}: fast {wall['fast'][-1]:.3f} s, "
@@ -57,8 +62,9 @@ def _bench_features(model_name: str, p: int | None, data, repeats: int, log) -> 
     fast_s, loop_s, pass_s = wall["fast"], wall["loop"], wall["pass"]
     macs, first = _layer_macs(model, x[:1])
     flops = 2 * (3 * macs - first) * len(x)
-    gflops = _matmul_gflops()
-    return {"model": model_name, "flops": flops, "matmul_gflops": gflops,
+    gflops = _matmul_gflops(device)
+    return {"model": model_name, "device": str(device),
+            "where": torch.cuda.get_device_name(device) if device.type == "cuda" else "1 thread", "flops": flops, "matmul_gflops": gflops,
             "loop_gflops": flops / med(loop_s) / 1e9, "vectorised_gflops": flops / med(fast_s) / 1e9,
             "speedup_at_matmul_rate": med(loop_s) / (flops / (gflops * 1e9)), "samples": len(x), "params": num, "coordinates": index.numel(),
             "method": feature_method(model), "chunk_size": tct.chunk_size,
@@ -97,22 +103,26 @@ def _layer_macs(model, x1) -> tuple[int, int]:
     return sum(macs), macs[0]
 
 
-def _matmul_gflops() -> float:
-    """This thread's float32 rate on a 1024 x 1024 matmul (median of 5), in GFLOP/s: about the most
-    any CPU kernel of the features reaches on it."""
+def _matmul_gflops(device=None) -> float:
+    """This thread's (or GPU's) float32 rate on a 1024 x 1024 matmul (median of 5), in GFLOP/s: about
+    the most any kernel of the features reaches on it."""
     import torch
 
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    device = torch.device(device or "cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a, b = torch.randn(1024, 1024, device=device), torch.randn(1024, 1024, device=device)
     a @ b
+    sync()
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
         a @ b
+        sync()
         times.append(time.perf_counter() - t0)
     return 2 * 1024 ** 3 / statistics.median(times) / 1e9
 
 
-def bench(repeats: int, log) -> dict:
+def bench(repeats: int, log, device: str | None = None) -> dict:
     """TCT's two heavy parts, each beside its reference, on real Fashion-MNIST inputs, 1 thread:
     - eNTK features (`_bench_features`): SimpleCNN with all 44,426 coordinates, and the paper's network
       tct_cnn (454,922 parameters) at the paper's p = 100,000; features are short and noisy on a loaded
@@ -120,6 +130,7 @@ def bench(repeats: int, log) -> dict:
     - stage 2 on one client: the closed-form M = 500 steps vs 500 literal steps (n = 1,000 samples,
       p = 4,096 coordinates, float64), both from the same start; the closed form's one-time
       decomposition is reported apart and amortised over the paper's 100 rounds.
+    `device` ("cuda"): the features on the GPU (stage 2 stays on the host, as in a TCT run).
     """
     import torch
 
@@ -134,8 +145,8 @@ def bench(repeats: int, log) -> dict:
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     torch.set_num_threads(1)
     data = load_dataset(load_config(None, ["data.dataset=fmnist"]).data, 0)
-    features = _bench_features("simplecnn", None, data, 3 * repeats, log)
-    features_tct_cnn = _bench_features("tct_cnn", 100_000, data, 3 * repeats, log)
+    features = _bench_features("simplecnn", None, data, 3 * repeats, log, device)
+    features_tct_cnn = _bench_features("tct_cnn", 100_000, data, 3 * repeats, log, device)
 
     cfg = load_config(None, ["data.dataset=fmnist", "model.name=simplecnn"])
     torch.manual_seed(0)
@@ -178,7 +189,7 @@ def _features_rows(f: dict) -> list[tuple[str, str, str]]:
     coords = "all" if f["coordinates"] == f["params"] else "p"
     return [
         (f"eNTK features, {f['samples']} FMNIST samples x {f['coordinates']:,} coordinates ({coords}), "
-         f"{f['model']} ({f['params']:,} params), 1 thread: batched, {f['method']}",
+         f"{f['model']} ({f['params']:,} params), {f.get('where', '1 thread')}: batched, {f['method']}",
          f"{f['vectorised_s']:.3f} s ({f['vectorised_samples_per_s']:.0f} samples/s)", ""),
         ("... Algorithm 3's per-sample loop", f"{f['loop_s']:.3f} s ({f['loop_samples_per_s']:.0f} samples/s)", ""),
         ("... speedup, median of interleaved repeats (max relative difference)",
@@ -189,7 +200,8 @@ def _features_rows(f: dict) -> list[tuple[str, str, str]]:
         ("... one batched forward + backward with parameter gradients, for scale (loop / this; in CPU time)",
          f"{f['forward_backward_s']:.3f} s ({f['speedup_bound']:.1f}x; {f['cpu_speedup_bound']:.1f}x)", ""),
     ] + ([(f"... arithmetic: ~{f['flops'] / 1e9:.1f} GFLOP (forward, input and per-sample weight gradients); the loop runs it at "
-           f"{f['loop_gflops']:.0f} GFLOP/s, the batched at {f['vectorised_gflops']:.0f}, this thread's 1024^2 "
+           f"{f['loop_gflops']:.0f} GFLOP/s, the batched at {f['vectorised_gflops']:.0f}, "
+           f"{'this thread' if f.get('where', '1 thread') == '1 thread' else 'the GPU'}'s 1024^2 "
            "matmul at (speedup that rate would give)",
            f"{f['matmul_gflops']:.0f} GFLOP/s ({f['speedup_at_matmul_rate']:.1f}x)", "")] if "flops" in f else [])
 
