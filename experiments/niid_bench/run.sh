@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs NIID-Bench's FMNIST rows with distfl sweep (resumable: rerun this script after a stop).
 # Usage: experiments/niid_bench/run.sh [OUT]   (default OUT: experiments/niid_bench/runs)
-# A subset: SEEDS="1" PARTS="C2" RUNS="fedavg fednova" experiments/niid_bench/run.sh   (default: all)
+# A subset: SEEDS="1" PARTS="C2" RUNS="fedavg fednova" experiments/niid_bench/run.sh
+# (default: PARTS="C2 dir05 qty05", rows N1-N3; N4 adds PARTS="C1 C3 iid", the homogeneous split as iid)
 # algorithm.mu is fedprox's only: the sweep applies it where declared, see below.
 # SCAFFOLD runs twice: `scaffold` (distfl's default, c - c_i added to the gradient, so through momentum)
 # and `scaffold_nb` (algorithm.scaffold_correction=weights: NIID-Bench's code, w -= lr (c - c_i) after
@@ -13,9 +14,11 @@ PY=${PYTHON:-python}
 for seed in ${SEEDS:-0 1}; do
   for part in ${PARTS:-C2 dir05 qty05}; do
     case $part in
-      C2)    P="partition.scheme=n_classes partition.classes_per_client=2" ;;
+      C1|C2|C3) P="partition.scheme=n_classes partition.classes_per_client=${part#C}" ;;
+      iid)   P="partition.scheme=iid" ;;
       dir05) P="partition.scheme=dirichlet partition.alpha=0.5" ;;
       qty05) P="partition.scheme=quantity partition.alpha=0.5" ;;
+      *)     echo "unknown part $part (C1 C2 C3 dir05 qty05 iid)"; exit 2 ;;
     esac
     for run in ${RUNS:-fedavg fedprox scaffold scaffold_nb fednova}; do
       case $run in
