@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -212,8 +213,39 @@ def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext, name: str) -> torch.T
     COLLECTIVE_CALLS[name] += 1
     COLLECTIVE_BYTES[name] += tensor.numel() * tensor.element_size()
     if ctx.world_size > 1:
-        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
+        _all_reduce(tensor, torch_dist.ReduceOp.SUM, ctx)
     return tensor
+
+
+# Seconds to wait for gloo to let go of a collective's tensor, and whether waiting is still on (it goes
+# off, with a warning, if a torch build ever keeps the reference longer).
+GLOO_RELEASE_WAIT_S = 5.0
+_wait_for_gloo = True
+
+
+def _all_reduce(tensor: torch.Tensor, op, ctx: DistContext) -> None:
+    """torch_dist.all_reduce, returning only once gloo has let go of `tensor`.
+
+    gloo runs each collective on a worker thread of its own, which drops its reference to the tensor just
+    after all_reduce has returned here; that drop takes the GIL (the tensor owns a Python object). If
+    this process has begun to exit by then, the thread cannot have the GIL and the process aborts
+    ("terminate called without an active exception", SIGABRT) after a run that has finished and saved:
+    2 of 40 two-rank runs on 2 busy cores, and one CI run. Waiting here, with the GIL released, until the
+    tensor's reference count is back where it was, leaves gloo nothing to release at exit."""
+    global _wait_for_gloo
+    refs = sys.getrefcount(tensor)
+    torch_dist.all_reduce(tensor, op=op)
+    if ctx.backend != "gloo" or not _wait_for_gloo:
+        return
+    deadline = time.monotonic() + GLOO_RELEASE_WAIT_S
+    while sys.getrefcount(tensor) > refs:
+        if time.monotonic() > deadline:
+            _wait_for_gloo = False
+            print(f"distfl: warning: gloo still holds a collective's tensor {GLOO_RELEASE_WAIT_S:g}s after "
+                  "all_reduce returned; no longer waiting for it (this torch build may abort at exit)",
+                  file=sys.stderr, flush=True)
+            return
+        time.sleep(1e-4)  # releases the GIL, which gloo's thread needs to let go
 
 
 def barrier(ctx: DistContext) -> None:
@@ -239,7 +271,7 @@ def check_same_on_all_ranks(value: int, ctx: DistContext, what: str) -> None:
     if ctx.world_size == 1:
         return
     t = torch.tensor([value, -value], dtype=torch.int64, device=ctx.device)
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    _all_reduce(t, torch_dist.ReduceOp.MAX, ctx)
     COLLECTIVE_CALLS["check"] += 1
     if int(t[0]) != value or int(-t[1]) != value:
         from .errors import RankDisagreement

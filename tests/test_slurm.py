@@ -98,26 +98,42 @@ def slurm_cluster():
         subprocess.run([str(DEV_CLUSTER), "stop"], capture_output=True, text=True, timeout=120)
 
 
-def _wait(job_ids, timeout_s=540, run_dir: Path | None = None):
+def _wait(job_ids, timeout_s=540, run_dir: Path | None = None, logs: tuple[Path, str] | None = None):
     """Wait for jobs; a requeued job waits ~2 minutes for its begin time, which Slurm sets on requeue:
     the test lets it start at once (the only thing it changes is the scheduling delay). With `run_dir`,
     also until that run has completed: a job that requeues itself can be missing from squeue for a moment
-    between its first run's end and its requeue, which once ended the wait before the resumed run."""
+    between its first run's end and its requeue, which once ended the wait before the resumed run. A run
+    whose jobs have all been gone for a minute will not complete: that fails at once, with the jobs'
+    state and the tails of the files that `logs` = (folder, glob pattern) names (their Slurm output), so
+    that a failure says what the job did."""
     def start_pending_now(active):
         states = slurm_active_jobs()
         for job in active:
             if states.get(job) == "PENDING":
                 subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
 
-    deadline = time.time() + timeout_s
+    deadline, gone_since = time.time() + timeout_s, None
     while True:
         wait_for_jobs(job_ids, timeout_s=max(1.0, deadline - time.time()), poll_s=1, on_poll=start_pending_now)
         done = run_dir is None or ((run_dir / "summary.json").exists() and summary(run_dir)["status"] == "completed")
         if done:
             return
-        if time.time() > deadline:
-            raise TimeoutError(f"{run_dir} did not complete within {timeout_s}s")
+        active = set(slurm_active_jobs()) & set(job_ids)
+        gone_since = None if active else (gone_since or time.time())
+        if time.time() > deadline or (gone_since is not None and time.time() - gone_since > 60):
+            raise TimeoutError(f"{run_dir} did not complete ({'jobs gone for 60 s' if gone_since else 'timeout'})"
+                               f":\n{_jobs_report(job_ids, run_dir, logs)}")
         time.sleep(2)
+
+
+def _jobs_report(job_ids, run_dir: Path | None, logs) -> str:
+    parts = [subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+             for job in job_ids]
+    if run_dir is not None and (run_dir / "summary.json").exists():
+        parts.append(f"summary status: {summary(run_dir)['status']}")
+    for path in sorted(logs[0].glob(logs[1])) if logs else ():
+        parts.append(f"--- {path} (last 4000 characters)\n{path.read_text(errors='replace')[-4000:]}")
+    return "\n".join(parts)
 
 
 def _points(sweep_dir: Path) -> list[dict]:
@@ -180,7 +196,7 @@ def test_interrupted_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, ho
     assert again.returncode == 0 and f"still queued or running on Slurm (left alone: seed=3 as job {job})" \
         in again.stdout, again.stdout + again.stderr
     assert _points(tmp_path / "sw")[0]["job_ids"] == [job]
-    _wait([job], run_dir=run)
+    _wait([job], run_dir=run, logs=(tmp_path / "sw" / "slurm-logs", f"{job}_*_log.*"))
 
     log = "".join(p.read_text() for p in sorted((tmp_path / "sw" / "slurm-logs").glob(f"{job}_*_log.*")))
     resumed_at = [int(m) for m in re.findall(r"resuming \S+ at round (\d+)", log)]
@@ -229,7 +245,7 @@ def test_sbatch_time_limit_signal_checkpoints_a_round_longer_than_30s(slurm_clus
     job = proc.stdout.strip().split(";")[0]
     wait_for_marks(marks, 2)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)  # what --signal=B:USR1 does
-    _wait([job], run_dir=run)
+    _wait([job], run_dir=run, logs=(tmp_path, "slurm-*.out"))
 
     log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert "stop signal: checkpoint written after round 1" in log, log
