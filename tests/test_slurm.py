@@ -100,21 +100,27 @@ def slurm_cluster():
 
 def _wait(job_ids, timeout_s=540, run_dir: Path | None = None, logs: tuple[Path, str] | None = None):
     """Wait for jobs; a requeued job waits ~2 minutes for its begin time, which Slurm sets on requeue:
-    the test lets it start at once (the only thing it changes is the scheduling delay). With `run_dir`,
+    the test lets it start 5 s after it is seen pending (the only thing it changes is the scheduling
+    delay). Not at once: slurmd refuses a job whose credential is no newer, in whole seconds, than the
+    revocation of its previous run's ("Killing non-startable batch JobId=N: Job credential revoked"),
+    and the job then ends FAILED; a start forced in the second of the requeue did that. With `run_dir`,
     also until that run has completed: a job that requeues itself can be missing from squeue for a moment
     between its first run's end and its requeue, which once ended the wait before the resumed run. A run
     whose jobs have all been gone for a minute will not complete: that fails at once, with the jobs'
     state and the tails of the files that `logs` = (folder, glob pattern) names (their Slurm output), so
     that a failure says what the job did."""
-    def start_pending_now(active):
+    forced = {}  # job -> when its start was last brought forward
+
+    def start_pending_soon(active):
         states = slurm_active_jobs()
         for job in active:
-            if states.get(job) == "PENDING":
-                subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
+            if states.get(job) == "PENDING" and time.time() - forced.get(job, 0) > 30:
+                subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now+5"], capture_output=True)
+                forced[job] = time.time()
 
     deadline, gone_since = time.time() + timeout_s, None
     while True:
-        wait_for_jobs(job_ids, timeout_s=max(1.0, deadline - time.time()), poll_s=1, on_poll=start_pending_now)
+        wait_for_jobs(job_ids, timeout_s=max(1.0, deadline - time.time()), poll_s=1, on_poll=start_pending_soon)
         done = run_dir is None or ((run_dir / "summary.json").exists() and summary(run_dir)["status"] == "completed")
         if done:
             return
