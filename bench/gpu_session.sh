@@ -4,13 +4,7 @@
 #   the step probe (bench/cuda_step.py), the cross-device bench with pfl-research beside it, the TCT features bench,
 #   tests/test_cuda.py, and the quickstart on CUDA: pack_size=1 on 2 ranks, auto on 2 ranks and on 1.
 set -u
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-T0=$(date +%s); step(){ echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl
-D=/usr/share/datasets/fashion-mnist; mkdir -p $D; cp .gpu/fmnist/*.gz $D/
-python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpu/fmnist/train-images-idx3-ubyte.xz'), open('$D/train-images-idx3-ubyte', 'wb'))"
-nvidia-smi -L
+source bench/gpu_setup.sh
 step "step probe"
 PYTHONPATH=. timeout 100 python3 bench/cuda_step.py > "$OUT/cuda_step.txt" 2>&1; tail -9 "$OUT/cuda_step.txt" | head -8
 step "cross-device bench"

@@ -139,6 +139,17 @@ def set_deterministic(mode: bool, warn_only: bool = False) -> None:
         torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
+def cuda_float32_numerics() -> None:
+    """What every CUDA run of distfl computes with: cuDNN deterministic with benchmarking off, and TF32
+    off for matmuls and convolutions. TF32 rounds their inputs to 10 mantissa bits; off, CUDA results
+    are float32 maths. (torch's default leaves TF32 on for convolutions.) Also for code that computes
+    on a GPU outside a run, such as `distfl bench`, so it measures what a run computes."""
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = True) -> DistContext:
     """Join the process group described by the environment, or run alone when there is none.
 
@@ -164,11 +175,7 @@ def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = Tr
     if use_cuda:
         device = torch.device("cuda", local_rank % gpus)
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
-        # TF32 rounds matmul inputs to 10 mantissa bits: off, so CUDA results match float32 maths.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        cuda_float32_numerics()
     else:
         device = torch.device("cpu")
     set_deterministic(True, warn_only=not deterministic)

@@ -172,3 +172,35 @@ def test_startup_suite_times_every_step_of_a_two_rank_run(tmp_path):
         assert all(v >= 0 for v in steps.values())
         assert steps["whole command (outside)"] > steps["process (from the probe's first line)"] > steps["training rounds"]
     assert "| import torch |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.skipif(not _fmnist_available(), reason="the bench runs on real Fashion-MNIST, not installed here")
+def test_tct_bench_on_cuda_computes_in_float32_as_a_run_does(monkeypatch):
+    """With torch's default TF32 convolutions, the GPU features bench compared two feature methods
+    1.5e-1 apart (bench/tf32_emulation.py shows TF32 rounding moves the features that far); a run turns
+    TF32 off. The bench must set the run's numerics before it computes anything on the GPU."""
+    from distfl.bench import tct
+
+    torch_defaults = ((torch.backends.cudnn, "allow_tf32", True), (torch.backends.cuda.matmul, "allow_tf32", True),
+                      (torch.backends.cudnn, "deterministic", False), (torch.backends.cudnn, "benchmark", True))
+    before = [getattr(flags, name) for flags, name, _ in torch_defaults]
+    for flags, name, value in torch_defaults:
+        setattr(flags, name, value)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def features_bench(*args, **kwargs):
+        seen.update(conv_tf32=torch.backends.cudnn.allow_tf32, matmul_tf32=torch.backends.cuda.matmul.allow_tf32,
+                    deterministic=torch.backends.cudnn.deterministic, benchmark=torch.backends.cudnn.benchmark)
+        raise Stop
+
+    monkeypatch.setattr(tct, "_bench_features", features_bench)
+    try:
+        with pytest.raises(Stop):
+            tct.bench(1, lambda *a: None, device="cuda")
+    finally:
+        for (flags, name, _), value in zip(torch_defaults, before):
+            setattr(flags, name, value)
+    assert seen == {"conv_tf32": False, "matmul_tf32": False, "deterministic": True, "benchmark": False}

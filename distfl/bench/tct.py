@@ -136,6 +136,7 @@ def bench(repeats: int, log, device: str | None = None) -> dict:
 
     from ..config import load_config
     from ..data.datasets import load_dataset
+    from ..dist import cuda_float32_numerics
     from ..models import build_model
     from ..tct.features import coordinate_index, entk_features
     from ..tct.solver import LocalLeastSquares
@@ -144,6 +145,10 @@ def bench(repeats: int, log, device: str | None = None) -> dict:
 
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     torch.set_num_threads(1)
+    if device == "cuda":
+        # As in a run: without this, torch's default TF32 convolutions made the two feature methods differ
+        # by 1.5e-1 (relative to the largest feature) for tct_cnn on an H100, where a run computes float32.
+        cuda_float32_numerics()
     data = load_dataset(load_config(None, ["data.dataset=fmnist"]).data, 0)
     features = _bench_features("simplecnn", None, data, 3 * repeats, log, device)
     features_tct_cnn = _bench_features("tct_cnn", 100_000, data, 3 * repeats, log, device)

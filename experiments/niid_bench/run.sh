@@ -3,6 +3,7 @@
 # Usage: experiments/niid_bench/run.sh [OUT]   (default OUT: experiments/niid_bench/runs)
 # A subset: SEEDS="1" PARTS="C2" RUNS="fedavg fednova" experiments/niid_bench/run.sh
 # (default: PARTS="C2 dir05 qty05", rows N1-N3; N4 adds PARTS="C1 C3 iid", the homogeneous split as iid)
+# EXTRA="k=v ..." adds overrides to every run (run_gpu.sh passes the GPU settings this way).
 # algorithm.mu is fedprox's only: the sweep applies it where declared, see below.
 # SCAFFOLD runs twice: `scaffold` (distfl's default, c - c_i added to the gradient, so through momentum)
 # and `scaffold_nb` (algorithm.scaffold_correction=weights: NIID-Bench's code, w -= lr (c - c_i) after
@@ -26,7 +27,7 @@ for seed in ${SEEDS:-0 1}; do
         scaffold_nb) A="algorithm.name=scaffold algorithm.scaffold_correction=weights" ;;
         *)           A="algorithm.name=$run" ;;
       esac
-      $PY -m distfl sweep experiments/niid_bench/niid_bench.yaml $P $A \
+      $PY -m distfl sweep experiments/niid_bench/niid_bench.yaml $P $A ${EXTRA:-} \
         output.dir=$OUT/$part/$run --seeds $seed || echo "FAILED $part $run seed $seed"
     done
   done
