@@ -2,6 +2,8 @@
 runtime says which guarantee it loses, and an op with no deterministic kernel stops the run by name."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -43,9 +45,20 @@ def test_resume_with_another_runtime_warns_which_guarantee_is_lost(tmp_path, sma
     field = key.split(".")[1]
     assert f"warning: runtime {field} was" in proc.stderr and f"is {now.replace('false', 'False')} now" in proc.stderr
     assert "no longer bit-identical" in proc.stderr
-    # The same runtime resumes silently.
+    # The same runtime resumes silently, and summary.json keeps the earlier change on record.
     proc = run_cli(["train", "--resume", str(run), "train.rounds=4", f"{key}={now}"])
     assert proc.returncode == 0 and "warning" not in proc.stderr
+    was = {"device": "cpu", "threads": 1, "deterministic": True, "torch": torch.__version__}
+    changes = json.loads((run / "summary.json").read_text())["runtime_changes"]
+    assert changes == [{"after_round": 2, "was": was,
+                        "now": {**was, field: {"2": 2, "false": False}[now]}}]
+
+
+def test_a_run_on_one_runtime_records_no_change(tmp_path, small_config):
+    run = tmp_path / "run"
+    train_ok(small_config, f"output.dir={run}", "train.rounds=2")
+    assert run_cli(["train", "--resume", str(run), "train.rounds=3"]).returncode == 0
+    assert json.loads((run / "summary.json").read_text())["runtime_changes"] == []
 
 
 def test_checkpoint_records_the_runtime(tmp_path, small_config):

@@ -162,6 +162,9 @@ class Trainer:
         self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
         self.step = 0
         self.resume_warnings: list[str] = []
+        # Each resume on another runtime (device, threads, determinism, torch build), carried from checkpoint
+        # to checkpoint into summary.json: the round it went on from, the runtime before and after.
+        self.runtime_changes: list[dict] = []
         self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
         self.resumed_from, self.skipped = None, []
         if resume:
@@ -200,6 +203,10 @@ class Trainer:
                 "they decide the clients' training data)")
         self._check_phases_on_resume(state)
         self.resume_warnings = run_dir.lost_guarantees(state.get("runtime"), self.runtime_identity())
+        self.runtime_changes = list(state.get("runtime_changes", []))
+        if self.resume_warnings:
+            self.runtime_changes.append({"after_round": int(state["round"]), "was": state["runtime"],
+                                         "now": self.runtime_identity()})
         self.global_params.copy_(state["params"])
         self.global_buffers.copy_(state["buffers"])
         for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
@@ -304,6 +311,7 @@ class Trainer:
                 "data": self.data_sources,
                 "world_size": self.ctx.world_size,
                 "runtime": self.runtime_identity(),
+                "runtime_changes": self.runtime_changes,
                 # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
                 "rng": "keyed",
             }

@@ -61,4 +61,7 @@ def build(trainer, status: str, error: str | None) -> dict:
         "input_normalization": trainer.data.normalization and [list(v) for v in trainer.data.normalization],
         "distfl_version": __version__,
         "torch_version": torch.__version__,
+        # Resumes on another device, thread count, determinism or torch build ([{after_round, was, now}]);
+        # empty: one runtime throughout, so the run is reproducible from its config on that runtime
+        "runtime_changes": trainer.runtime_changes,
     }
