@@ -17,3 +17,9 @@ SRC=/usr/share/datasets/fashion-mnist  # `make data`
 cp $SRC/t10k-images-idx3-ubyte.gz $SRC/t10k-labels-idx1-ubyte.gz $SRC/train-labels-idx1-ubyte.gz .gpu/fmnist/
 zcat $SRC/train-images-idx3-ubyte.gz | xz -9e > .gpu/fmnist/train-images-idx3-ubyte.xz
 du -sh .whl .gpu
+# What travels to the GPU machine (tracked and untracked-not-ignored files, plus the two carried folders)
+# must stay under 64 MiB. The committed NIID-Bench runs (~30 MiB) are what to leave behind if it does not:
+# echo /experiments/niid_bench/runs/ >> .git/info/exclude; git rm -r -q --cached experiments/niid_bench/runs
+# and, after the call: git reset -q HEAD -- experiments/niid_bench/runs; then delete that exclude line.
+MIB=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | awk '/total$/ {s += $1} END {print int(s / 1048576)}')
+echo "working tree ${MIB} MiB + .whl and .gpu $(du -sm .whl .gpu | awk '{s += $1} END {print s}') MiB (limit 64 MiB)"
