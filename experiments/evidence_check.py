@@ -164,7 +164,8 @@ def gma() -> None:
 def tct() -> None:
     res = ROOT / "tct" / "results_p100k"
     print("\n## T2 / T3: TCT at p = 100,000 (tct_cnn), committed summaries")
-    for name in ("C1_eta5e-6_M500", "C2_eta5e-6_M500", "C2_eta5e-6_M500_stage1_20x5"):
+    for name in ("C1_eta5e-6_M500", "C1_eta5e-6_M500_seed1", "C2_eta5e-6_M500", "C2_eta5e-6_M500_stage1_20x5",
+                 "C2_eta5e-6_M500_stage1_20x5_seed1"):
         s, run = summary(res / name), res / name
         lam = json.dumps(s["phases"]["tct"].get("lambda_max"))
         print(f"{name}: final {100 * s['final_test_acc']:.2f}, stage-1 best {100 * s['best_test_acc']:.2f}, "
