@@ -146,8 +146,9 @@ def bench(repeats: int, log, device: str | None = None) -> dict:
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     torch.set_num_threads(1)
     if device == "cuda":
-        # As in a run: without this, torch's default TF32 convolutions made the two feature methods differ
-        # by 1.5e-1 (relative to the largest feature) for tct_cnn on an H100, where a run computes float32.
+        # A run's numerics (float32). With torch's default, TF32 convolutions, the two feature methods
+        # differed by 1.5e-1 for tct_cnn on an H100; bench/tf32_emulation.py shows TF32 rounding moves
+        # the features that far.
         cuda_float32_numerics()
     data = load_dataset(load_config(None, ["data.dataset=fmnist"]).data, 0)
     features = _bench_features("simplecnn", None, data, 3 * repeats, log, device)
