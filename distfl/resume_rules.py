@@ -15,7 +15,8 @@ from .schema import Config
 # TCT run directory whose stage 1 is done. The runner refuses them once the phase has begun.
 PHASE_KEYS = ("calibration.", "tct.")
 RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
-                  "runtime.device", "runtime.threads", "runtime.deterministic", *PHASE_KEYS)
+                  "runtime.device", "runtime.threads", "runtime.deterministic", "runtime.pack_size",
+                  *PHASE_KEYS)
 # eval.* keys that may not change on resume: a holdout split removes samples from the clients' training data.
 HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
 # Keys whose default changed after they were added: the value a saved config that lacks the key ran with

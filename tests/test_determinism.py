@@ -36,7 +36,8 @@ def test_ranks_with_different_initial_models_stop_at_start(tmp_path):
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()  # no round ran
 
 
-@pytest.mark.parametrize("key,now", [("runtime.threads", "2"), ("runtime.deterministic", "false")])
+@pytest.mark.parametrize("key,now", [("runtime.threads", "2"), ("runtime.deterministic", "false"),
+                                     ("runtime.pack_size", "2")])
 def test_resume_with_another_runtime_warns_which_guarantee_is_lost(tmp_path, small_config, key, now):
     run = tmp_path / "run"
     train_ok(small_config, f"output.dir={run}", "train.rounds=2")
@@ -44,11 +45,13 @@ def test_resume_with_another_runtime_warns_which_guarantee_is_lost(tmp_path, sma
     assert proc.returncode == 0, proc.stderr
     field = key.split(".")[1]
     assert f"warning: runtime {field} was" in proc.stderr and f"is {now.replace('false', 'False')} now" in proc.stderr
+    if field == "pack_size":
+        assert "clients in packs of 2" in proc.stderr
     assert "no longer bit-identical" in proc.stderr
     # The same runtime resumes silently, and summary.json keeps the earlier change on record.
     proc = run_cli(["train", "--resume", str(run), "train.rounds=4", f"{key}={now}"])
     assert proc.returncode == 0 and "warning" not in proc.stderr
-    was = {"device": "cpu", "threads": 1, "deterministic": True, "torch": torch.__version__}
+    was = {"device": "cpu", "threads": 1, "deterministic": True, "torch": torch.__version__, "pack_size": 1}
     changes = json.loads((run / "summary.json").read_text())["runtime_changes"]
     assert changes == [{"after_round": 2, "was": was,
                         "now": {**was, field: {"2": 2, "false": False}[now]}}]
@@ -65,7 +68,8 @@ def test_checkpoint_records_the_runtime(tmp_path, small_config):
     run = tmp_path / "run"
     train_ok(small_config, f"output.dir={run}", "train.rounds=2")
     state = torch.load(run / "checkpoints" / "round_000002" / "state.pt", weights_only=True)
-    assert state["runtime"] == {"device": "cpu", "threads": 1, "deterministic": True, "torch": torch.__version__}
+    assert state["runtime"] == {"device": "cpu", "threads": 1, "deterministic": True, "torch": torch.__version__,
+                                "pack_size": 1}
 
 
 def _nondeterministic_op():

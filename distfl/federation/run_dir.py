@@ -89,7 +89,9 @@ def lost_guarantees(saved: dict | None, now: dict) -> list[str]:
     why = {"device": "kernels differ between device types",
            "threads": "intra-op threads change a kernel's reduction order",
            "deterministic": "nondeterministic kernels may now run",
-           "torch": "kernels differ between torch builds"}
+           "torch": "kernels differ between torch builds",
+           "pack_size": "a pack trains as one vectorised model, equal to its clients one at a time only up to "
+                        "float rounding"}
     return [f"runtime {key} was {saved[key]} when checkpointed and is {now[key]} now; {why[key]}, so this run is "
             "no longer bit-identical to one run through without the stop (nor reproducible from its config)"
             for key in why if key in saved and saved[key] != now[key]]

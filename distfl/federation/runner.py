@@ -331,7 +331,8 @@ class Trainer:
         """What, beside the config, must match for a resumed run to stay bit-identical to one run
         through (recorded in every checkpoint)."""
         return {"device": self.device.type, "threads": self.cfg.runtime.threads,
-                "deterministic": self.cfg.runtime.deterministic, "torch": str(torch.__version__)}
+                "deterministic": self.cfg.runtime.deterministic, "torch": str(torch.__version__),
+                "pack_size": self.pack_size}
 
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
