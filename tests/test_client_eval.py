@@ -185,7 +185,7 @@ def test_holdout_is_never_trained_on_and_scores_the_logged_statistics(tmp_path, 
 
     trained = []
     inner = runner.train_client
-    monkeypatch.setattr(runner, "train_client", lambda w, d, idx, *a: (trained.append(idx.clone()), inner(w, d, idx, *a))[1])
+    monkeypatch.setattr(runner, "train_client", lambda w, d, idx, *a: (trained.extend(i.clone() for i in idx), inner(w, d, idx, *a))[1])
     for r in (1, 2):
         trainer.run_round(r)
     assert len(trained) == 2 * cfg.train.clients_per_round

@@ -229,10 +229,10 @@ def test_an_unexpected_error_is_one_line_with_its_traceback_saved(tmp_path, smal
 
     train_client = runner.train_client
 
-    def failing(worker, data, indices, run, *rest):
-        if run.round_idx == 3:
+    def failing(worker, data, indices, runs, *rest):
+        if runs[0].round_idx == 3:
             raise ValueError("a bug in a hook")
-        return train_client(worker, data, indices, run, *rest)
+        return train_client(worker, data, indices, runs, *rest)
 
     monkeypatch.setattr(runner, "train_client", failing)
     run_dir = tmp_path / "run"
@@ -259,10 +259,10 @@ if os.environ.get("RANK") == "1":
 
     _train_client = runner.train_client
 
-    def train_client(worker, data, indices, run, *rest):
-        if run.round_idx == 2:
+    def train_client(worker, data, indices, runs, *rest):
+        if runs[0].round_idx == 2:
             raise ValueError("a bug on rank 1")
-        return _train_client(worker, data, indices, run, *rest)
+        return _train_client(worker, data, indices, runs, *rest)
 
     runner.train_client = train_client
 """
@@ -440,10 +440,10 @@ def test_an_op_without_a_deterministic_kernel_mid_run_stays_a_config_error(tmp_p
 
     train_client = runner.train_client
 
-    def nondeterministic(worker, data, indices, run, *rest):
-        if run.round_idx == 2:
+    def nondeterministic(worker, data, indices, runs, *rest):
+        if runs[0].round_idx == 2:
             alert_not_deterministic("some_backward_cuda")
-        return train_client(worker, data, indices, run, *rest)
+        return train_client(worker, data, indices, runs, *rest)
 
     monkeypatch.setattr(runner, "train_client", nondeterministic)
     proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'run'}"])

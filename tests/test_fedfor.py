@@ -123,7 +123,8 @@ def test_kick_in_a_real_local_step(tmp_path, small_config):
     exactly the kick alpha (W^1 - W^0); under gt it is zero."""
     from distfl import dist
     from distfl.config import load_config
-    from distfl.federation.local import ClientRun, train_client
+    from distfl.federation.local import ClientRun, LocalSGD
+    from distfl.federation.pack import train_client
     from distfl.federation.runner import Trainer
 
     for boundary in ("ge", "gt"):
@@ -140,9 +141,9 @@ def test_kick_in_a_real_local_step(tmp_path, small_config):
         for penalty in (True, False):
             alg.has_prev = penalty
             run = ClientRun(client_id=0, round_idx=2, num_samples=len(one_batch), weight=1.0, steps=1,
-                            global_params=trainer.global_params)
-            trainer.worker.load(trainer.global_params, trainer.global_buffers)
-            train_client(trainer.worker, trainer.data, one_batch, run, cfg.train, alg)
+                            global_params=trainer.global_params,
+                            sgd=LocalSGD(trainer.worker, trainer.data, one_batch, cfg.train, alg))
+            list(train_client(trainer.worker, trainer.data, [one_batch], [run], cfg.train, alg, trainer.global_buffers))
             after[penalty] = trainer.worker.params.clone()
         diff = after[True] - after[False]
         if boundary == "ge":

@@ -27,20 +27,21 @@ def _trained(config, tmp_path, name, *overrides, rounds=2):
     from distfl.federation import runner
 
     packs = []
-    train_pack = runner.train_pack
+    train_client = runner.train_client
 
-    def counting(flat, step, data, indices, runs, *args):
-        packs.append(len(runs))
-        return train_pack(flat, step, data, indices, runs, *args)
+    def counting(flat, data, indices, runs, *args):
+        if len(runs) > 1:
+            packs.append(len(runs))
+        return train_client(flat, data, indices, runs, *args)
 
     trainer = runner.Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"]),
                              dist.init("cpu", 1))
-    original, runner.train_pack = runner.train_pack, counting
+    original, runner.train_client = runner.train_client, counting
     try:
         for t in range(1, rounds + 1):
             trainer.run_round(t)
     finally:
-        runner.train_pack = original
+        runner.train_client = original
     return trainer, packs
 
 
@@ -119,8 +120,8 @@ def test_unequal_clients_take_exactly_their_own_steps(monkeypatch):
     failed with 1 on an AVX-512 Xeon (8e-4 apart after 8 steps, old code and new), one flipped unit at 0."""
     monkeypatch.setattr(torch.nn.ReLU, "forward", lambda self, x: torch.nn.functional.softplus(x))
     from distfl.data.datasets import random_crop_flip
-    from distfl.federation.local import ClientRun, FlatModel, local_steps, train_client
-    from distfl.federation.pack import PackStep, train_pack
+    from distfl.federation.local import ClientRun, FlatModel, LocalSGD, local_steps
+    from distfl.federation.pack import PackStep, train_client
     from distfl.models import build_model
     from distfl.schema import ModelConfig, TrainConfig
 
@@ -138,16 +139,16 @@ def test_unequal_clients_take_exactly_their_own_steps(monkeypatch):
 
     def runs():
         return [ClientRun(client_id=c, round_idx=2, num_samples=len(i), weight=1.0,
-                          steps=local_steps(len(i), 10, 2, fold_single=flat.fold_single), global_params=start_p)
+                          steps=local_steps(len(i), 10, 2, fold_single=flat.fold_single), global_params=start_p,
+                          sgd=LocalSGD(flat, data, i, train_cfg, algorithm))
                 for c, i in enumerate(indices)]
 
     packed = []
-    for run in train_pack(flat, PackStep(flat), data, indices, runs(), train_cfg, algorithm, start_b):
+    for run in train_client(flat, data, indices, runs(), train_cfg, algorithm, start_b, PackStep(flat)):
         packed.append((flat.params.clone(), flat.buffers.clone(), run.loss_sum))
     assert flat.fold_single and [r.steps for r in runs()] == [2, 4, 10]
     for run, idx, (params, buffers, loss_sum) in zip(runs(), indices, packed):
-        flat.load(start_p, start_b)
-        train_client(flat, data, idx, run, train_cfg, algorithm)
+        list(train_client(flat, data, [idx], [run], train_cfg, algorithm, start_b))
         assert (flat.params - start_p).abs().max() > 1e-3
         torch.testing.assert_close(params, flat.params, **TOLERANCE)
         torch.testing.assert_close(buffers, flat.buffers, **TOLERANCE)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .aggregate import Segment
-from .local import ClientRun, local_steps, run_local_training, seed_local_rng
+from .local import ClientRun, LocalSGD, local_steps, seed_local_rng
 
 _FINETUNE_STREAM = 5  # distinct from population.py's (1, 2) and client_test.py's (3, 4) streams
 
@@ -103,10 +103,11 @@ def train_evaluated_model(trainer, client: int, state: dict, hooks, body) -> Non
     n = int(trainer.population.sizes[client])
     run = ClientRun(client_id=client, round_idx=max(trainer.last_round, 1), num_samples=n, weight=0.0,
                     steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs, cfg.train.local_steps),
-                    global_params=trainer.global_params, state=dict(state))
+                    global_params=trainer.global_params, state=dict(state),
+                    sgd=LocalSGD(trainer.worker, trainer.data, trainer.client_indices[client], cfg.train, hooks))
     seed_local_rng(finetune_seed(cfg.seed, client), trainer.worker.params.device)
     with torch.enable_grad():
-        run_local_training(trainer.worker, trainer.data, trainer.client_indices[client], run, cfg.train, hooks, body)
+        body(run, trainer.worker)
 
 
 def finetune_seed(seed: int, client: int) -> int:

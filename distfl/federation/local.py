@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
-from .population import client_seed
 from .schedule import round_lr
 
 
@@ -115,7 +114,7 @@ class ClientRun:
     state: dict = field(default_factory=dict)  # per-client persistent state (stateful algorithms)
     loss_sum: torch.Tensor | None = None  # sum of per-batch mean loss * batch size, after training
     pass_name: str = "local"  # the name given to the running `train` call (methods with several passes)
-    _local_sgd: Callable | None = field(default=None, repr=False)  # set by the runtime around local training
+    sgd: LocalSGD | None = field(default=None, repr=False)  # the client's data and hooks, bound by whoever made the run
 
     def train(self, epochs: int = 0, steps: int = 0, trainable: torch.Tensor | None = None,
               name: str = "local", record: bool = True) -> None:
@@ -128,14 +127,18 @@ class ClientRun:
         parameters; the others do not move (their step is zeroed after weight decay and momentum).
         name: `pass_name` while it runs, for hooks that act differently per pass. record: add this
         pass's loss to the round's train_loss (`Algorithm.local_samples` must count its samples).
-        The algorithm's shift, local_loss, correction and post_step apply; momentum starts afresh each call."""
-        if self._local_sgd is None:
-            raise RuntimeError("ClientRun.train is only available during local training or evaluation")
+        The algorithm's before_forward, local_loss, correct_gradient and after_step apply; momentum
+        starts afresh each call."""
+        if self.sgd is None:
+            raise RuntimeError("ClientRun.train needs the client's data and hooks (ClientRun.sgd, a LocalSGD), "
+                               "which the runtime binds for local training and evaluation")
         self.pass_name = name
         try:
-            self._local_sgd(self, epochs, steps, trainable, record)
+            loss_sum = self.sgd.train(self, epochs, steps, trainable)
         finally:
             self.pass_name = "local"
+        if record:
+            self.loss_sum = loss_sum if self.loss_sum is None else self.loss_sum + loss_sum
 
 
 def pass_sizes(num_samples: int, batch_size: int, fold_single: bool = False) -> list[int]:
@@ -207,90 +210,85 @@ def seed_local_rng(seed: int, device: torch.device) -> None:
         torch.manual_seed(seed)
 
 
-def train_client(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm) -> None:
-    """Run a round of local training on one client, starting from the model in the worker
-    (`run.global_params`, or what `begin_client` made of it): the algorithm's `local_training`, by
-    default one `run.train()`, i.e. local SGD over `local_batches`.
+@dataclass
+class LocalSGD:
+    """Local SGD of the worker `flat` on one client's data (`indices` into `data`), under a method's
+    hooks: what `ClientRun.train` runs. The caller seeds the torch RNG for the client first."""
 
-    All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
-    (seed, round, client), so a client trains identically on whichever rank hosts it.
-    """
-    seed_local_rng(client_seed(algorithm.seed, run.round_idx, run.client_id), flat.params.device)
-    # An object with the older hooks only (no local_training) trains one pass, as before the hook existed.
-    body = getattr(algorithm, "local_training", None) or (lambda run, flat: run.train())
-    run_local_training(flat, data, indices, run, train_cfg, algorithm, body)
+    flat: FlatModel
+    data: object
+    indices: torch.Tensor
+    train_cfg: object
+    hooks: object
+
+    def train(self, run: ClientRun, epochs: int = 0, steps: int = 0,
+              trainable: torch.Tensor | None = None) -> torch.Tensor:
+        """One pass (`ClientRun.train`); returns its loss sum (float64)."""
+        flat, hooks, train_cfg = self.flat, self.hooks, self.train_cfg
+        model = flat.module
+        model.train()
+        w, g = flat.params, flat.grads
+        lr = round_lr(train_cfg, run.round_idx, train_cfg.rounds)
+        frozen = None if trainable is None else ~trainable
+        # An object with the older hooks only (no post_step) moves nothing after a step.
+        post_step = getattr(hooks, "post_step", None)
+        velocity = None
+        loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
+        # Plain SGD needs no flat gradient: each parameter takes its own gradient, the same arithmetic.
+        corrects = getattr(hooks, "corrects_gradient", None)  # duck-typed plugin objects may lack it
+        plain = (not train_cfg.weight_decay and not train_cfg.momentum and frozen is None
+                 and corrects is not None and not corrects())
+        image = flat.channels_last
+        flat.take_grads()
+        try:
+            for x, y in local_batches(self.data, self.indices, train_cfg, epochs, steps, flat.fold_single):
+                if image and x.dim() == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                hooks.shift(w, run)
+                loss = hooks.local_loss(model, x, y, run)
+                loss.backward()
+                loss_sum += loss.detach().double() * len(y)
+                grads = flat.take_grads()
+                if plain:
+                    with torch.no_grad():
+                        torch._foreach_add_([p for p, d in zip(flat.param_tensors, grads) if d is not None],
+                                            [d for d in grads if d is not None], alpha=-lr)
+                    if post_step is not None:
+                        post_step(w, lr, run)
+                    continue
+                for view, d in zip(flat.grad_views, grads):
+                    if d is None:
+                        view.zero_()
+                torch._foreach_copy_([v for v, d in zip(flat.grad_views, grads) if d is not None],
+                                     [d for d in grads if d is not None])
+                velocity = sgd_step(w, g, velocity, lr, train_cfg, hooks, [run], frozen)
+        finally:
+            flat.restore_grad_views()
+        return loss_sum
 
 
-def run_local_training(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm,
-                       body) -> None:
-    """Call `body(run, flat)` with `run.train` bound to local SGD of `flat` on `indices` (the caller
-    has seeded the torch RNG); `run.loss_sum` is the recorded passes' loss."""
-    run.loss_sum = torch.zeros((), dtype=torch.float64, device=flat.params.device)
-
-    def local_sgd(run, epochs, steps, trainable, record):
-        loss_sum = _local_sgd(flat, data, indices, run, train_cfg, algorithm, epochs, steps, trainable)
-        if record:
-            run.loss_sum += loss_sum
-
-    run._local_sgd = local_sgd
-    try:
-        body(run, flat)
-    finally:
-        run._local_sgd = None
-
-
-def _local_sgd(flat: FlatModel, data, indices: torch.Tensor, run: ClientRun, train_cfg, algorithm,
-               epochs: int = 0, steps: int = 0, trainable: torch.Tensor | None = None) -> torch.Tensor:
-    model = flat.module
-    model.train()
-    w, g = flat.params, flat.grads
-    lr, wd, momentum = round_lr(train_cfg, run.round_idx, train_cfg.rounds), train_cfg.weight_decay, train_cfg.momentum
-    frozen = None if trainable is None else ~trainable
-    # An object with the older hooks only (no post_step) moves nothing after a step.
-    post_step = getattr(algorithm, "post_step", None)
-    velocity = None
-    loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
-    # Plain SGD needs no flat gradient: each parameter takes its own gradient, the same arithmetic.
-    corrects = getattr(algorithm, "corrects_gradient", None)  # duck-typed plugin objects may lack it
-    plain = not wd and not momentum and frozen is None and corrects is not None and not corrects()
-    image = flat.channels_last
-    flat.take_grads()
-    try:
-        for x, y in local_batches(data, indices, train_cfg, epochs, steps, flat.fold_single):
-            if image and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            algorithm.shift(w, run)
-            loss = algorithm.local_loss(model, x, y, run)
-            loss.backward()
-            loss_sum += loss.detach().double() * len(y)
-            grads = flat.take_grads()
-            if plain:
-                with torch.no_grad():
-                    torch._foreach_add_([p for p, d in zip(flat.param_tensors, grads) if d is not None],
-                                        [d for d in grads if d is not None], alpha=-lr)
-                if post_step is not None:
-                    post_step(w, lr, run)
-                continue
-            for view, d in zip(flat.grad_views, grads):
-                if d is None:
-                    view.zero_()
-            torch._foreach_copy_([v for v, d in zip(flat.grad_views, grads) if d is not None],
-                                 [d for d in grads if d is not None])
-            # The SGD step of torch.optim.SGD (coupled weight decay, dampening 0) on the flat vectors,
-            # with the algorithm's gradient correction (FedProx, SCAFFOLD, FedDyn, ...) added first.
-            algorithm.correction(w, g, run)
-            if wd:
-                g.add_(w, alpha=wd)
-            if momentum:
-                velocity = g.clone() if velocity is None else velocity.mul_(momentum).add_(g)
-                step = velocity
-            else:
-                step = g
-            if frozen is not None:
-                step = step.masked_fill(frozen, 0.0)
-            w.add_(step, alpha=-lr)
-            if post_step is not None:
-                post_step(w, lr, run)
-    finally:
-        flat.restore_grad_views()
-    return loss_sum
+def sgd_step(w: torch.Tensor, g: torch.Tensor, velocity: torch.Tensor | None, lr: float, train_cfg, hooks,
+             runs: list[ClientRun], frozen: torch.Tensor | None = None) -> torch.Tensor | None:
+    """One local SGD step, in place, of one client (`w`, `g`: its flat parameters and gradient, `runs`:
+    [its run]) or of a pack (`w`, `g`: P x N rows, `runs`: one per row): the step of torch.optim.SGD
+    (coupled weight decay, dampening 0) on flat vectors, with each client's gradient correction
+    (FedProx, SCAFFOLD, FedDyn, ...) added first and its post-step move after. `velocity`: the momentum
+    buffer (None before the first step); returns the new one. `frozen`: coordinates that do not move."""
+    rows = [(w, g)] if w.dim() == 1 else list(zip(w, g))
+    for (wk, gk), run in zip(rows, runs):
+        hooks.correction(wk, gk, run)
+    if train_cfg.weight_decay:
+        g.add_(w, alpha=train_cfg.weight_decay)
+    if train_cfg.momentum:
+        velocity = g.clone() if velocity is None else velocity.mul_(train_cfg.momentum).add_(g)
+        step = velocity
+    else:
+        step = g
+    if frozen is not None:
+        step = step.masked_fill(frozen, 0.0)
+    w.add_(step, alpha=-lr)
+    post_step = getattr(hooks, "post_step", None)  # an object with the older hooks only has none
+    if post_step is not None:
+        for (wk, _), run in zip(rows, runs):
+            post_step(wk, lr, run)
+    return velocity

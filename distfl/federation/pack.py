@@ -5,12 +5,13 @@ microseconds of GPU work behind dozens of kernel launches. A pack stacks its cli
 and buffers into P x N and P x M tensors and runs every local step for all of them in one call:
 `torch.func.functional_call` of the rank's model under `vmap(grad(...))`.
 
-Each client keeps the semantics of `train_client` (federation/local.py):
+`train_client` is the one entry of local training: a pack of one trains on the worker through autograd
+(`LocalSGD`, federation/local.py), a larger pack as below, and each client keeps the same semantics:
   - the same keyed randomness: its batch order (and augmentation) is drawn by replaying its own
-    `torch.manual_seed(seed, round, client)` stream, exactly as `train_client` draws it;
+    `torch.manual_seed(seed, round, client)` stream, exactly as a client trained alone draws it;
   - the same algorithm hooks, called per client on one row (a view) of the stacked flat tensors:
     `begin_client`, `shift`, `correction`, `post_step`, then `collect` on the worker;
-  - the same SGD step (coupled weight decay, momentum, dampening 0) as element-wise vector ops.
+  - the same SGD step (coupled weight decay, momentum, dampening 0): `local.sgd_step`, on rows.
 Clients of unequal sizes: at step s only the clients with an s-th batch take part, and clients whose
 s-th batch has the same size go through one vectorised call, so every client takes exactly its own
 steps on exactly its own batches (BatchNorm statistics never see another client's or a padded sample).
@@ -27,7 +28,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from ..errors import ConfigError
-from .local import ClientRun, FlatModel, local_batches, seed_local_rng
+from .local import ClientRun, FlatModel, local_batches, seed_local_rng, sgd_step
 from .population import client_seed
 from .schedule import round_lr
 
@@ -67,7 +68,7 @@ def check_packable(cfg, algorithm, pack_size: int, sticky: bool) -> None:
 
 def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed: int, device: torch.device,
                    fold_single: bool = False) -> list[tuple]:
-    """The (x, y) of each local step of one client, drawn exactly as `train_client` draws them."""
+    """The (x, y) of each local step of one client, drawn exactly as it draws them trained alone."""
     seed_local_rng(client_seed(seed, run.round_idx, run.client_id), device)
     return list(local_batches(data, indices, train_cfg, fold_single=fold_single))
 
@@ -108,13 +109,35 @@ class PackStep:
         return g, loss, new_b
 
 
-def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
-               train_cfg, algorithm, global_buffers: torch.Tensor) -> Iterator[ClientRun]:
-    """Train the clients `runs` (their data `indices`) at once from `runs[k].global_params`.
+def train_client(flat: FlatModel, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg, algorithm,
+                 global_buffers: torch.Tensor, pack_step: PackStep | None = None) -> Iterator[ClientRun]:
+    """Train a pack of clients (`runs`, their data `indices`) from `runs[k].global_params` and
+    `global_buffers`: the one entry of local training. Yields each run after training, in pack order, with
+    its final model loaded into `flat` (the worker), its `loss_sum` set, for the caller to add its
+    statistics. A pack of one trains on the worker itself through autograd (the method's
+    `local_training`, by default one `run.train()`: see `LocalSGD`); a larger pack as one vectorised
+    model through `pack_step`. Both take their steps with `local.sgd_step`.
 
-    Yields each run after training, in pack order, with its final model loaded into `flat` (the
-    worker), so the caller adds its statistics exactly as after `train_client`.
+    All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
+    (seed, round, client), so a client trains identically on whichever rank hosts it, alone or in a pack.
     """
+    if len(runs) > 1:
+        yield from _train_pack(flat, pack_step, data, indices, runs, train_cfg, algorithm, global_buffers)
+        return
+    run = runs[0]
+    flat.load(run.global_params, global_buffers)
+    algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
+    seed_local_rng(client_seed(algorithm.seed, run.round_idx, run.client_id), flat.params.device)
+    run.loss_sum = torch.zeros((), dtype=torch.float64, device=flat.params.device)
+    # An object with the older hooks only (no local_training) trains one pass, as before the hook existed.
+    body = getattr(algorithm, "local_training", None) or (lambda run, flat: run.train())
+    body(run, flat)
+    yield run
+
+
+def _train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
+                train_cfg, algorithm, global_buffers: torch.Tensor) -> Iterator[ClientRun]:
+    """`train_client` of a pack of two or more, as one vectorised model."""
     count = len(runs)
     w = torch.empty(count, flat.num_params, device=flat.params.device)
     b = torch.empty(count, flat.buffers.numel(), device=flat.params.device)
@@ -124,7 +147,7 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
         w[k], b[k] = flat.params, flat.buffers
     batches = [client_batches(data, idx, run, train_cfg, algorithm.seed, w.device, flat.fold_single)
                for idx, run in zip(indices, runs)]
-    velocity = torch.zeros_like(w) if train_cfg.momentum else None
+    velocity = None
     loss_sums = torch.zeros(count, dtype=torch.float64, device=w.device)
     flat.module.train()
     # Device index tensors of the row groups, built once each: indexing with a Python list copies it to
@@ -140,17 +163,17 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
             key = tuple(rows)
             if key not in index_of:
                 index_of[key] = None if len(rows) == count else torch.tensor(rows, device=w.device)
-            _sgd_step(step, w, b, velocity, loss_sums, index_of[key], [batches[k][s] for k in rows],
-                      [runs[k] for k in rows], s == 0, train_cfg, algorithm)
+            velocity = _pack_step(step, w, b, velocity, loss_sums, index_of[key], [batches[k][s] for k in rows],
+                                  [runs[k] for k in rows], s == 0, train_cfg, algorithm)
     for k, run in enumerate(runs):
         flat.load(w[k], b[k])
         run.loss_sum = loss_sums[k]
         yield run
 
 
-def _sgd_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train_cfg, algorithm) -> None:
-    """One local SGD step of the pack's clients at rows `index` (a device tensor; None: every row), as
-    `train_client` takes it."""
+def _pack_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train_cfg, algorithm):
+    """One local step of the pack's clients at rows `index` (a device tensor; None: every row): their
+    gradients through `step`, then `sgd_step` as one client's. Returns the pack's momentum buffer."""
     whole = index is None
     wr = w if whole else w[index]
     for k, run in enumerate(runs):
@@ -162,27 +185,18 @@ def _sgd_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train_
         loss_sums += loss.double() * y.shape[1]
     else:
         loss_sums[index] += loss.double() * y.shape[1]
-    for k, run in enumerate(runs):
-        algorithm.correction(wr[k], g[k], run)
-    if train_cfg.weight_decay:
-        g.add_(wr, alpha=train_cfg.weight_decay)
-    if velocity is not None:
-        # Every client of the pack has a step 0, which starts its momentum buffer.
-        v = velocity if whole else velocity[index]
-        if first:
-            v.copy_(g)
-        else:
-            v.mul_(train_cfg.momentum).add_(g)
-        if not whole:
-            velocity[index] = v
-        g = v
+    # Every client of the pack has a step 0, which starts its momentum buffer.
+    rows_velocity = None if first or velocity is None else (velocity if whole else velocity[index])
     lr = round_lr(train_cfg, runs[0].round_idx, train_cfg.rounds)
-    wr.add_(g, alpha=-lr)
-    post_step = getattr(algorithm, "post_step", None)
-    if post_step is not None:
-        for k, run in enumerate(runs):
-            post_step(wr[k], lr, run)
+    rows_velocity = sgd_step(wr, g, rows_velocity, lr, train_cfg, algorithm, runs)
+    if rows_velocity is not None and not whole:
+        if velocity is None:
+            velocity = torch.zeros_like(w)
+        velocity[index] = rows_velocity
+    elif rows_velocity is not None:
+        velocity = rows_velocity
     if whole:
         b.copy_(new_b)
     else:
         w[index], b[index] = wr, new_b
+    return velocity

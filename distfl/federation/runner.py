@@ -39,8 +39,8 @@ from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, reduced_client_statistics
-from .local import ClientRun, FlatModel, local_steps, train_client
-from .pack import PackStep, check_packable, resolve_pack_size, train_pack
+from .local import ClientRun, FlatModel, LocalSGD, local_steps
+from .pack import PackStep, check_packable, resolve_pack_size, train_client
 from .population import Population, place, place_packs
 from .probe import probe_model
 from .schedule import round_lr
@@ -350,17 +350,9 @@ class Trainer:
         for pack in packs:
             self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
-            if len(runs) > 1:
-                indices = [self.client_indices[c] for c in pack]
-                for run in train_pack(self.worker, self.pack_step, self.data, indices, runs, cfg.train,
-                                      self.algorithm, self.global_buffers):
-                    self._contribute(run, stats)
-                continue
-            run = runs[0]
-            self.worker.load(self.global_params, self.global_buffers)
-            self.algorithm.begin_client(run, self.worker)
-            train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
-            self._contribute(run, stats)
+            for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs, cfg.train,
+                                    self.algorithm, self.global_buffers, self.pack_step):
+                self._contribute(run, stats)
         stats.add("stop", int(self.stop_requested))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = stats.reduce(ctx)
@@ -407,7 +399,8 @@ class Trainer:
             weight=self.algorithm.client_weight(client_id, cohort),
             steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps,
                               self.worker.fold_single),
-            global_params=self.global_params)
+            global_params=self.global_params,
+            sgd=LocalSGD(self.worker, self.data, self.client_indices[client_id], self.cfg.train, self.algorithm))
         if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
         return run
