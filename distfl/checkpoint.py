@@ -173,6 +173,25 @@ def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str,
     return final
 
 
+def state_of(parts) -> dict:
+    """The state a checkpoint holds (state.pt): the union of the state_dicts of the run's parts (its
+    progress, the global model, the method's server, the privacy mechanism: federation/run_state.py).
+    Their keys are disjoint and the same as every earlier release wrote, so older checkpoints resume."""
+    state: dict = {}
+    for part in parts:
+        for key, value in part.state_dict().items():
+            if key in state:
+                raise ValueError(f"two parts of the run's state write the checkpoint key {key!r}")
+            state[key] = value
+    return state
+
+
+def load_state(parts, state: dict) -> None:
+    """Hand a loaded checkpoint's state back to the run's parts (`state_of`'s inverse)."""
+    for part in parts:
+        part.load_state_dict(state)
+
+
 def load(path: Path, device) -> dict:
     """Verify the manifest, then load state.pt. Client files are verified here, loaded by the store."""
     path = Path(path)

@@ -178,3 +178,49 @@ def wait_for_marks(marks: Path, count: int, timeout_s: float = 240) -> None:
     while time.time() < deadline and len(list(marks.iterdir())) < count:
         time.sleep(0.2)
     assert len(list(marks.iterdir())) == count, f"only {len(list(marks.iterdir()))} of {count} ranks started round 1"
+
+
+class MethodFixture:
+    """A method built as a run builds it (wrapped in the features its config asks for), without data or a
+    run directory: a model of the config's architecture on CPU, and `clients` clients of `samples`
+    samples each (labels cycling through the classes)."""
+
+    def __init__(self, overrides, clients: int, samples: int, input_shape, num_classes: int):
+        import numpy as np
+        import torch
+
+        from distfl.algorithms import build_algorithm
+        from distfl.config import load_config
+        from distfl.federation.local import FlatModel
+        from distfl.federation.population import Population
+        from distfl.models import build_model
+
+        self.cfg = load_config(None, ["data.dataset=synthetic", "model.name=mlp", *overrides])
+        labels = np.arange(clients * samples) % num_classes
+        self.population = Population(np.split(np.arange(clients * samples), clients), labels, num_classes)
+        torch.manual_seed(self.cfg.seed)
+        self.worker = FlatModel(build_model(self.cfg.model, input_shape, num_classes))
+        self.global_params = self.worker.params.detach().clone()
+        noise = None if self.cfg.privacy.mechanism == "none" else self.cfg.privacy.noise_multiplier
+        self.method = build_algorithm(self.cfg, self.population, self.worker, torch.device("cpu"),
+                                      lambda: build_model(self.cfg.model, input_shape, num_classes), noise)
+
+    def client_run(self, client: int, round_idx: int = 1, cohort=None):
+        """A ClientRun of `client` in `cohort` (default: every client), from the current global model."""
+        from distfl.federation.local import ClientRun
+
+        cohort = list(range(len(self.population))) if cohort is None else cohort
+        return ClientRun(client_id=client, round_idx=round_idx, num_samples=int(self.population.sizes[client]),
+                         weight=self.method.client_weight(client, cohort), steps=1,
+                         global_params=self.global_params, state=self.method.init_client_state())
+
+
+@pytest.fixture
+def method_fixture():
+    """`method_fixture(*overrides, clients=4, samples=8, input_shape=(1, 8, 8), num_classes=4)`: a
+    MethodFixture, for testing a method's hooks without a Trainer."""
+
+    def build(*overrides, clients: int = 4, samples: int = 8, input_shape=(1, 8, 8), num_classes: int = 4):
+        return MethodFixture(overrides, clients, samples, input_shape, num_classes)
+
+    return build

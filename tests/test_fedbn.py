@@ -6,6 +6,7 @@ import torch
 
 from conftest import write_config
 from distfl.algorithms import ALGORITHMS
+from distfl.federation.local import ClientRun
 
 # Every registered method, GMA's mask and FedADC+'s distillation (whose teacher has BatchNorm too).
 # Personalised methods keep their own model parts and refuse FedBN (tests/test_personalised.py).
@@ -50,7 +51,7 @@ def _disturb_everything_but_own_batchnorm(trainer) -> None:
     noise = torch.linspace(-0.7, 0.9, int(bn.sum()))
     trainer.global_params[bn] += noise
     trainer.global_buffers[bn_buffers] = trainer.global_buffers[bn_buffers] * 1.5 + 0.2
-    vectors = [v for v in vars(alg).values() if isinstance(v, torch.Tensor) and v.is_floating_point()
+    vectors = [v for v in vars(alg.unwrapped()).values() if isinstance(v, torch.Tensor) and v.is_floating_point()
                and v.shape == bn.shape]
     vectors += [v for state in trainer.store._memory.values() for key, v in state.items()
                 if key != "bn_params" and v.shape == bn.shape]
@@ -90,14 +91,13 @@ def test_fedbn_client_batchnorm_is_its_own_under_every_method(tmp_path, variant)
     torch.testing.assert_close(reference.global_buffers[alg.bn_buffers].double(), mean_buffers, rtol=1e-6, atol=1e-7)
 
 
-def test_fedbn_keeps_method_terms_off_batchnorm_but_not_off_the_rest(tmp_path):
+def test_fedbn_keeps_method_terms_off_batchnorm_but_not_off_the_rest(method_fixture):
     """The guard undoes FedProx's proximal term on BatchNorm coordinates only: elsewhere it still acts."""
-    from distfl.federation.local import ClientRun
-
-    alg = _trainer(tmp_path, "prox", ["algorithm.name=fedprox", "algorithm.mu=0.5"]).algorithm
+    alg = method_fixture("algorithm.name=fedprox", "algorithm.mu=0.5", "aggregation.fedbn=true",
+                         "model.name=resnet20", "data.synthetic_channels=3", input_shape=(3, 8, 8)).method
     n = alg.num_params
     run = ClientRun(0, 1, 10, 1.0, 1, torch.zeros(n))
     w, g = torch.ones(n), torch.full((n,), 2.0)
-    alg.correction(w, g, run)
+    alg.correct_gradient(w, g, run)
     assert torch.equal(g[alg.bn_params], torch.full((int(alg.bn_params.sum()),), 2.0))
     assert torch.equal(g[~alg.bn_params], torch.full((int((~alg.bn_params).sum()),), 2.5))

@@ -123,8 +123,7 @@ def test_kick_in_a_real_local_step(tmp_path, small_config):
     exactly the kick alpha (W^1 - W^0); under gt it is zero."""
     from distfl import dist
     from distfl.config import load_config
-    from distfl.federation.local import ClientRun, LocalSGD
-    from distfl.federation.pack import train_client
+    from distfl.federation.local import ClientRun, LocalSGD, train_client
     from distfl.federation.runner import Trainer
 
     for boundary in ("ge", "gt"):

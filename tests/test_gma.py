@@ -170,3 +170,47 @@ def test_fedbn_one_rank_equals_two_ranks_and_resumes(tmp_path):
     train_ok(cfg, f"output.dir={tmp_path / 'stopped'}", "train.rounds=2")
     resumed = train_ok(None, "train.rounds=3", resume=str(tmp_path / "stopped"))
     assert resumed["model_sha256"] == one["model_sha256"]
+
+
+class _Recorded:
+    """Stands in for the round's statistics: what a client adds, by segment name."""
+
+    def __init__(self):
+        self.added = {}
+
+    def add(self, name, value, weight=1.0):
+        self.added[name] = (torch.as_tensor(value).clone(), weight)
+
+
+@pytest.mark.parametrize("name", ["fednova", "fedper"])
+def test_gma_counts_the_signs_of_the_update_the_method_releases(method_fixture, name):
+    """GMA wraps any method: the signs it adds (unweighted) are those of the delta the method adds, also
+    where the method changes it (FedNova divides by its a_i; FedPer leaves the personal head at zero)."""
+    f = method_fixture(f"algorithm.name={name}", "aggregation.mask=gma")
+    n = f.worker.num_params
+    f.worker.params.add_(torch.linspace(-1.0, 1.0, n) + 0.5 / n)  # a trained client: every coordinate moved
+    stats = _Recorded()
+    f.method.client_statistics(f.client_run(0), f.worker, stats)
+    delta, _ = stats.added["delta"]
+    signs, weight = stats.added["sign_sum"]
+    assert torch.equal(signs, torch.sign(delta)) and weight == 1.0
+    if name == "fedper":  # the head is the client's own: it moved, but counts for no sign
+        head = f.method.head
+        assert bool(head.any()) and not bool(signs[head].any()) and bool(signs[~head].all())
+
+
+def test_gma_masks_the_server_step_of_the_wrapped_method(method_fixture):
+    """The server step of a method under GMA is its own step times the agreement mask (Eq. 3): built
+    without data from the reduced sums of three clients, one of them disagreeing on every coordinate."""
+    f = method_fixture("aggregation.mask=gma", "aggregation.tau=1.0")
+    n = f.worker.num_params
+    delta = torch.linspace(-1.0, 1.0, n, dtype=torch.float64) + 0.5 / n
+    reduced = {"delta": delta, "buffers": torch.zeros(f.worker.buffers.numel(), dtype=torch.float64),
+               "sign_sum": torch.sign(delta).to(torch.int64), "clients": torch.tensor([3])}
+    f.method.begin_round(1)
+    params, buffers = f.global_params.clone(), f.worker.buffers.clone()
+    f.method.server_update(params, buffers, reduced)
+    # |sum of signs| / |C| = 1/3 < tau everywhere: the step is a third of the plain one.
+    expected = f.global_params + (delta * (1.0 / 3.0)).to(torch.float32)
+    torch.testing.assert_close(params, expected, rtol=1e-6, atol=1e-7)
+    assert f.method.round_metrics["gma/frac_below_tau"] == 1.0

@@ -120,8 +120,8 @@ def test_unequal_clients_take_exactly_their_own_steps(monkeypatch):
     failed with 1 on an AVX-512 Xeon (8e-4 apart after 8 steps, old code and new), one flipped unit at 0."""
     monkeypatch.setattr(torch.nn.ReLU, "forward", lambda self, x: torch.nn.functional.softplus(x))
     from distfl.data.datasets import random_crop_flip
-    from distfl.federation.local import ClientRun, FlatModel, LocalSGD, local_steps
-    from distfl.federation.pack import PackStep, train_client
+    from distfl.federation.local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
+    from distfl.federation.pack import PackStep
     from distfl.models import build_model
     from distfl.schema import ModelConfig, TrainConfig
 
@@ -132,7 +132,7 @@ def test_unequal_clients_take_exactly_their_own_steps(monkeypatch):
     indices = [torch.arange(0, 7), torch.arange(7, 28), torch.arange(28, 70)]
     train_cfg = TrainConfig(lr=0.05, weight_decay=0.01, momentum=0.9, batch_size=10, local_epochs=2)
     algorithm = SimpleNamespace(seed=5, begin_client=lambda run, worker: None,
-                                shift=lambda w, run: None, correction=lambda w, g, run: None,
+                                before_forward=lambda w, run: None, correct_gradient=lambda w, g, run: None,
                                 local_loss=lambda model, x, y, run: model.loss(model(x), y),
                                 local_training=lambda run, worker: run.train())
     start_p, start_b = flat.params.clone(), flat.buffers.clone()

@@ -341,3 +341,12 @@ def test_a_calibrated_run_cannot_resume_with_more_rounds(tmp_path, small_config)
              "train.rounds=2")
     proc = run_cli(["train", "--resume", str(run), "train.rounds=4"])
     assert proc.returncode != 0 and "train.rounds" in proc.stderr
+
+
+def test_dp_wraps_the_method_with_the_fixed_denominator(method_fixture):
+    """Under privacy.mechanism=gaussian every client's weight is 1 / train.clients_per_round, whoever else
+    was sampled (DP-FedAvg's fixed denominator), while the method inside keeps its own weighting."""
+    f = method_fixture("privacy.mechanism=gaussian", "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0",
+                       "privacy.delta=1e-3", "algorithm.weighting=uniform", "train.clients_per_round=3")
+    assert f.method.client_weight(0, [0, 1]) == 1.0 / 3.0
+    assert f.method.unwrapped().client_weight(0, [0, 1]) == 0.5

@@ -4,6 +4,7 @@ from .apfl import APFL
 from .ditto import Ditto
 from .fedadc import FedADC
 from .fedavg import FedAvg
+from .fedbn import FedBN
 from .fedbabu import FedBABU
 from .fedexp import FedExP
 from .feddyn import FedDyn
@@ -12,7 +13,9 @@ from .fednova import FedNova
 from .fedper import FedPer
 from .fedprox import FedProx
 from .fedrep import FedRep
+from .gma import GMA
 from .moon import Moon
+from .private import Private
 from .scaffold import Scaffold
 from .slowmo import SlowMo
 
@@ -29,10 +32,20 @@ def algorithm_class(name: str) -> type:
     return ALGORITHMS[name] if name in ALGORITHMS else load_plugin("algorithm.name", name)
 
 
-def build_algorithm(cfg, population, worker, device, model_factory=None):
-    """The training algorithm; for TCT, its stage-1 algorithm (its later stages are phases)."""
+def build_algorithm(cfg, population, worker, device, model_factory=None, noise_multiplier: float | None = None):
+    """The training algorithm (for TCT, its stage-1 algorithm: its later stages are phases), wrapped in
+    the run's cross-cutting features: GMA, FedBN, then DP outermost (with `noise_multiplier`)."""
     name = cfg.tct.stage1 if cfg.algorithm.name == "tct" else cfg.algorithm.name
-    return algorithm_class(name)(cfg, population, worker, device, model_factory)
+    method = algorithm_class(name)(cfg, population, worker, device, model_factory)
+    if cfg.aggregation.mask == "gma":
+        method = GMA(method, cfg.aggregation.tau, cfg.aggregation.mask_applies_to)
+    if cfg.aggregation.fedbn:
+        method = FedBN(method, worker, cfg.model.name)
+    if cfg.privacy.mechanism != "none":
+        from ..privacy.mechanism import GaussianMechanism
+
+        method = Private(method, GaussianMechanism(cfg, method.segments(), noise_multiplier, device))
+    return method
 
 
 def build_phases(cfg) -> list:

@@ -1,6 +1,7 @@
 """The algorithm interface: hooks into the runtime's round, never a round loop of its own.
 
 A round, as the runtime runs it (federation/runner.py):
+  begin_round(round_idx)                on every rank (the server lr of the schedule)
   for each client this rank hosts:      load global model -> begin_client -> local SGD steps:
                                           before_forward, local_loss, backward, correct_gradient, step,
                                           after_step
@@ -15,16 +16,8 @@ This class is public API, exported as `distfl.Algorithm`: a method in the user's
 it and is named by `algorithm.name: package.module:ClassName` (docs/extending.md). The hooks' names and
 signatures below are kept stable.
 
-FedBN (`aggregation.fedbn`) composes with every method through the runtime's entry points at the end
-of the class (`shift`, `correction`, `post_step`, `collect`, `server_step`), never through a method's own hooks:
-  - a client starts from the global model with its own BatchNorm, and `run.global_params` is that
-    starting point, so whatever a method builds from it is built against the client's own BatchNorm;
-  - the method's moves of the weights (before_forward, after_step) and extra gradient terms
-    (correct_gradient) are undone on the BatchNorm coordinates, which train by the plain loss gradient
-    only;
-  - the client's BatchNorm is saved into its state after every method's client_statistics;
-  - the server's BatchNorm becomes the weighted mean of the cohort's own BatchNorm (parameters and
-    statistics), whatever the method's server step did there; only clients never sampled use it.
+FedBN, GMA and DP are not part of a method: they wrap any method (algorithms/fedbn.py, gma.py, private.py;
+`build_algorithm` in algorithms/__init__.py), overriding the hooks they change and passing the rest through.
 
 Personalised methods (FedPer, FedRep, FedBABU, Ditto, APFL) use four more hooks, all additive:
   - `local_training(run, worker)`: the client's local training as calls of `run.train(...)` (passes
@@ -39,13 +32,12 @@ Personalised methods (FedPer, FedRep, FedBABU, Ditto, APFL) use four more hooks,
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from ..federation.local import samples_trained
+from ..federation.schedule import round_lr
 from .fedopt import build_server_optimizer
-from .gma import agreement_mask
 
 
 class Algorithm:
@@ -75,22 +67,14 @@ class Algorithm:
         self.options = self.Options(**cfg.algorithm.options) if self.Options is not None else None
         self.server_opt = build_server_optimizer(cfg.server, self.num_params, device)
         self.round_metrics: dict[str, float] = {}  # set by server_update; logged per round (TensorBoard)
-        self.gma = cfg.aggregation.mask == "gma"
-        self.fedbn = cfg.aggregation.fedbn
-        if self.fedbn:
-            self.bn_params, self.bn_buffers = _batchnorm_coordinates(worker, cfg.model.name)
-            # The same coordinates as indices, found once: indexing with a boolean mask finds them
-            # again each time, which on a GPU waits for the queue.
-            self.bn_index = self.bn_params.nonzero().squeeze(1)
-            self.bn_buffer_index = self.bn_buffers.nonzero().squeeze(1)
-            self.stateful = True  # each client keeps its own BatchNorm
+        # The method as the runtime calls it: itself, or wrapped in the run's features (FedBN, GMA, DP). A
+        # hook that builds another model of a client calls `self.outer.load_own_model` (FedBN's BatchNorm).
+        self.outer = self
 
     # ---- weights -------------------------------------------------------------------------------
     def client_weight(self, client_id: int, cohort: list[int]) -> float:
-        """Aggregation weight of a client in this round's cohort; weights sum to 1, except under
-        privacy.mechanism=gaussian: 1 / the expected cohort size (DP-FedAvg's fixed denominator)."""
-        if self.cfg.privacy.mechanism != "none":
-            return 1.0 / self.cfg.train.clients_per_round
+        """Aggregation weight of a client in this round's cohort; weights sum to 1 (DP replaces them:
+        algorithms/private.py)."""
         if self.cfg.algorithm.weighting == "uniform":
             return 1.0 / len(cohort)
         sizes = self.population.sizes
@@ -104,15 +88,10 @@ class Algorithm:
     def begin_client(self, run, worker) -> None:
         """After the global model is loaded into the worker, before local training."""
         self.load_own_model(run.state, worker)
-        if self.fedbn:
-            run.global_params = worker.params.clone()  # what this client received: its own BatchNorm
 
     def load_own_model(self, state: dict, worker) -> None:
-        """Turn the global model in the worker into the one this client uses (FedBN: with its own
-        BatchNorm; the global one until it has been sampled)."""
-        if self.fedbn and "bn_params" in state:
-            worker.params[self.bn_index] = state["bn_params"]
-            worker.buffers[self.bn_buffer_index] = state["bn_buffers"]
+        """Turn the global model in the worker into the one this client uses, from its `state` (FedPer:
+        with its own head); default: the global model itself."""
 
     def local_training(self, run, worker) -> None:
         """The client's local training, as calls of `run.train(epochs, steps, trainable, name, record)`
@@ -146,9 +125,9 @@ class Algorithm:
     def pack_refusal(self) -> str | None:
         """Why this method cannot train clients in vectorised packs (runtime.pack_size > 1), or None.
         A pack calls every hook per client except `local_loss`: its loss is the model's own."""
-        if type(self).local_loss is not Algorithm.local_loss:
+        if self.overrides("local_loss"):
             return "it changes the local loss (local_loss), which a vectorised pack does not call"
-        if type(self).local_training is not Algorithm.local_training:
+        if self.overrides("local_training"):
             return "it trains in passes of its own (local_training), which a vectorised pack does not run"
         return None
 
@@ -163,11 +142,13 @@ class Algorithm:
         the step taken), outside the momentum buffer; `lr` is the lr that step used (schedules
         included). Called after every step of every pass, also a pass with a `trainable` mask."""
 
+    def overrides(self, hook: str) -> bool:
+        """Whether this method defines `hook` itself (the runtime skips a per-step hook that does
+        nothing, e.g. the flat gradient nothing reads)."""
+        return getattr(type(self), hook) is not getattr(Algorithm, hook)
+
     def segments(self) -> list[Segment]:
-        segments = [Segment("delta", self.num_params), Segment("buffers", self.num_buffers)]
-        if self.gma:
-            segments.append(Segment("sign_sum", self.num_params, kind="int"))
-        return segments
+        return [Segment("delta", self.num_params), Segment("buffers", self.num_buffers)]
 
     def client_statistics(self, run, worker, stats) -> None:
         """Add this client's contributions to the round's sums (after its local training)."""
@@ -175,25 +156,18 @@ class Algorithm:
         stats.add("buffers", worker.buffers, run.weight)
 
     def add_update(self, stats, delta: torch.Tensor, weight: float) -> None:
-        """The client's model update, weighted, and (GMA) its signs, unweighted."""
+        """The client's model update, weighted."""
         stats.add("delta", delta, weight)
-        if self.gma:
-            stats.add("sign_sum", torch.sign(delta))
 
     # ---- server side ---------------------------------------------------------------------------
+    def begin_round(self, round_idx: int) -> None:
+        """A round begins (on every rank, before its clients train): the server lr of its schedule."""
+        self.server_opt.lr = round_lr(self.cfg.server, round_idx, self.cfg.train.rounds)
+
     def server_update(self, params: torch.Tensor, buffers: torch.Tensor, reduced) -> None:
         """Update the global model in place from the reduced sums."""
-        direction = self.server_direction(params, reduced)
-        self.server_opt.step(params, direction, self.update_mask(reduced), self.cfg.aggregation.mask_applies_to)
+        self.server_opt.step(params, self.server_direction(params, reduced))
         buffers.copy_(reduced["buffers"])
-
-    def update_mask(self, reduced) -> torch.Tensor | None:
-        """GMA's soft mask for this round (None without a mask); also records its statistics."""
-        if not self.gma:
-            return None
-        mask, stats = agreement_mask(reduced["sign_sum"], int(reduced["clients"][0]), self.cfg.aggregation.tau)
-        self.round_metrics.update(stats)
-        return mask
 
     def server_direction(self, params: torch.Tensor, reduced) -> torch.Tensor:
         """The pseudo-gradient handed to the server optimizer: for FedAvg the weighted mean delta."""
@@ -211,81 +185,6 @@ class Algorithm:
 
     def load_server_state(self, state: dict) -> None:
         self.server_opt.load_state_dict(state["server_opt"])
-
-    # ---- what the runtime calls: the hooks above, with the client's own coordinates kept out -----
-    def all_segments(self) -> list[Segment]:
-        own = [Segment("bn_params", int(self.bn_index.numel()))] if self.fedbn else []
-        return self.segments() + own
-
-    def shift(self, w: torch.Tensor, run) -> None:
-        """before_forward, undone on the BatchNorm coordinates under FedBN."""
-        if not self.fedbn:
-            self.before_forward(w, run)
-            return
-        own = w[self.bn_index]
-        self.before_forward(w, run)
-        w[self.bn_index] = own
-
-    def corrects_gradient(self) -> bool:
-        """Whether the local step calls a gradient correction (the runtime skips building the flat
-        gradient when nothing reads it)."""
-        return (type(self).correct_gradient is not Algorithm.correct_gradient
-                or type(self).correction is not Algorithm.correction)
-
-    def correction(self, w: torch.Tensor, g: torch.Tensor, run) -> None:
-        """correct_gradient, undone on the BatchNorm coordinates under FedBN (they keep the loss gradient)."""
-        if not self.fedbn:
-            self.correct_gradient(w, g, run)
-            return
-        own = g[self.bn_index]
-        self.correct_gradient(w, g, run)
-        g[self.bn_index] = own
-
-    def post_step(self, w: torch.Tensor, lr: float, run) -> None:
-        """after_step, undone on the BatchNorm coordinates under FedBN."""
-        if type(self).after_step is Algorithm.after_step:
-            return  # nothing moves: not even FedBN's copy of its coordinates each step
-        if not self.fedbn:
-            self.after_step(w, lr, run)
-            return
-        own = w[self.bn_index]
-        self.after_step(w, lr, run)
-        w[self.bn_index] = own
-
-    def collect(self, run, worker, stats) -> None:
-        """client_statistics, then (FedBN) the client's BatchNorm into its state and the round's mean."""
-        self.client_statistics(run, worker, stats)
-        if self.fedbn:
-            own = worker.params[self.bn_index]
-            stats.add("bn_params", own, run.weight)
-            run.state["bn_params"] = own
-            run.state["bn_buffers"] = worker.buffers[self.bn_buffer_index]
-
-    def server_step(self, params: torch.Tensor, buffers: torch.Tensor, reduced) -> None:
-        """server_update; under FedBN the global BatchNorm is then the weighted mean of the cohort's own."""
-        self.server_update(params, buffers, reduced)
-        if self.fedbn:
-            params[self.bn_index] = reduced["bn_params"].to(params.dtype)
-
-
-def _batchnorm_coordinates(worker, model_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Boolean masks over the flat parameters and buffers that belong to BatchNorm layers (FedBN)."""
-    params = torch.zeros(worker.num_params, dtype=torch.bool, device=worker.params.device)
-    buffers = torch.zeros(worker.buffers.numel(), dtype=torch.bool, device=worker.params.device)
-    found = False
-    for name, module in worker.module.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            found = True
-            for key in ("weight", "bias"):
-                if f"{name}.{key}" in worker.param_slices:
-                    params[worker.param_slices[f"{name}.{key}"]] = True
-            for key in ("running_mean", "running_var"):
-                if f"{name}.{key}" in worker.buffer_slices:
-                    buffers[worker.buffer_slices[f"{name}.{key}"]] = True
-    if not found:
-        raise ConfigError(f"aggregation.fedbn keeps BatchNorm layers local, but model.name={model_name} has "
-                          "none; use a BatchNorm model (resnet20, or resnet18 with model.norm=bn)")
-    return params, buffers
 
 
 def head_coordinates(worker, model_name: str) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from .base import Algorithm
+from .fedbn import batchnorm_coordinates
 
 
 def extrapolated_step_size(sq_norm_mean: float, mean_update_sq_norm: float, eps: float) -> float:
@@ -44,7 +45,7 @@ class FedExP(Algorithm):
         self.eps = float(cfg.algorithm.fedexp_eps)
         # Under FedBN the server's BatchNorm is the mean of the clients' own, never a step: eta_g is measured
         # on the other coordinates only.
-        self.shared = ~self.bn_params if self.fedbn else None
+        self.shared = ~batchnorm_coordinates(self.layout, cfg.model.name)[0] if cfg.aggregation.fedbn else None
         self.previous_params = self.layout.params.detach().clone()  # w^t, before this round's step
         self.previous_buffers = self.layout.buffers.detach().clone()
         self.steps = 0  # server steps taken (the first one's iterate is evaluated alone)

@@ -105,38 +105,38 @@ def apply_calibrated_head(model) -> None:
 class FFCPhase(Phase):
     name = "ffc"
 
-    def run(self, trainer, logger) -> dict:
-        cfg, ctx = trainer.cfg, trainer.ctx
-        c = trainer.data.num_classes
-        model = trainer.worker.module
+    def run(self, context, logger) -> dict:
+        cfg, ctx = context.cfg, context.ctx
+        c = context.data.num_classes
+        model = context.worker.module
         d = model.feature_dim
         t0 = time.perf_counter()
-        acc_before, loss_before = trainer.evaluate()
+        acc_before, loss_before = context.evaluate()
 
         if cfg.calibration.clients == "all":
-            clients = list(range(len(trainer.population)))
+            clients = list(range(len(context.population)))
         else:
-            clients = trainer.population.cohort(cfg.seed, cfg.train.rounds, cfg.train.clients_per_round,
+            clients = context.population.cohort(cfg.seed, cfg.train.rounds, cfg.train.clients_per_round,
                                                 cfg.train.cohort)
-        sizes = trainer.population.sizes
+        sizes = context.population.sizes
         bits = fixed_point_bits(max(int(sizes[k]) for k in clients), len(clients))
-        upper = torch.triu_indices(d, d, device=trainer.device)
+        upper = torch.triu_indices(d, d, device=context.device)
         stats = StatBuffer([Segment("ztz", upper.shape[1], frac_bits=bits, accumulate="int64"),
                             Segment("zty", d * c, frac_bits=bits, accumulate="int64"),
                             Segment("samples", 1, kind="int"), Segment("zero_features", 1, kind="int")],
-                           trainer.device, len(clients))
-        alg = trainer.algorithm
+                           context.device, len(clients))
+        alg = context.algorithm
         # FedBN: a client's features come from its own model, the global one with its own BatchNorm
         # (kept in its state, on the rank that hosts it under sticky placement); a client never sampled
         # has none and uses the global BatchNorm, as in per-client evaluation.
-        sticky = alg.fedbn and trainer.sticky
+        sticky = alg.stateful and context.sticky
         t_features = time.perf_counter()
         for k in place(clients, sizes, ctx.world_size, sticky=sticky)[ctx.rank]:
-            trainer.worker.load(trainer.global_params, trainer.global_buffers)
-            if alg.fedbn:
-                alg.load_own_model(trainer.store.peek(k) or {}, trainer.worker)
-            idx = trainer.client_indices[k]
-            a, b, zeros = client_sums(model, trainer.data.train_x[idx], trainer.data.train_y[idx], c,
+            context.worker.load(context.global_params, context.global_buffers)
+            if alg.stateful:
+                alg.load_own_model(context.store.peek(k) or {}, context.worker)
+            idx = context.client_indices[k]
+            a, b, zeros = client_sums(model, context.data.train_x[idx], context.data.train_y[idx], c,
                                       cfg.calibration.batch_size)
             stats.add("ztz", a[upper[0], upper[1]])
             stats.add("zty", b)
@@ -145,7 +145,7 @@ class FFCPhase(Phase):
         t_reduce = time.perf_counter()
         reduced = stats.reduce(ctx, name="ffc")
         t_solve = time.perf_counter()
-        a = torch.zeros(d, d, dtype=torch.float64, device=trainer.device)
+        a = torch.zeros(d, d, dtype=torch.float64, device=context.device)
         a[upper[0], upper[1]] = reduced["ztz"]
         a = a + a.triu(1).t()
         b = reduced["zty"].view(d, c)
@@ -161,24 +161,24 @@ class FFCPhase(Phase):
         solve_s = time.perf_counter() - t_solve
 
         weight = wt.t().to(torch.float32)
-        if "head.weight" in trainer.worker.param_slices:  # a learnable linear head lives in the flat model
-            trainer.global_params[trainer.worker.param_slices["head.weight"]] = weight.reshape(-1)
-            if "head.bias" in trainer.worker.param_slices:
-                trainer.global_params[trainer.worker.param_slices["head.bias"]] = 0.0
+        if "head.weight" in context.worker.param_slices:  # a learnable linear head lives in the flat model
+            context.global_params[context.worker.param_slices["head.weight"]] = weight.reshape(-1)
+            if "head.bias" in context.worker.param_slices:
+                context.global_params[context.worker.param_slices["head.bias"]] = 0.0
         else:  # a fixed head is a frozen buffer of the model
             model.head.weight.copy_(weight)
         apply_calibrated_head(model)
         # With eval.clients, each client's own model (FedBN: its own BatchNorm) with the calibrated head.
-        after = trainer.evaluate_round(clients=cfg.eval.clients)
+        after = context.evaluate_round(clients=cfg.eval.clients)
         acc_after, loss_after = after["test_acc"], after["test_loss"]
         client_stats = {k: v for k, v in after.items() if k.startswith("client_acc_")}
-        trainer.record_eval(acc_after, loss_after, self.name, client_stats)
+        context.state.record_eval(acc_after, loss_after, self.name, client_stats)
 
         if ctx.is_main:
             checkpoint.atomic_torch_save(
                 {"ztz": a.cpu(), "zty": b.cpu(), "samples": n, "ridge": cfg.calibration.ridge,
                  "weight_t": wt.cpu(), "clients": clients},
-                Path(trainer.run_dir) / STATS_FILE)
+                Path(context.run_dir) / STATS_FILE)
         result = {
             "test_acc_before": acc_before, "test_loss_before": loss_before,
             "test_acc": acc_after, "test_loss": loss_after, **client_stats,
@@ -194,9 +194,9 @@ class FFCPhase(Phase):
         logger.info(f"FFC on {len(clients)} clients, {n} samples: test accuracy {100 * acc_before:.2f}% -> "
                     f"{100 * acc_after:.2f}%, condition number {info['condition_number'] or float('inf'):.3g}, "
                     f"{result['total_s']:.2f}s")
-        logger.log_phase({"round": trainer.step + 1, "phase": self.name,
+        logger.log_phase({"round": context.state.step + 1, "phase": self.name,
                           **{k: v for k, v in result.items() if isinstance(v, (int, float))}})
         return result
 
-    def restore(self, trainer) -> None:
-        apply_calibrated_head(trainer.worker.module)
+    def restore(self, context) -> None:
+        apply_calibrated_head(context.worker.module)

@@ -16,6 +16,84 @@ from __future__ import annotations
 
 import torch
 
+from ..federation.aggregate import Segment
+from .wrapper import Wrapper
+
+
+class GMA(Wrapper):
+    """Any method with GMA's mask on its server optimizer's step: each client's update (what the method
+    adds to "delta") also adds its signs to "sign_sum"; the server optimizer's step is masked by the
+    round's agreement (a method whose server step does not use the server optimizer is left as it is)."""
+
+    def __init__(self, inner, tau: float, applies_to: str):
+        super().__init__(inner)
+        self._own(tau=tau, gma_metrics={})
+        inner.server_opt = MaskedStep(inner.server_opt, self, applies_to)
+
+    def segments(self) -> list[Segment]:
+        return self.inner.segments() + [Segment("sign_sum", self.num_params, kind="int")]
+
+    def client_statistics(self, run, worker, stats) -> None:
+        self.inner.client_statistics(run, worker, _WithSigns(stats))
+
+    def server_update(self, params: torch.Tensor, buffers: torch.Tensor, reduced) -> None:
+        self.gma_metrics.clear()
+        self.server_opt.reduced = reduced
+        try:
+            self.inner.server_update(params, buffers, reduced)
+        finally:
+            self.server_opt.reduced = None
+
+    def mask(self, reduced) -> torch.Tensor:
+        """The round's soft mask; records its statistics."""
+        mask, stats = agreement_mask(reduced["sign_sum"], int(reduced["clients"][0]), self.tau)
+        self.gma_metrics.update(stats)
+        return mask
+
+    @property
+    def round_metrics(self) -> dict:
+        return {**self.inner.round_metrics, **self.gma_metrics}
+
+
+class MaskedStep:
+    """The method's server optimizer, its step masked by GMA (fedopt.ServerOptimizer.step's `mask`)."""
+
+    def __init__(self, opt, gma: GMA, applies_to: str):
+        self.opt, self.gma, self.applies_to, self.reduced = opt, gma, applies_to, None
+
+    def step(self, params: torch.Tensor, update: torch.Tensor) -> None:
+        mask = self.gma.mask(self.reduced) if self.reduced is not None else None
+        self.opt.step(params, update, mask, self.applies_to)
+
+    @property
+    def lr(self) -> float:
+        return self.opt.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.opt.lr = value
+
+    def state_dict(self) -> dict:
+        return self.opt.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state)
+
+
+class _WithSigns:
+    """The round's statistics, as a method adds to them, with the signs of its "delta" beside it."""
+
+    def __init__(self, stats):
+        self._stats = stats
+
+    def add(self, name: str, value, weight: float = 1.0) -> None:
+        self._stats.add(name, value, weight)
+        if name == "delta":
+            self._stats.add("sign_sum", torch.sign(value))
+
+    def __getattr__(self, name: str):
+        return getattr(self._stats, name)
+
 
 def agreement_mask(sign_sum: torch.Tensor, num_clients: int, tau: float) -> tuple[torch.Tensor, dict]:
     """The soft mask from the summed signs, and the per-round statistics logged to TensorBoard."""

@@ -59,7 +59,7 @@ class Moon(Algorithm):
         self.global_model.load(run.global_params, worker.buffers)
         if "previous_params" in run.state:
             self.previous_model.load(run.state["previous_params"], run.state["previous_buffers"])
-            self.load_own_model(run.state, self.previous_model)  # FedBN: its BatchNorm is the client's own
+            self.outer.load_own_model(run.state, self.previous_model)  # FedBN: its BatchNorm is the client's own
 
     def local_loss(self, model, x, y, run):
         z = model.represent(x)

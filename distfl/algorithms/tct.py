@@ -107,10 +107,10 @@ class TCTPhase(Phase):
     name = "tct"
 
     # ---- 1. convexify: eNTK features ----------------------------------------------------------------
-    def _features(self, trainer, logger, stats_key: str | None) -> None:
-        cfg, ctx = trainer.cfg.tct, trainer.ctx
-        model = trainer.worker.module
-        trainer.worker.load(trainer.global_params, trainer.global_buffers)
+    def _features(self, context, logger, stats_key: str | None) -> None:
+        cfg, ctx = context.cfg.tct, context.ctx
+        model = context.worker.module
+        context.worker.load(context.global_params, context.global_buffers)
         reinit_head(model, cfg.head_seed)
         chosen = feature_parameters(model, cfg.gradient_of)
         num = sum(p.numel() for _, p in chosen)
@@ -123,18 +123,18 @@ class TCTPhase(Phase):
                             if cfg.coordinate_order == "drawn" else ", in parameter order"))
         # Names the features of this model (parameters and BatchNorm buffers, the new head included), these
         # coordinates and this gradient; a feature file's key adds its samples.
-        self.model_key = int(_hash(trainer.worker.state_sha256(), self.index.to(torch.int64), cfg.gradient_of)[:14],
+        self.model_key = int(_hash(context.worker.state_sha256(), self.index.to(torch.int64), cfg.gradient_of)[:14],
                              16)
         dist.check_same_on_all_ranks(self.model_key, ctx, "TCT's coordinates and head")
-        data = trainer.data
+        data = context.data
         c = data.num_classes
-        sizes = trainer.population.sizes
-        self.clients = [k for k in range(len(trainer.population)) if trainer._hosts(k)]
-        starts = list(range(0, len(data.test_y), trainer.cfg.eval.batch_size))
+        sizes = context.population.sizes
+        self.clients = [k for k in range(len(context.population)) if context.hosts(k)]
+        starts = list(range(0, len(data.test_y), context.cfg.eval.batch_size))
         self.test_batches = starts[ctx.rank :: ctx.world_size]
         # eval.client_split=holdout: each client is scored on features of its held-out samples too
-        self.holdout = trainer.cfg.eval.clients and trainer.cfg.eval.client_split == "holdout"
-        held = sum(len(s) for s in trainer.client_test) if self.holdout else 0
+        self.holdout = context.cfg.eval.clients and context.cfg.eval.client_split == "holdout"
+        held = sum(len(s) for s in context.client_test) if self.holdout else 0
 
         plan = memory_plan([int(n) for n in sizes], len(data.test_y) + held, self.p, c, cfg)
         limit = cfg.memory_limit_gb * 2**30 if cfg.memory_limit_gb > 0 else 0.8 * available_memory_bytes()
@@ -152,12 +152,12 @@ class TCTPhase(Phase):
                 f"or a smaller tct.p (now {self.p})")
         if cfg.feature_store == "disk":
             # every rank decides on the same sum, so a refusal stops all of them before any extraction
-            missing, free = disk_shortfall(trainer.run_dir, plan["disk"])
+            missing, free = disk_shortfall(context.run_dir, plan["disk"])
             short = dist.all_reduce_sum(torch.tensor([int(missing > 0)], dtype=torch.int64, device=ctx.device),
                                         ctx, name="tct_disk_check")
             if int(short.item()):
                 raise ConfigError(
-                    f"TCT's disk store needs {gb(plan['disk']):.2f} GB under {Path(trainer.run_dir) / 'tct'} "
+                    f"TCT's disk store needs {gb(plan['disk']):.2f} GB under {Path(context.run_dir) / 'tct'} "
                     f"(features {gb(plan['features']):.2f} GB, decompositions "
                     f"{gb(plan['disk'] - plan['features']):.2f} GB, less what is there already), more than a "
                     f"rank's file system has free ({gb(free):.2f} GB free on this rank's). Free space, point "
@@ -167,69 +167,69 @@ class TCTPhase(Phase):
         self.logger = logger
         self.saved_statistics = None  # (mean, std) found in RUN_DIR/tct/stats.pt, of these very features
         if cfg.feature_store == "disk" and cfg.normalize and stats_key is None:
-            self.statistics_source = self._statistics_source(trainer)
-            self.saved_statistics = self._load_statistics(trainer, logger)
+            self.statistics_source = self._statistics_source(context)
+            self.saved_statistics = self._load_statistics(context, logger)
             if self.saved_statistics is not None:
                 stats_key = _stats_key(*self.saved_statistics)
 
         t0 = time.perf_counter()
         dtype = DTYPES[cfg.feature_dtype]
         self.train_z, self.train_y = {}, {}
-        test_here = sum(len(data.test_y[s : s + trainer.cfg.eval.batch_size]) for s in self.test_batches)
-        held_here = sum(len(trainer.client_test[k]) for k in self.clients) if self.holdout else 0
-        remaining = sum(len(trainer.client_indices[k]) for k in self.clients) + test_here + held_here
+        test_here = sum(len(data.test_y[s : s + context.cfg.eval.batch_size]) for s in self.test_batches)
+        held_here = sum(len(context.client_test[k]) for k in self.clients) if self.holdout else 0
+        remaining = sum(len(context.client_indices[k]) for k in self.clients) + test_here + held_here
         done = 0
         self.normalised: set[str] = set()  # disk files found already normalised with the resumed statistics
         self.disk: dict[str, tuple] = {}  # name -> (marker file, source key, memmap) of the disk store
         for k in self.clients:
-            idx = trainer.client_indices[k]
-            self.train_z[k] = self._extract(trainer, data.train_x[idx], f"client_{k}", dtype, stats_key)
+            idx = context.client_indices[k]
+            self.train_z[k] = self._extract(context, data.train_x[idx], f"client_{k}", dtype, stats_key)
             self.train_y[k] = data.train_y[idx]
             elapsed = time.perf_counter() - t0
             done += len(idx)
             logger.info(f"TCT: features of client {k} ({len(idx)} samples) done, {elapsed:.0f}s, "
                         f"~{elapsed / done * (remaining - done):.0f}s left ({torch.get_num_threads()} thread(s))")
-        x = torch.cat([data.test_x[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
+        x = torch.cat([data.test_x[s : s + context.cfg.eval.batch_size] for s in self.test_batches]) \
             if self.test_batches else data.test_x[:0]
-        self.test_y = torch.cat([data.test_y[s : s + trainer.cfg.eval.batch_size] for s in self.test_batches]) \
+        self.test_y = torch.cat([data.test_y[s : s + context.cfg.eval.batch_size] for s in self.test_batches]) \
             if self.test_batches else data.test_y[:0]
-        self.test_z = self._extract(trainer, x, "test", dtype, stats_key)
+        self.test_z = self._extract(context, x, "test", dtype, stats_key)
         self.holdout_z, self.holdout_y = {}, {}
         if self.holdout:
             for k in self.clients:
-                idx = trainer.client_test[k]
-                self.holdout_z[k] = self._extract(trainer, data.train_x[idx], f"holdout_{k}", dtype, stats_key)
+                idx = context.client_test[k]
+                self.holdout_z[k] = self._extract(context, data.train_x[idx], f"holdout_{k}", dtype, stats_key)
                 self.holdout_y[k] = data.train_y[idx].to(STAGE2_DEVICE)  # scored where psi is
-        elif trainer.cfg.eval.clients:
-            self._locate_client_tests(trainer)
+        elif context.cfg.eval.clients:
+            self._locate_client_tests(context)
         self.features_s = time.perf_counter() - t0
 
-    def _locate_client_tests(self, trainer) -> None:
+    def _locate_client_tests(self, context) -> None:
         """eval.client_split=test: each client's local test set is a set of test-split indices
         (client_test.py); find those held among this rank's test features (`client_rows`, the positions
         in test_z, of client `client_of`) and count them per client (`client_here`)."""
-        n_test, batch = len(trainer.data.test_y), trainer.cfg.eval.batch_size
+        n_test, batch = len(context.data.test_y), context.cfg.eval.batch_size
         here = torch.cat([torch.arange(s, min(s + batch, n_test)) for s in self.test_batches]) \
             if self.test_batches else torch.zeros(0, dtype=torch.int64)
         position = torch.full((n_test,), -1, dtype=torch.int64)
         position[here] = torch.arange(len(here))
-        rows = [position[indices.cpu()] for indices in trainer.client_test]
+        rows = [position[indices.cpu()] for indices in context.client_test]
         rows = [r[r >= 0] for r in rows]
         self.client_here = torch.tensor([len(r) for r in rows], dtype=torch.int64)
         self.client_of = torch.repeat_interleave(torch.arange(len(rows)), self.client_here)
         self.client_rows = torch.cat(rows)
 
-    def _statistics_source(self, trainer) -> str:
+    def _statistics_source(self, context) -> str:
         """Names what the normalisation statistics are computed from: the features (model, coordinates,
         gradient, storage dtype) of every client's training samples, in client order."""
-        indices = [torch.as_tensor(trainer.client_indices[k], dtype=torch.int64)
-                   for k in range(len(trainer.population))]
-        return _hash(f"{self.model_key:014x}", trainer.cfg.tct.feature_dtype, trainer.data.train_x, *indices)
+        indices = [torch.as_tensor(context.client_indices[k], dtype=torch.int64)
+                   for k in range(len(context.population))]
+        return _hash(f"{self.model_key:014x}", context.cfg.tct.feature_dtype, context.data.train_x, *indices)
 
-    def _load_statistics(self, trainer, logger) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _load_statistics(self, context, logger) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The statistics of RUN_DIR/tct/stats.pt when they were computed from the features this run
         extracts (`_statistics_source`) and every rank finds the same; else None, and the log says why."""
-        path = Path(trainer.run_dir) / "tct" / STATS_FILE
+        path = Path(context.run_dir) / "tct" / STATS_FILE
         found, why = None, None
         if path.exists():
             try:
@@ -244,7 +244,7 @@ class TCTPhase(Phase):
                     found = (mean.to(torch.float64), std.to(torch.float64))
             except Exception as exc:  # torch raises several types for truncated or foreign files
                 why = f"unreadable ({type(exc).__name__})"
-        if not _same_on_all_ranks(int(_stats_key(*found)[:14], 16) if found else 0, trainer.ctx):
+        if not _same_on_all_ranks(int(_stats_key(*found)[:14], 16) if found else 0, context.ctx):
             found, why = None, why or "the ranks found different files"
         if why:
             logger.info(f"TCT: normalisation statistics in {path} not reused ({why}); they are computed again")
@@ -252,28 +252,28 @@ class TCTPhase(Phase):
             logger.info(f"TCT: normalisation statistics reused from {path}")
         return found
 
-    def _save_statistics(self, trainer, mean: torch.Tensor, std: torch.Tensor) -> None:
+    def _save_statistics(self, context, mean: torch.Tensor, std: torch.Tensor) -> None:
         """RUN_DIR/tct/stats.pt, by the main rank before it marks any file normalised with them (if a crash
         leaves files marked with statistics that are not there, a resume extracts those files again)."""
-        if trainer.ctx.is_main:
-            path = Path(trainer.run_dir) / "tct" / STATS_FILE
+        if context.ctx.is_main:
+            path = Path(context.run_dir) / "tct" / STATS_FILE
             checkpoint.atomic_torch_save({"source": self.statistics_source, "stats_key": _stats_key(mean, std),
                                           "mean": mean.cpu(), "std": std.cpu()}, path)
             checkpoint.fsync(path)
             checkpoint.fsync(path.parent)
 
-    def _extract(self, trainer, x, name: str, dtype, stats_key: str | None) -> torch.Tensor:
+    def _extract(self, context, x, name: str, dtype, stats_key: str | None) -> torch.Tensor:
         """The features of `x`: computed (memory store), or a memory-mapped file under RUN_DIR/tct/rankR
         (disk store). A disk file is normalised in place later, so its marker `NAME.complete` says what
         it holds: `raw KEY` or `normalised KEY STATS` (KEY: model, coordinates and samples; STATS: the
         statistics applied). It is reused only when it holds raw features of the same samples, or
         features normalised with the statistics of the checkpoint being resumed (`stats_key`);
         otherwise it is extracted again."""
-        cfg = trainer.cfg.tct
-        model = trainer.worker.module
+        cfg = context.cfg.tct
+        model = context.worker.module
         if cfg.feature_store == "memory":
             return entk_features(model, x, self.index, cfg.gradient_of, cfg.chunk_size, dtype)
-        folder = Path(trainer.run_dir) / "tct" / f"rank{trainer.ctx.rank}"
+        folder = Path(context.run_dir) / "tct" / f"rank{context.ctx.rank}"
         folder.mkdir(parents=True, exist_ok=True)
         path, marker = folder / f"{name}.{cfg.feature_dtype}", folder / f"{name}.complete"
         shape = (len(x), self.p)
@@ -301,18 +301,18 @@ class TCTPhase(Phase):
         return out
 
     # ---- 2. normalise --------------------------------------------------------------------------------
-    def _statistics(self, trainer) -> tuple[torch.Tensor, torch.Tensor]:
+    def _statistics(self, context) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-coordinate mean and standard deviation over all training samples, one all_reduce."""
-        k_total = len(trainer.population)
-        slots = torch.zeros(k_total, 2 * self.p + 1, dtype=torch.float64, device=trainer.device)
+        k_total = len(context.population)
+        slots = torch.zeros(k_total, 2 * self.p + 1, dtype=torch.float64, device=context.device)
         for k in self.clients:
             z = self.train_z[k]
             for start in range(0, len(z), 4096):
-                block = z[start : start + 4096].to(trainer.device, torch.float64)
+                block = z[start : start + 4096].to(context.device, torch.float64)
                 slots[k, : self.p] += block.sum(0)
                 slots[k, self.p : 2 * self.p] += (block * block).sum(0)
             slots[k, -1] = len(z)
-        dist.all_reduce_sum(slots, trainer.ctx, name="tct_normalise")
+        dist.all_reduce_sum(slots, context.ctx, name="tct_normalise")
         total = slots.sum(0)
         n = total[-1]
         mean = total[: self.p] / n
@@ -348,35 +348,35 @@ class TCTPhase(Phase):
                 checkpoint.atomic_write_text(f"normalised {key} {stats_key}\n", marker)
 
     # ---- 3. train: federated least squares ------------------------------------------------------------
-    def run(self, trainer, logger) -> dict:
-        cfg, tc = trainer.cfg, trainer.cfg.tct
-        ctx = trainer.ctx
+    def run(self, context, logger) -> dict:
+        cfg, tc = context.cfg, context.cfg.tct
+        ctx = context.ctx
         t_start = time.perf_counter()
-        stage1_acc = (trainer.progress["last_eval"] or {}).get("test_acc")
-        resumed = trainer.phase_state if trainer.phase_state.get("phase") == self.name else {}
+        stage1_acc = (context.state.progress["last_eval"] or {}).get("test_acc")
+        resumed = context.state.phase_state if context.state.phase_state.get("phase") == self.name else {}
         saved_stats = _stats_key(resumed["mean"], resumed["std"]) if resumed and tc.normalize else None
         threads = tc.threads or cfg.runtime.threads
-        if trainer.store is not None:
-            trainer.store.home = STAGE2_DEVICE
+        if context.store is not None:
+            context.store.home = STAGE2_DEVICE
         with phase_threads(threads):
-            self._features(trainer, logger, saved_stats)
+            self._features(context, logger, saved_stats)
         t0 = time.perf_counter()
         if tc.normalize:
             if resumed:
-                mean, std = resumed["mean"].to(trainer.device), resumed["std"].to(trainer.device)
+                mean, std = resumed["mean"].to(context.device), resumed["std"].to(context.device)
             elif self.saved_statistics is not None:
-                mean, std = (t.to(trainer.device) for t in self.saved_statistics)
+                mean, std = (t.to(context.device) for t in self.saved_statistics)
             else:
-                mean, std = self._statistics(trainer)
+                mean, std = self._statistics(context)
                 if tc.feature_store == "disk":
-                    self._save_statistics(trainer, mean, std)
+                    self._save_statistics(context, mean, std)
             self._normalise_all(mean, std, _stats_key(mean, std))
         else:
             mean = std = torch.zeros(0)
         normalise_s = time.perf_counter() - t0
 
-        c = trainer.data.num_classes
-        sizes = trainer.population.sizes
+        c = context.data.num_classes
+        sizes = context.population.sizes
         n_total = int(sum(int(n) for n in sizes))
         compute = DTYPES[tc.compute_dtype]
         solvers = {k: LocalLeastSquares(self.train_z[k], F.one_hot(self.train_y[k], c).to(torch.float64) - 1.0 / c,
@@ -392,7 +392,7 @@ class TCTPhase(Phase):
             cache = {}
             if tc.feature_store == "disk":
                 applied = _stats_key(mean, std) if tc.normalize else "raw"
-                cache = {k: self._decomposition_file(trainer, k, solver, applied, threads)
+                cache = {k: self._decomposition_file(context, k, solver, applied, threads)
                          for k, solver in solvers.items()}
             with phase_threads(threads):
                 self._decompose(solvers, logger, cache)
@@ -403,33 +403,33 @@ class TCTPhase(Phase):
         evaluated = None
         for t in range(first, tc.rounds + 1):
             t_round = time.perf_counter()
-            psi = self._round(trainer, solvers, psi, t, n_total, q, c)
+            psi = self._round(context, solvers, psi, t, n_total, q, c)
             row = {"round": base_step + t, "phase": self.name, "stage2_round": t,
                    "round_s": time.perf_counter() - t_round}
             if tc.check_invariant:
                 row["h_weighted_sum_max"] = self.invariant
             if t % cfg.eval.every == 0 or t == tc.rounds:
-                evaluated = self._evaluate(trainer, psi)
+                evaluated = self._evaluate(context, psi)
                 row.update(evaluated)
                 clients = (f", per client {100 * evaluated['client_acc_mean']:.2f}% mean"
                            if cfg.eval.clients else "")
                 logger.info(f"TCT stage 2 round {t}/{tc.rounds}: test accuracy "
                             f"{100 * evaluated['test_acc']:.2f}%{clients}")
             logger.log_phase(row)
-            trainer.step = base_step + t
-            if trainer.stop_agreed or (cfg.checkpoint.every and t % cfg.checkpoint.every == 0 and t < tc.rounds):
-                trainer.save_phase_checkpoint(self.name, {"round": t, "psi": psi, "mean": mean, "std": std})
-                if trainer.stop_agreed:
+            context.state.step = base_step + t
+            if context.stop.agreed or (cfg.checkpoint.every and t % cfg.checkpoint.every == 0 and t < tc.rounds):
+                context.save_phase_checkpoint(self.name, {"round": t, "psi": psi, "mean": mean, "std": std})
+                if context.stop.agreed:
                     raise Interrupted(f"interrupted in TCT stage 2 after round {t} (checkpointed)")
         if evaluated is None:  # resumed from a checkpoint of the last round (a stop there): no round ran
-            evaluated = self._evaluate(trainer, psi)
+            evaluated = self._evaluate(context, psi)
         acc = evaluated["test_acc"]
         client_stats = {k: v for k, v in evaluated.items() if k.startswith("client_acc_")}
-        trainer.record_eval(acc, None, self.name, client_stats)
+        context.state.record_eval(acc, None, self.name, client_stats)
         if ctx.is_main:  # the stage-2 model: predict argmax(((z - mean) / std) @ W + b)
             checkpoint.atomic_torch_save({"psi": psi.cpu(), "mean": mean.cpu(), "std": std.cpu(),
                                           "coordinates": self.index, "head_seed": tc.head_seed},
-                                         Path(trainer.run_dir) / MODEL_FILE)
+                                         Path(context.run_dir) / MODEL_FILE)
         return {
             "psi_sha256": hashlib.sha256(psi.cpu().numpy().tobytes()).hexdigest(),
             "stage1_test_acc": stage1_acc, "test_acc": acc, **client_stats, "p": self.p, "rounds": tc.rounds,
@@ -439,14 +439,14 @@ class TCTPhase(Phase):
             "stage2_s": time.perf_counter() - t_train, "total_s": time.perf_counter() - t_start,
         }
 
-    def _decomposition_file(self, trainer, k: int, solver: LocalLeastSquares, applied: str,
+    def _decomposition_file(self, context, k: int, solver: LocalLeastSquares, applied: str,
                             threads: int) -> tuple[Path, str]:
         """Where client k's decomposition is kept with the disk store (beside its features), and the key
         naming everything its bits depend on: the feature file (model, coordinates, samples), the
         statistics applied to it, the labels, the solver's basis, bias, compute dtype and block size,
         the threads it runs on, and the torch build and device type."""
         marker, features_key, _ = self.disk[f"client_{k}"]
-        key = _hash(features_key, applied, trainer.cfg.tct.feature_dtype,
+        key = _hash(features_key, applied, context.cfg.tct.feature_dtype,
                     self.train_y[k].to(torch.int64), solver.basis, solver.bias,
                     solver.dtype, solver.rows, threads, torch.__version__, solver.device.type)
         return marker.parent / f"client_{k}.decomposition.pt", key
@@ -497,18 +497,18 @@ class TCTPhase(Phase):
                          for name, t in solver.decomposition().items()}
                 checkpoint.atomic_torch_save({"key": key, **saved}, path)
 
-    def _round(self, trainer, solvers, psi, t, n_total, q, c):
-        tc = trainer.cfg.tct
-        sizes = trainer.population.sizes
+    def _round(self, context, solvers, psi, t, n_total, q, c):
+        tc = context.cfg.tct
+        sizes = context.population.sizes
         segments = [Segment("psi", q * c), Segment("stop", 1, kind="int")]
         if tc.check_invariant:
             segments.append(Segment("h_sum", q * c))
-        stats = StatBuffer(segments, trainer.device, len(trainer.population))
+        stats = StatBuffer(segments, context.device, len(context.population))
         for k, solver in solvers.items():
             weight = int(sizes[k]) / n_total
             state = None
             if tc.solver == "scaffold":  # stage-2 keys, beside any state the stage-1 algorithm kept
-                saved = trainer.store.get(k, dict, device=STAGE2_DEVICE)
+                saved = context.store.get(k, dict, device=STAGE2_DEVICE)
                 state = {"h": saved.get("tct_h", solver.zeros()), "last": saved.get("tct_last")}
             if tc.solver == "gd":
                 out = psi - tc.lr * solver.gradient(psi)
@@ -520,10 +520,10 @@ class TCTPhase(Phase):
             if tc.check_invariant:
                 stats.add("h_sum", state["h"], weight)
             if state is not None:
-                trainer.store.put(k, {"tct_h": state["h"], "tct_last": state["last"]})
-        stats.add("stop", int(trainer.stop_requested))
-        reduced = stats.reduce(trainer.ctx, name="tct_round")
-        trainer.stop_agreed = int(reduced["stop"][0]) > 0
+                context.store.put(k, {"tct_h": state["h"], "tct_last": state["last"]})
+        stats.add("stop", int(context.stop.requested))
+        reduced = stats.reduce(context.ctx, name="tct_round")
+        context.stop.agreed = int(reduced["stop"][0]) > 0
         problems = reduced.problems()
         if problems:
             found = "; ".join(f"{name}: {what}" for name, what in problems.items())
@@ -533,16 +533,16 @@ class TCTPhase(Phase):
             self.invariant = float(reduced["h_sum"].abs().max())
         return reduced["psi"].view(q, c).to(STAGE2_DEVICE)
 
-    def _evaluate(self, trainer, psi) -> dict:
+    def _evaluate(self, context, psi) -> dict:
         """test_acc of the linear model psi, from this rank's test batches; with eval.clients the statistics
         of its accuracy on every client's local test set (`client_acc_*`, client_eval.py), scored on the
         features of those samples: rows of the test features (client_split=test) or the client's held-out
         features (holdout). Each client's correct and total counts fill its int slots of the same
         all_reduce, so the statistics are exact and identical on any number of ranks."""
-        num_clients = len(trainer.population)
-        clients = trainer.cfg.eval.clients
+        num_clients = len(context.population)
+        clients = context.cfg.eval.clients
         stats = StatBuffer([Segment("correct", 1, kind="int"), *(client_segments(num_clients) if clients else [])],
-                           trainer.device, 1)
+                           context.device, 1)
         hits = _hits(self.test_z, self.test_y, psi)
         stats.add("correct", hits.sum())
         if clients:
@@ -557,8 +557,8 @@ class TCTPhase(Phase):
                 total += self.client_here
             stats.add("client_correct", correct)
             stats.add("client_total", total)
-        reduced = stats.reduce(trainer.ctx, name="tct_eval")
-        metrics = {"test_acc": int(reduced["correct"][0]) / len(trainer.data.test_y)}
+        reduced = stats.reduce(context.ctx, name="tct_eval")
+        metrics = {"test_acc": int(reduced["correct"][0]) / len(context.data.test_y)}
         if clients:
             metrics.update(reduced_client_statistics(reduced))
         return metrics

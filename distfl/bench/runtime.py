@@ -365,7 +365,7 @@ def run_bench(rounds: int, repeats: int, out: Path, warmup: bool = True) -> dict
 
             num_params = ip.trainer.worker.num_params
             num_buffers = ip.trainer.worker.buffers.numel()
-            segments = list(STANDARD_SEGMENTS) + ip.trainer.algorithm.all_segments()
+            segments = list(STANDARD_SEGMENTS) + ip.trainer.algorithm.segments()
             values = buffer_values(segments)
     finally:
         torch.set_num_threads(prev_threads)

@@ -33,38 +33,38 @@ def client_segments(num_clients: int) -> list[Segment]:
 
 
 @torch.no_grad()
-def add_client_counts(trainer, stats) -> None:
+def add_client_counts(context, stats) -> None:
     """Evaluate this rank's clients and add their counts (the worker is left holding the last one)."""
-    worker, alg, ctx = trainer.worker, trainer.algorithm, trainer.ctx
-    num_clients = len(trainer.population)
+    worker, alg, ctx = context.worker, context.algorithm, context.ctx
+    num_clients = len(context.population)
     correct = torch.zeros(num_clients, dtype=torch.int64)
     total = torch.zeros(num_clients, dtype=torch.int64)
-    batch = trainer.cfg.eval.batch_size
+    batch = context.cfg.eval.batch_size
     for client in range(ctx.rank, num_clients, ctx.world_size):
-        worker.load(*alg.evaluation_model(trainer.global_params, trainer.global_buffers))
-        state = trainer.store.peek(client) if (alg.fedbn or alg.personalised) and trainer.store is not None else None
+        worker.load(*alg.evaluation_model(context.global_params, context.global_buffers))
+        state = context.store.peek(client) if (alg.stateful or alg.personalised) and context.store is not None else None
         if alg.personalised:
-            personal_model(trainer, client, state or {})
-        elif trainer.cfg.eval.finetune_epochs:
-            finetuned_model(trainer, client, state or {})
+            personal_model(context, client, state or {})
+        elif context.cfg.eval.finetune_epochs:
+            finetuned_model(context, client, state or {})
         else:
             alg.load_own_model(state or {}, worker)
         worker.module.eval()
-        indices = trainer.client_test[client]
+        indices = context.client_test[client]
         for start in range(0, len(indices), batch):
             idx = indices[start : start + batch]
-            hits = worker.module(trainer.client_test_x[idx]).argmax(1) == trainer.client_test_y[idx]
+            hits = worker.module(context.client_test_x[idx]).argmax(1) == context.client_test_y[idx]
             correct[client] += int(hits.sum())
         total[client] = len(indices)
     stats.add("client_correct", correct)
     stats.add("client_total", total)
 
 
-def personal_model(trainer, client: int, state: dict) -> None:
+def personal_model(context, client: int, state: dict) -> None:
     """Load client `client`'s own model into the worker (`Algorithm.load_evaluated_model`), which may
     fine-tune it with `run.train` under the method's own hooks."""
-    alg = trainer.algorithm
-    train_evaluated_model(trainer, client, state, alg, alg.load_evaluated_model)
+    alg = context.algorithm
+    train_evaluated_model(context, client, state, alg, alg.load_evaluated_model)
 
 
 class PlainSGD:
@@ -72,42 +72,42 @@ class PlainSGD:
     eval.finetune_epochs fine-tunes every method's evaluated model the same way, and needs no client state
     (SCAFFOLD's controls, MOON's previous model) a method's own hooks would read."""
 
-    def shift(self, w, run) -> None:
+    def before_forward(self, w, run) -> None:
         pass
 
-    def correction(self, w, g, run) -> None:
+    def correct_gradient(self, w, g, run) -> None:
         pass
 
     def local_loss(self, model, x, y, run):
         return model.loss(model(x), y)
 
 
-def finetuned_model(trainer, client: int, state: dict) -> None:
+def finetuned_model(context, client: int, state: dict) -> None:
     """eval.finetune_epochs: the model client `client` uses (`load_own_model`: the global model, with
     FedBN its own BatchNorm), fine-tuned for that many epochs of plain SGD on its training data."""
-    alg, epochs = trainer.algorithm, trainer.cfg.eval.finetune_epochs
+    alg, epochs = context.algorithm, context.cfg.eval.finetune_epochs
 
     def finetune(run, worker):
         alg.load_own_model(run.state, worker)
         run.train(epochs=epochs, name="finetune", record=False)
 
-    train_evaluated_model(trainer, client, state, PlainSGD(), finetune)
+    train_evaluated_model(context, client, state, PlainSGD(), finetune)
 
 
-def train_evaluated_model(trainer, client: int, state: dict, hooks, body) -> None:
+def train_evaluated_model(context, client: int, state: dict, hooks, body) -> None:
     """Call `body(run, worker)` with `run.train` bound to local SGD of the worker on client `client`'s
     training data (train.batch_size, the lr of the last round trained, train.momentum and weight_decay,
-    `hooks`' shift, local_loss and correction), the torch RNG seeded by (seed, client) only: the same
+    `hooks`' before_forward, local_loss and correct_gradient), the torch RNG seeded by (seed, client) only: the same
     model on whichever rank evaluates the client. FedBABU's fine-tuning and eval.finetune_epochs share it."""
-    cfg = trainer.cfg
-    n = int(trainer.population.sizes[client])
-    run = ClientRun(client_id=client, round_idx=max(trainer.last_round, 1), num_samples=n, weight=0.0,
+    cfg = context.cfg
+    n = int(context.population.sizes[client])
+    run = ClientRun(client_id=client, round_idx=max(context.state.last_round, 1), num_samples=n, weight=0.0,
                     steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs, cfg.train.local_steps),
-                    global_params=trainer.global_params, state=dict(state),
-                    sgd=LocalSGD(trainer.worker, trainer.data, trainer.client_indices[client], cfg.train, hooks))
-    seed_local_rng(finetune_seed(cfg.seed, client), trainer.worker.params.device)
+                    global_params=context.global_params, state=dict(state),
+                    sgd=LocalSGD(context.worker, context.data, context.client_indices[client], cfg.train, hooks))
+    seed_local_rng(finetune_seed(cfg.seed, client), context.worker.params.device)
     with torch.enable_grad():
-        body(run, trainer.worker)
+        body(run, context.worker)
 
 
 def finetune_seed(seed: int, client: int) -> int:

@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 
+from .population import client_seed
 from .schedule import round_lr
 
 
@@ -210,6 +211,32 @@ def seed_local_rng(seed: int, device: torch.device) -> None:
         torch.manual_seed(seed)
 
 
+def train_client(flat: FlatModel, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg, algorithm,
+                 global_buffers: torch.Tensor, pack_step=None) -> Iterator[ClientRun]:
+    """Train a pack of clients (`runs`, their data `indices`) from `runs[k].global_params` and
+    `global_buffers`: the one entry of local training. Yields each run after training, in pack order, with
+    its final model loaded into `flat` (the worker), its `loss_sum` set, for the caller to add its
+    statistics. A pack of one trains on the worker itself through autograd (the method's
+    `local_training`, by default one `run.train()`: see `LocalSGD`); a larger pack as one vectorised
+    model through `pack_step` (a pack.PackStep). Both take their steps with `local.sgd_step`.
+
+    All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
+    (seed, round, client), so a client trains identically on whichever rank hosts it, alone or in a pack.
+    """
+    if len(runs) > 1:
+        yield from pack_step.train(flat, data, indices, runs, train_cfg, algorithm, global_buffers)
+        return
+    run = runs[0]
+    flat.load(run.global_params, global_buffers)
+    algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
+    seed_local_rng(client_seed(algorithm.seed, run.round_idx, run.client_id), flat.params.device)
+    run.loss_sum = torch.zeros((), dtype=torch.float64, device=flat.params.device)
+    # An object with the older hooks only (no local_training) trains one pass, as before the hook existed.
+    body = getattr(algorithm, "local_training", None) or (lambda run, flat: run.train())
+    body(run, flat)
+    yield run
+
+
 @dataclass
 class LocalSGD:
     """Local SGD of the worker `flat` on one client's data (`indices` into `data`), under a method's
@@ -230,21 +257,20 @@ class LocalSGD:
         w, g = flat.params, flat.grads
         lr = round_lr(train_cfg, run.round_idx, train_cfg.rounds)
         frozen = None if trainable is None else ~trainable
-        # An object with the older hooks only (no post_step) moves nothing after a step.
-        post_step = getattr(hooks, "post_step", None)
+        post_step = after_step_hook(hooks)
         velocity = None
         loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
         # Plain SGD needs no flat gradient: each parameter takes its own gradient, the same arithmetic.
-        corrects = getattr(hooks, "corrects_gradient", None)  # duck-typed plugin objects may lack it
+        overrides = getattr(hooks, "overrides", None)  # duck-typed hooks may lack it: the flat path
         plain = (not train_cfg.weight_decay and not train_cfg.momentum and frozen is None
-                 and corrects is not None and not corrects())
+                 and overrides is not None and not overrides("correct_gradient"))
         image = flat.channels_last
         flat.take_grads()
         try:
             for x, y in local_batches(self.data, self.indices, train_cfg, epochs, steps, flat.fold_single):
                 if image and x.dim() == 4:
                     x = x.contiguous(memory_format=torch.channels_last)
-                hooks.shift(w, run)
+                hooks.before_forward(w, run)
                 loss = hooks.local_loss(model, x, y, run)
                 loss.backward()
                 loss_sum += loss.detach().double() * len(y)
@@ -276,7 +302,7 @@ def sgd_step(w: torch.Tensor, g: torch.Tensor, velocity: torch.Tensor | None, lr
     buffer (None before the first step); returns the new one. `frozen`: coordinates that do not move."""
     rows = [(w, g)] if w.dim() == 1 else list(zip(w, g))
     for (wk, gk), run in zip(rows, runs):
-        hooks.correction(wk, gk, run)
+        hooks.correct_gradient(wk, gk, run)
     if train_cfg.weight_decay:
         g.add_(w, alpha=train_cfg.weight_decay)
     if train_cfg.momentum:
@@ -287,8 +313,17 @@ def sgd_step(w: torch.Tensor, g: torch.Tensor, velocity: torch.Tensor | None, lr
     if frozen is not None:
         step = step.masked_fill(frozen, 0.0)
     w.add_(step, alpha=-lr)
-    post_step = getattr(hooks, "post_step", None)  # an object with the older hooks only has none
+    post_step = after_step_hook(hooks)
     if post_step is not None:
         for (wk, _), run in zip(rows, runs):
             post_step(wk, lr, run)
     return velocity
+
+
+def after_step_hook(hooks):
+    """`hooks.after_step`, or None where it moves nothing (Algorithm's own, or duck-typed hooks without
+    one): then no step calls it."""
+    overrides = getattr(hooks, "overrides", None)
+    if overrides is not None:
+        return hooks.after_step if overrides("after_step") else None
+    return getattr(hooks, "after_step", None)

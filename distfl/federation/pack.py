@@ -5,12 +5,12 @@ microseconds of GPU work behind dozens of kernel launches. A pack stacks its cli
 and buffers into P x N and P x M tensors and runs every local step for all of them in one call:
 `torch.func.functional_call` of the rank's model under `vmap(grad(...))`.
 
-`train_client` is the one entry of local training: a pack of one trains on the worker through autograd
-(`LocalSGD`, federation/local.py), a larger pack as below, and each client keeps the same semantics:
+`local.train_client` is the one entry of local training: a pack of one trains on the worker through
+autograd (`LocalSGD`), a larger pack as below (`PackStep.train`), and each client keeps the same semantics:
   - the same keyed randomness: its batch order (and augmentation) is drawn by replaying its own
     `torch.manual_seed(seed, round, client)` stream, exactly as a client trained alone draws it;
   - the same algorithm hooks, called per client on one row (a view) of the stacked flat tensors:
-    `begin_client`, `shift`, `correction`, `post_step`, then `collect` on the worker;
+    `begin_client`, `before_forward`, `correct_gradient`, `after_step`, then `client_statistics` on the worker;
   - the same SGD step (coupled weight decay, momentum, dampening 0): `local.sgd_step`, on rows.
 Clients of unequal sizes: at step s only the clients with an s-th batch take part, and clients whose
 s-th batch has the same size go through one vectorised call, so every client takes exactly its own
@@ -102,6 +102,11 @@ class PackStep:
 
         self._step = vmap(grad(client_loss, has_aux=True), in_dims=(0, 0, None, 0, 0))
 
+    def train(self, flat: FlatModel, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg, algorithm,
+              global_buffers: torch.Tensor) -> Iterator[ClientRun]:
+        """Train a pack of clients at once (`local.train_client`'s packs of two or more)."""
+        return train_pack(flat, self, data, indices, runs, train_cfg, algorithm, global_buffers)
+
     def __call__(self, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
         """w: P x N parameters, b: P x M float buffers, x: P x batch x ..., y: P x batch ->
         (P x N gradients, P losses, P x M buffers after the forward pass)."""
@@ -109,35 +114,9 @@ class PackStep:
         return g, loss, new_b
 
 
-def train_client(flat: FlatModel, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg, algorithm,
-                 global_buffers: torch.Tensor, pack_step: PackStep | None = None) -> Iterator[ClientRun]:
-    """Train a pack of clients (`runs`, their data `indices`) from `runs[k].global_params` and
-    `global_buffers`: the one entry of local training. Yields each run after training, in pack order, with
-    its final model loaded into `flat` (the worker), its `loss_sum` set, for the caller to add its
-    statistics. A pack of one trains on the worker itself through autograd (the method's
-    `local_training`, by default one `run.train()`: see `LocalSGD`); a larger pack as one vectorised
-    model through `pack_step`. Both take their steps with `local.sgd_step`.
-
-    All randomness (batch order, augmentation, dropout) comes from the torch global RNG seeded by
-    (seed, round, client), so a client trains identically on whichever rank hosts it, alone or in a pack.
-    """
-    if len(runs) > 1:
-        yield from _train_pack(flat, pack_step, data, indices, runs, train_cfg, algorithm, global_buffers)
-        return
-    run = runs[0]
-    flat.load(run.global_params, global_buffers)
-    algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
-    seed_local_rng(client_seed(algorithm.seed, run.round_idx, run.client_id), flat.params.device)
-    run.loss_sum = torch.zeros((), dtype=torch.float64, device=flat.params.device)
-    # An object with the older hooks only (no local_training) trains one pass, as before the hook existed.
-    body = getattr(algorithm, "local_training", None) or (lambda run, flat: run.train())
-    body(run, flat)
-    yield run
-
-
-def _train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
-                train_cfg, algorithm, global_buffers: torch.Tensor) -> Iterator[ClientRun]:
-    """`train_client` of a pack of two or more, as one vectorised model."""
+def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
+               train_cfg, algorithm, global_buffers: torch.Tensor) -> Iterator[ClientRun]:
+    """`local.train_client` of a pack of two or more, as one vectorised model (`PackStep.train`)."""
     count = len(runs)
     w = torch.empty(count, flat.num_params, device=flat.params.device)
     b = torch.empty(count, flat.buffers.numel(), device=flat.params.device)
@@ -177,7 +156,7 @@ def _pack_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train
     whole = index is None
     wr = w if whole else w[index]
     for k, run in enumerate(runs):
-        algorithm.shift(wr[k], run)
+        algorithm.before_forward(wr[k], run)
     x = torch.stack([xy[0] for xy in batch])
     y = torch.stack([xy[1] for xy in batch])
     g, loss, new_b = step(wr, b if whole else b[index], x, y)

@@ -35,13 +35,13 @@ from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError
                       RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
-from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, reduced_client_statistics
-from .local import ClientRun, FlatModel, LocalSGD, local_steps
-from .pack import PackStep, check_packable, resolve_pack_size, train_client
+from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
+from .pack import PackStep, check_packable, resolve_pack_size
 from .population import Population, place, place_packs
+from .run_state import GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
@@ -70,7 +70,6 @@ class Trainer:
         self.overwrite = overwrite
         self.device = ctx.device
         self.where, self.failure, self.started = "setting up the run", None, time.time()
-        self.launcher, self.interrupts = None, 0  # see _catch_stop_signals
         dist.reset_counters()
         faults.check_output_dir(self.run_dir)
         if not resume and run_dir.run_has_output(self.run_dir) and not overwrite:
@@ -120,8 +119,7 @@ class Trainer:
                     single if has_batchnorm else None)
         channels_last = uses_channels_last(cfg.runtime.channels_last, cfg.model.name, self.device)
         self.worker = FlatModel(model, channels_last=channels_last)
-        self.global_params = self.worker.params.detach().clone()
-        self.global_buffers = self.worker.buffers.detach().clone()
+        self.model = GlobalModel(self.worker)
         # Ranks with different torch builds (or kernels) can draw different initial weights from the same
         # seed, and would then drift apart silently: stop before training instead.
         dist.check_same_on_all_ranks(
@@ -131,11 +129,14 @@ class Trainer:
         # rank built the same one before any training relies on it.
         for tensor in self.worker.frozen:
             dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed classifier head")
-        self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
-        self.privacy, self.ledger = None, None
         if cfg.privacy.mechanism != "none":
             check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
-            self.privacy = GaussianMechanism(cfg, self.algorithm.all_segments(), self.noise_multiplier, self.device)
+        # The method, wrapped in the run's features (GMA, FedBN, DP: algorithms/__init__.py).
+        self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory,
+                                         self.noise_multiplier)
+        self.privacy, self.ledger = None, None
+        if cfg.privacy.mechanism != "none":
+            self.privacy = self.algorithm.mechanism
             self.ledger = _accountant().Ledger(self.noise_multiplier, cfg.privacy.delta, cfg.train.cohort,
                                                     len(self.population), cfg.train.clients_per_round,
                                                     cfg.privacy.accountant)
@@ -151,26 +152,36 @@ class Trainer:
         dist.check_same_on_all_ranks(
             dist.fingerprint(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
 
-        self.stop_requested = self.stop_agreed = False
-        self.start_round = 1
-        self.last_round = 0
-        # Phases after training (calibration, TCT's stages), in order; `step` numbers checkpoints
-        # through the training rounds and then the phases.
+        self.stop = StopFlags()
+        # Phases after training (calibration, TCT's stages), in order.
         self.phases = build_phases(cfg)
-        self.phases_done: list[str] = []
-        self.phase_results: dict = {}
-        self.phase_state: dict = {}  # the running phase's resumable state (written with checkpoints)
-        self.step = 0
+        self.state = RunProgress(cfg.train.rounds)
+        # What a checkpoint holds: these parts' state_dicts (federation/run_state.py).
+        self.checkpointed = [self.state, self.model, MethodState(self.algorithm), PrivacyState(self.privacy),
+                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity())]
+        self.context = RunContext(
+            cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
+            population=self.population, client_indices=self.client_indices, client_test=getattr(self, "client_test", None),
+            client_test_x=getattr(self, "client_test_x", None), client_test_y=getattr(self, "client_test_y", None),
+            worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
+            global_buffers=self.model.buffers, sticky=self.sticky,
+            pack_size=self.pack_size, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
+            state=self.state, stop=self.stop, hosts=self._hosts, evaluate_round=self.evaluate_round,
+            save_phase_checkpoint=self.save_phase_checkpoint)
         self.resume_warnings: list[str] = []
-        # Each resume on another runtime (device, threads, determinism, torch build), carried from checkpoint
-        # to checkpoint into summary.json: the round it went on from, the runtime before and after.
-        self.runtime_changes: list[dict] = []
-        self.progress = {"best_test_acc": None, "best_round": None, "wall_s": 0.0, "last_eval": None}
         self.resumed_from, self.skipped = None, []
         if resume:
             self._restore()
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
         run_dir.prepare(self, resume)
+
+    @property
+    def global_params(self) -> torch.Tensor:
+        return self.model.params
+
+    @property
+    def global_buffers(self) -> torch.Tensor:
+        return self.model.buffers
 
     # ---- set-up --------------------------------------------------------------------------------
     def _sticky_placement(self) -> bool:
@@ -203,28 +214,13 @@ class Trainer:
                 "they decide the clients' training data)")
         self._check_phases_on_resume(state)
         self.resume_warnings = run_dir.lost_guarantees(state.get("runtime"), self.runtime_identity())
-        self.runtime_changes = list(state.get("runtime_changes", []))
+        checkpoint.load_state(self.checkpointed, state)
         if self.resume_warnings:
-            self.runtime_changes.append({"after_round": int(state["round"]), "was": state["runtime"],
-                                         "now": self.runtime_identity()})
-        self.global_params.copy_(state["params"])
-        self.global_buffers.copy_(state["buffers"])
-        for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
-            tensor.copy_(saved)
-        self.worker._int_snapshot = [t.to(self.device) for t in state["int_buffers"]]
-        self.algorithm.load_server_state(state["server"])
-        if self.privacy is not None:
-            self.privacy.load_state_dict(state["privacy"])
-        self.progress = dict(state["progress"])
-        self.start_round = state["round"] + 1
-        self.last_round = state["round"]
-        self.step = int(state.get("step", state["round"]))
-        self.phases_done = list(state.get("phases_done", []))
-        self.phase_results = dict(state.get("phase_results", {}))
-        self.phase_state = dict(state.get("phase_state", {}))
+            self.state.runtime_changes.append({"after_round": int(state["round"]), "was": state["runtime"],
+                                               "now": self.runtime_identity()})
         for phase in self.phases:
-            if phase.name in self.phases_done:
-                phase.restore(self)
+            if phase.name in self.state.phases_done:
+                phase.restore(self.context)
         if self.store is not None:
             self.store.restore(path / "clients", self._hosts, self.ctx.is_main)
 
@@ -294,27 +290,7 @@ class Trainer:
                 "keeps state computed from something other than the reduced sums (docs/extending.md, \"What the "
                 "exactness guarantee asks of a method\"). The checkpoint was not written")
         if self.ctx.is_main:
-            state = {
-                "round": min(step, self.cfg.train.rounds),
-                "step": step,
-                "phases_done": list(self.phases_done),
-                "phase_results": dict(self.phase_results),
-                "phase_state": _to_cpu(self.phase_state),
-                "frozen": [t.cpu() for t in self.worker.frozen],
-                "params": self.global_params.cpu(),
-                "buffers": self.global_buffers.cpu(),
-                "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
-                "server": _to_cpu(self.algorithm.server_state()),
-                "privacy": self.privacy.state_dict() if self.privacy is not None else {},
-                "progress": dict(self.progress),
-                "config": config_to_dict(self.cfg),
-                "data": self.data_sources,
-                "world_size": self.ctx.world_size,
-                "runtime": self.runtime_identity(),
-                "runtime_changes": self.runtime_changes,
-                # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
-                "rng": "keyed",
-            }
+            state = checkpoint.state_of(self.checkpointed)
             # With phases after training, the last training round's checkpoint is never pruned: a phase
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
             protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
@@ -336,29 +312,53 @@ class Trainer:
 
     # ---- one round -----------------------------------------------------------------------------
     def run_round(self, round_idx: int) -> dict:
+        """One round's seams, in order: cohort -> local training (each client's statistics into one buffer)
+        -> one all_reduce -> server step. (Evaluation and the checkpoint follow in `run`.)"""
+        cohort, packs = self._cohort(round_idx)
+        stats = self._train_cohort(round_idx, cohort, packs)
+        self.where = f"round {round_idx}, aggregation and server step"
+        reduced = self._reduce(round_idx, stats)
+        if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
+            self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
+        if not bool(torch.isfinite(self.global_params).all()):
+            raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
+                                  "lower server.lr")
+        cfg, samples = self.cfg, int(reduced["samples"][0])
+        return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
+                "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
+                "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
+                **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
+                   if self.privacy is not None and self.ctx.is_main else {})}
+
+    def _cohort(self, round_idx: int) -> tuple[list[int], list[list[int]]]:
+        """The round's cohort, and this rank's share of it as packs (of one client each at pack_size 1)."""
         cfg, ctx = self.cfg, self.ctx
-        self.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
+        self.state.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
         cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        self.algorithm.begin_round(round_idx)
         if self.pack_size == 1:
-            packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
-        else:
-            packs = place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
+            return cohort, [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
+        return cohort, place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
+
+    def _train_cohort(self, round_idx: int, cohort: list[int], packs: list[list[int]]) -> StatBuffer:
+        """Local training of this rank's packs; each client's statistics go into the round's buffer."""
         largest = max((self._samples_trained(k) for k in cohort), default=1)
-        private = self.privacy.segments() if self.privacy is not None else []
-        stats = StatBuffer(round_segments(self.algorithm.all_segments() + private, largest),
-                           self.device, len(cohort))
+        stats = StatBuffer(round_segments(self.algorithm.segments(), largest), self.device, len(cohort))
         for pack in packs:
             self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
-            for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs, cfg.train,
-                                    self.algorithm, self.global_buffers, self.pack_step):
+            for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
+                                    self.cfg.train, self.algorithm, self.global_buffers, self.pack_step):
                 self._contribute(run, stats)
-        stats.add("stop", int(self.stop_requested))
-        self.where = f"round {round_idx}, aggregation and server step"
-        reduced = stats.reduce(ctx)
+        stats.add("stop", int(self.stop.requested))
+        return stats
+
+    def _reduce(self, round_idx: int, stats: StatBuffer):
+        """The one all_reduce of the round; the stop flag agreed; non-finite or out-of-range sums stop the run."""
+        reduced = stats.reduce(self.ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
         # them at different moments.
-        self.stop_agreed = int(reduced["stop"][0]) > 0
+        self.stop.agreed = int(reduced["stop"][0]) > 0
         bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
         if bad or problems:
             found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
@@ -367,27 +367,12 @@ class Trainer:
             if not bad and not any(name in MODEL_STATISTICS for name in problems):
                 raise PluginError(
                     f"round {round_idx}: {text}, while the clients' models and losses were finite: algorithm.name="
-                    f"{cfg.algorithm.name} adds values its segment cannot hold (not a divergence); add counts with "
-                    "kind=\"int\", declare the segment's bound (distfl.Segment(name, numel, bound=...)) or scale the "
-                    "value (docs/extending.md)")
+                    f"{self.cfg.algorithm.name} adds values its segment cannot hold (not a divergence); add counts "
+                    "with kind=\"int\", declare the segment's bound (distfl.Segment(name, numel, bound=...)) or scale "
+                    "the value (docs/extending.md)")
             raise DivergenceError(f"round {round_idx}: the clients' updates are not summable ({text}); "
                                   "lower train.lr or server.lr")
-        privacy = {}
-        if self.privacy is not None:  # the round's noise, the same on every rank; the clip adapts
-            reduced = self.privacy.privatize(reduced, round_idx)
-            privacy = dict(self.privacy.metrics)
-            if ctx.is_main:
-                privacy["privacy_epsilon"] = self.ledger.epsilon_after(round_idx)
-        server_lr = self.algorithm.server_opt.lr = round_lr(cfg.server, round_idx, cfg.train.rounds)
-        if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
-            self.algorithm.server_step(self.global_params, self.global_buffers, reduced)
-        if not bool(torch.isfinite(self.global_params).all()):
-            raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
-                                  "lower server.lr")
-        samples = int(reduced["samples"][0])
-        return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
-                "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
-                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy}
+        return reduced
 
     def _samples_trained(self, client_id: int) -> int:
         return self.algorithm.local_samples(int(self.population.sizes[client_id]), self.cfg.train)
@@ -411,10 +396,7 @@ class Trainer:
         stats.add("loss_sum", run.loss_sum)
         low, high = torch.aminmax(self.worker.params)
         stats.add("nonfinite", ~(torch.isfinite(low) & torch.isfinite(high)))
-        if self.privacy is not None:
-            self.privacy.collect(self.algorithm, run, self.worker, stats)
-        else:
-            self.algorithm.collect(run, self.worker, stats)
+        self.algorithm.client_statistics(run, self.worker, stats)
         stats.add("samples", self._samples_trained(run.client_id))
         stats.add("clients", 1)
         # Only a stateful method's rounds keep client state (TCT keeps a store for its stage 2, but its
@@ -447,7 +429,7 @@ class Trainer:
             stats.add("correct", (logits.argmax(1) == y[start:end]).sum())
             stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
         if clients:
-            add_client_counts(self, stats)
+            add_client_counts(self.context, stats)
         reduced = stats.reduce(self.ctx, name="eval")
         loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
         metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
@@ -458,16 +440,16 @@ class Trainer:
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
-        logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
-                           resume_step=self.step)
+        logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.state.start_round, cfg.train.rounds,
+                           resume_step=self.state.step)
         for name, why in self.skipped:
             logger.info(f"skipped checkpoint {name}: {why}")
         if self.skipped:
             logger.info(f"resuming from {self.resumed_from}, the newest good checkpoint")
-        if self.start_round > cfg.train.rounds:
+        if self.state.start_round > cfg.train.rounds:
             logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
-        elif self.start_round > 1:
-            logger.info(f"resuming {self.run_dir} at round {self.start_round}")
+        elif self.state.start_round > 1:
+            logger.info(f"resuming {self.run_dir} at round {self.state.start_round}")
         for warning in self.resume_warnings:
             logger.info(f"warning: {warning}")
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
@@ -477,13 +459,13 @@ class Trainer:
         if self.privacy is not None:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
         session_start = time.time()
-        wall_before = self.progress["wall_s"]
+        wall_before = self.state.progress["wall_s"]
         status, error = "completed", None
-        previous_handlers = stopping.catch_stop_signals(self)
+        previous_handlers = stopping.catch_stop_signals(self.stop)
         try:
-            for t in range(self.start_round, cfg.train.rounds + 1):
+            for t in range(self.state.start_round, cfg.train.rounds + 1):
                 t0 = time.perf_counter()
-                stopping.check_launcher(self, logger)
+                stopping.check_launcher(self.stop, logger)
                 self.where = f"round {t}"
                 row = self.run_round(t)
                 round_s = time.perf_counter() - t0
@@ -495,17 +477,17 @@ class Trainer:
                     evaluated = self.evaluate_round(clients=cfg.eval.clients)
                     acc = evaluated["test_acc"]
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
-                    self.progress["last_eval"] = {"round": t, **evaluated}
-                    if self.progress["best_test_acc"] is None or acc > self.progress["best_test_acc"]:
-                        self.progress["best_test_acc"], self.progress["best_round"] = acc, t
-                self.progress["wall_s"] = wall_before + time.time() - session_start
-                metrics["wall_s"] = self.progress["wall_s"]
+                    self.state.progress["last_eval"] = {"round": t, **evaluated}
+                    if self.state.progress["best_test_acc"] is None or acc > self.state.progress["best_test_acc"]:
+                        self.state.progress["best_test_acc"], self.state.progress["best_round"] = acc, t
+                self.state.progress["wall_s"] = wall_before + time.time() - session_start
+                metrics["wall_s"] = self.state.progress["wall_s"]
                 logger.log_round(metrics)
-                self.step = t
+                self.state.step = t
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
-                        or self.stop_agreed:
+                        or self.stop.agreed:
                     self._save_checkpoint("round", t)
-                if self.stop_agreed and t < cfg.train.rounds:
+                if self.stop.agreed and t < cfg.train.rounds:
                     # Rank 0 commits the checkpoint after the others are done with it; no rank exits
                     # before, since a launcher (torchrun) may end the other ranks when one exits.
                     dist.barrier(self.ctx)
@@ -513,13 +495,13 @@ class Trainer:
                                 f"`distfl train --resume {self.run_dir}`")
                     raise Interrupted(f"interrupted after round {t} (checkpointed)")
             self._run_phases(logger)
-            self.progress["wall_s"] = wall_before + time.time() - session_start
-            last = self.progress["last_eval"] or {}
+            self.state.progress["wall_s"] = wall_before + time.time() - session_start
+            last = self.state.progress["last_eval"] or {}
             final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
-                     "best_test_acc": self.progress["best_test_acc"]}
+                     "best_test_acc": self.state.progress["best_test_acc"]}
             if self.privacy is not None:
-                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.step, cfg.train.rounds))
-            logger.log_hparams(config_to_dict(cfg), final, self.step)
+                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.step, cfg.train.rounds))
+            logger.log_hparams(config_to_dict(cfg), final, self.state.step)
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
@@ -545,9 +527,9 @@ class Trainer:
             # Where the disk allows: the run's summary must not keep an earlier run's "completed".
             if self.ctx.is_main:
                 _attempt(lambda: checkpoint.atomic_write_text(
-                    json.dumps(summary.build(self, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
+                    json.dumps(summary.build(self.context, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
-        result = summary.build(self, status, error)
+        result = summary.build(self.context, status, error)
         self.where = "writing summary.json"
         if self.ctx.is_main:
             checkpoint.atomic_write_text(json.dumps(result, indent=2) + "\n", self.run_dir / "summary.json")
@@ -559,32 +541,26 @@ class Trainer:
         """Each pending phase runs to its end and is checkpointed; a crash inside one resumes it (from
         its own intermediate checkpoints, if it writes any, else from its start)."""
         for phase in self.phases:
-            if phase.name in self.phases_done:
+            if phase.name in self.state.phases_done:
                 continue
             self.where = f"phase {phase.name} (after training)"
-            result = phase.run(self, logger)
-            self.phase_results[phase.name] = result
-            self.phases_done.append(phase.name)
-            self.phase_state = {}
-            self.step += 1
-            self._save_checkpoint(phase.name, self.step)
+            result = phase.run(self.context, logger)
+            self.state.phase_results[phase.name] = result
+            self.state.phases_done.append(phase.name)
+            self.state.phase_state = {}
+            self.state.step += 1
+            self._save_checkpoint(phase.name, self.state.step)
 
     def save_phase_checkpoint(self, phase_name: str, state: dict) -> None:
-        """For a long phase: checkpoint its progress (`state`, restored as `trainer.phase_state`) at
+        """For a long phase: checkpoint its progress (`state`, restored as `context.state.phase_state`) at
         the current `step`, which the phase advances (e.g. one step per stage-2 round)."""
-        self.phase_state = {"phase": phase_name, **state}
-        self._save_checkpoint(phase_name, self.step)
-
-    def record_eval(self, acc: float, loss: float, label: str, client_stats: dict | None = None) -> None:
-        """A phase's evaluation of the final model: it becomes the run's final accuracy (`best_test_acc`
-        stays the best over the training rounds); `client_stats` (eval.clients) its final_client_acc."""
-        self.progress["last_eval"] = {"round": self.cfg.train.rounds, "test_acc": acc, "test_loss": loss,
-                                      "phase": label, **(client_stats or {})}
+        self.state.phase_state = {"phase": phase_name, **state}
+        self._save_checkpoint(phase_name, self.state.step)
 
     def request_stop(self) -> None:
         """Checkpoint and stop after the current round (every rank stops after the same round,
         agreed through the round's all_reduce). Safe to call from a signal handler."""
-        self.stop_requested = True
+        self.stop.requested = True
 
     def close(self) -> None:
         """Release the run directory's lock."""
@@ -633,11 +609,3 @@ def _attempt(action) -> Exception | None:
     except Exception as exc:
         return exc
     return None
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj

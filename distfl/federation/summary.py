@@ -9,27 +9,27 @@ from .. import __version__, dist
 from .client_eval import STATISTICS as CLIENT_STATISTICS, client_finetune_epochs
 
 
-def privacy_guarantee(trainer, rounds) -> dict | None:
+def privacy_guarantee(context, rounds) -> dict | None:
     """The guarantee the released models carry: (epsilon, delta) at user level after `rounds` rounds."""
-    if trainer.privacy is None:
+    if context.privacy is None:
         return None
-    p = trainer.cfg.privacy
-    trained = min(trainer.step, trainer.cfg.train.rounds) if rounds is None else rounds
-    eps = trainer.ledger.epsilon_after(trained)
+    p = context.cfg.privacy
+    trained = min(context.state.step, context.cfg.train.rounds) if rounds is None else rounds
+    eps = context.ledger.epsilon_after(trained)
     return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
-            "rounds": trained, "noise_multiplier": trainer.noise_multiplier,
+            "rounds": trained, "noise_multiplier": context.noise_multiplier,
             "calibrated": p.target_epsilon > 0, "target_epsilon": p.target_epsilon or None,
-            "update_noise_multiplier": trainer.privacy.update_multiplier, "clip_norm": p.clip_norm,
-            "final_clip_norm": trainer.privacy.clip_norm, "adaptive_clip": p.adaptive_clip,
-            "accountant": p.accountant, "cohort": trainer.cfg.train.cohort,
-            "sampling_rate": trainer.cfg.train.clients_per_round / len(trainer.population),
+            "update_noise_multiplier": context.privacy.update_multiplier, "clip_norm": p.clip_norm,
+            "final_clip_norm": context.privacy.clip_norm, "adaptive_clip": p.adaptive_clip,
+            "accountant": p.accountant, "cohort": context.cfg.train.cohort,
+            "sampling_rate": context.cfg.train.clients_per_round / len(context.population),
             "level": "user", "model": "central"}
 
-def build(trainer, status: str, error: str | None) -> dict:
+def build(context, status: str, error: str | None) -> dict:
     """summary.json: how the run ended, its accuracies, the final model's hash, the collectives, the
     privacy guarantee and what it ran on."""
-    trainer.worker.load(trainer.global_params, trainer.global_buffers)
-    last = trainer.progress["last_eval"] or {}
+    context.worker.load(context.global_params, context.global_buffers)
+    last = context.state.progress["last_eval"] or {}
     return {
         "status": status,
         "error": error,
@@ -40,28 +40,28 @@ def build(trainer, status: str, error: str | None) -> dict:
                              if CLIENT_STATISTICS[0] in last else None),
         # eval.clients: epochs each client fine-tuned before it was scored (eval.finetune_epochs; fedbabu:
         # algorithm.finetune_epochs), 0 for none; None without eval.clients or for a personalised plugin method
-        "client_finetune_epochs": client_finetune_epochs(trainer.cfg, trainer.algorithm),
-        "best_test_acc": trainer.progress["best_test_acc"],
-        "best_round": trainer.progress["best_round"],
-        "rounds": last.get("round") if status != "completed" else trainer.cfg.train.rounds,
-        "wall_s": round(trainer.progress["wall_s"], 3),
-        "model_sha256": trainer.worker.state_sha256(),
-        "world_size": trainer.ctx.world_size,
-        "phases": trainer.phase_results,
+        "client_finetune_epochs": client_finetune_epochs(context.cfg, context.algorithm),
+        "best_test_acc": context.state.progress["best_test_acc"],
+        "best_round": context.state.progress["best_round"],
+        "rounds": last.get("round") if status != "completed" else context.cfg.train.rounds,
+        "wall_s": round(context.state.progress["wall_s"], 3),
+        "model_sha256": context.worker.state_sha256(),
+        "world_size": context.ctx.world_size,
+        "phases": context.state.phase_results,
         "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
-        "device": str(trainer.device),
-        "pack_size": trainer.pack_size,  # runtime.pack_size as run (auto resolved)
-        "num_params": trainer.worker.num_params,
-        "algorithm": trainer.cfg.algorithm.name,
-        "privacy": privacy_guarantee(trainer, last.get("round") if status != "completed" else trainer.cfg.train.rounds),
-        "dataset": trainer.cfg.data.dataset,
+        "device": str(context.device),
+        "pack_size": context.pack_size,  # runtime.pack_size as run (auto resolved)
+        "num_params": context.worker.num_params,
+        "algorithm": context.cfg.algorithm.name,
+        "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else context.cfg.train.rounds),
+        "dataset": context.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
-        "data_files": trainer.data_sources,
+        "data_files": context.data_sources,
         # data.normalize: the per-channel [mean, std] applied to the inputs, or None
-        "input_normalization": trainer.data.normalization and [list(v) for v in trainer.data.normalization],
+        "input_normalization": context.data.normalization and [list(v) for v in context.data.normalization],
         "distfl_version": __version__,
         "torch_version": torch.__version__,
         # Resumes on another device, thread count, determinism or torch build ([{after_round, was, now}]);
         # empty: one runtime throughout, so the run is reproducible from its config on that runtime
-        "runtime_changes": trainer.runtime_changes,
+        "runtime_changes": context.state.runtime_changes,
     }

@@ -88,7 +88,7 @@ class GaussianMechanism:
         """The method's statistics of one client, clipped jointly, into `stats`; returns the norm before
         clipping. One host sync a client (the norm), as StatBuffer.add's range check already has."""
         staged = _Staged(self.released)
-        algorithm.collect(run, worker, staged)
+        algorithm.client_statistics(run, worker, staged)
         norm = math.sqrt(sum(float(torch.linalg.vector_norm(value, dtype=torch.float64)) ** 2
                              for _, value, _ in staged.parts))
         # Half a unit of the fixed point per coordinate, in the units of the unweighted value.

@@ -1,0 +1,174 @@
+"""The state a checkpoint holds, as objects with `state_dict`/`load_state_dict` (as torchtitan's
+checkpointer takes `Stateful`s): the run's progress, the global model, the method's server state and the
+privacy mechanism's. `checkpoint.state_of` joins their state_dicts (disjoint keys) into the checkpoint's
+state.pt and `checkpoint.load_state` hands a loaded one back; the client store writes its own files
+(federation/state.py). The keys are those of every earlier release, so their checkpoints resume.
+
+`RunContext` is what the parts of a run outside the round loop get instead of the Trainer: phases (TCT,
+FFC), per-client evaluation and summary.json read the run's objects from it and act through the few
+functions it holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class RunProgress:
+    """Where the run is: `step` numbers checkpoints through the training rounds, then the phases."""
+
+    rounds: int  # train.rounds
+    step: int = 0
+    start_round: int = 1  # the first round this session trains
+    last_round: int = 0  # the round an evaluation after it belongs to (client fine-tuning's lr)
+    phases_done: list = field(default_factory=list)
+    phase_results: dict = field(default_factory=dict)
+    phase_state: dict = field(default_factory=dict)  # the running phase's resumable state
+    progress: dict = field(default_factory=lambda: {"best_test_acc": None, "best_round": None, "wall_s": 0.0,
+                                                    "last_eval": None})
+    # Each resume on another runtime (device, threads, determinism, torch build): the round it went on
+    # from, the runtime before and after (summary.json).
+    runtime_changes: list = field(default_factory=list)
+
+    def record_eval(self, acc: float, loss: float | None, label: str, client_stats: dict | None = None) -> None:
+        """A phase's evaluation of the final model: it becomes the run's final accuracy (`best_test_acc`
+        stays the best over the training rounds); `client_stats` (eval.clients) its final_client_acc."""
+        self.progress["last_eval"] = {"round": self.rounds, "test_acc": acc, "test_loss": loss, "phase": label,
+                                      **(client_stats or {})}
+
+    def state_dict(self) -> dict:
+        return {"round": min(self.step, self.rounds), "step": self.step, "phases_done": list(self.phases_done),
+                "phase_results": dict(self.phase_results), "phase_state": to_cpu(self.phase_state),
+                "progress": dict(self.progress), "runtime_changes": self.runtime_changes}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state.get("step", state["round"]))
+        self.last_round = int(state["round"])
+        self.start_round = self.last_round + 1
+        self.phases_done = list(state.get("phases_done", []))
+        self.phase_results = dict(state.get("phase_results", {}))
+        self.phase_state = dict(state.get("phase_state", {}))
+        self.progress = dict(state["progress"])
+        self.runtime_changes = list(state.get("runtime_changes", []))
+
+
+class GlobalModel:
+    """The global model as flat tensors (`params`, `buffers`), with what of it lives in the worker only:
+    its integer buffers (BatchNorm's counters) and a fixed head's buffers."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.params = worker.params.detach().clone()
+        self.buffers = worker.buffers.detach().clone()
+
+    def state_dict(self) -> dict:
+        return {"frozen": [t.cpu() for t in self.worker.frozen], "params": self.params.cpu(),
+                "buffers": self.buffers.cpu(), "int_buffers": [t.cpu() for t in self.worker._int_snapshot]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params.copy_(state["params"])
+        self.buffers.copy_(state["buffers"])
+        for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
+            tensor.copy_(saved)
+        self.worker._int_snapshot = [t.to(self.params.device) for t in state["int_buffers"]]
+
+
+class MethodState:
+    """What the method's server keeps between rounds (`Algorithm.server_state`)."""
+
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+
+    def state_dict(self) -> dict:
+        return {"server": to_cpu(self.algorithm.server_state())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.algorithm.load_server_state(state["server"])
+
+
+class PrivacyState:
+    """The privacy mechanism's state (the adaptive clip); {} without one."""
+
+    def __init__(self, mechanism):
+        self.mechanism = mechanism
+
+    def state_dict(self) -> dict:
+        return {"privacy": self.mechanism.state_dict() if self.mechanism is not None else {}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.mechanism is not None:
+            self.mechanism.load_state_dict(state["privacy"])
+
+
+class RunRecord:
+    """What the run is (config, data files, world size, runtime): written for a resume to check
+    (Trainer._restore checks it before anything is loaded), never loaded back."""
+
+    def __init__(self, config: dict, data: dict, world_size: int, runtime: dict):
+        # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.
+        self.record = {"config": config, "data": data, "world_size": world_size, "runtime": runtime, "rng": "keyed"}
+
+    def state_dict(self) -> dict:
+        return dict(self.record)
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@dataclass
+class StopFlags:
+    requested: bool = False  # a stop signal reached this rank
+    agreed: bool = False  # every rank saw a request in the last all_reduce: stop after this round
+    launcher: int | None = None  # under torchrun, the pid of the launcher (federation/stopping.py)
+    interrupts: int = 0  # Ctrl-C's received
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The run as phases, per-client evaluation and the summary see it. Its fields are never rebound
+    (the tensors are the run's own and change in place: a phase may calibrate the global model);
+    `state` is the run's progress, `stop` its stop flags, and the functions are the actions they take."""
+
+    cfg: object
+    ctx: object  # dist.DistContext
+    device: torch.device
+    run_dir: Path
+    data: object
+    data_sources: dict
+    population: object
+    client_indices: list
+    client_test: list | None
+    client_test_x: torch.Tensor | None
+    client_test_y: torch.Tensor | None
+    worker: object  # the rank's FlatModel
+    algorithm: object
+    store: object | None  # the client state store
+    global_params: torch.Tensor  # the global model (flat), as the rounds and phases leave it
+    global_buffers: torch.Tensor
+    sticky: bool
+    pack_size: int
+    privacy: object | None  # the Gaussian mechanism, under privacy.mechanism=gaussian
+    ledger: object | None
+    noise_multiplier: float | None
+    state: RunProgress
+    stop: StopFlags
+    hosts: Callable[[int], bool]  # under sticky placement, whether this rank hosts a client in every round
+    evaluate_round: Callable[[bool], dict]  # test_acc, test_loss (and the per-client statistics) of the global model
+    save_phase_checkpoint: Callable[[str, dict], None]  # a long phase's progress, found again in state.phase_state
+
+    def evaluate(self) -> tuple[float, float]:
+        """Accuracy and mean loss of the global model on the whole test set."""
+        metrics = self.evaluate_round(False)
+        return metrics["test_acc"], metrics["test_loss"]
+
+
+def to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    return obj
