@@ -246,3 +246,24 @@ def test_a_filesystem_without_locks_warns_and_runs(tmp_path, monkeypatch, capsys
     handle = checkpoint.lock_run_dir(tmp_path)
     handle.close()
     assert "cannot lock" in capsys.readouterr().err
+
+
+# A run of distfl 0.1.0 (the release before the run state became objects: federation/run_state.py), stopped
+# after round 1 of 2: SCAFFOLD (server and client controls, clients in the store) with GMA's mask and an
+# Adam server optimizer. Its model after round 2, trained straight through by that release:
+RELEASE_CHECKPOINT = REPO / "tests" / "fixtures" / "checkpoint_0.1.0_scaffold_gma"
+RELEASE_MODEL_SHA256 = "646a48b6a528de809dcbdb8c1b4ab81bd1fe10d857a538416ae38cafa55ca939"
+
+
+def test_a_checkpoint_of_the_previous_release_resumes_bit_identically(tmp_path):
+    """Every key the release wrote is read back by the run's state objects: the resumed run ends with the
+    model the release trained straight through, and so does a fresh run of today's code."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(RELEASE_CHECKPOINT, run_dir)
+    state = torch.load(run_dir / "checkpoints" / "round_000001" / "state.pt", weights_only=True)
+    assert {"params", "buffers", "int_buffers", "frozen", "server", "privacy", "progress", "round", "step",
+            "phases_done", "phase_results", "phase_state", "config", "data", "world_size", "runtime",
+            "runtime_changes", "rng"} <= set(state)
+    resumed = train_ok(None, "train.rounds=2", resume=str(run_dir))
+    fresh = train_ok(run_dir / "config.yaml", f"output.dir={tmp_path / 'fresh'}", "train.rounds=2")
+    assert resumed["model_sha256"] == fresh["model_sha256"] == RELEASE_MODEL_SHA256

@@ -38,7 +38,7 @@ def bench(repeats: int, log) -> dict:
         round_s, ffc_s, parts = [], [], []
         log("warm-up: one round and one calibration (untimed)")
         trainer.run_round(1)
-        FFCPhase().run(trainer, logger)
+        FFCPhase().run(trainer.context, logger)
         for rep in range(repeats):
             for what in (("round", "ffc") if rep % 2 == 0 else ("ffc", "round")):
                 trainer.global_params.copy_(params)
@@ -51,7 +51,7 @@ def bench(repeats: int, log) -> dict:
                     round_s.append(time.perf_counter() - t0)
                     round_bytes = row["bytes_reduced"]
                 else:
-                    result = FFCPhase().run(trainer, logger)
+                    result = FFCPhase().run(trainer.context, logger)
                     # The phase also evaluates the model twice (before/after); the calibration itself is:
                     ffc_s.append(result["features_s"] + result["reduce_s"] + result["solve_s"])
                     parts.append(result)
