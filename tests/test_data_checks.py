@@ -114,10 +114,10 @@ def test_a_sweep_does_not_resume_a_point_on_changed_data(tmp_path):
         assert summary(tmp_path / "sweep" / f"train.lr={lr}" / "seed=3")["rounds"] == 2
 
 
-def test_hashing_the_fmnist_files_is_cheap():
-    """The four IDX files are hashed from the bytes already read: measured in the report, bounded here."""
-    import time
-
+def test_the_fmnist_files_are_hashed_from_the_bytes_read():
+    """Each of the four IDX files is recorded with the SHA-256 of its decompressed bytes (the bytes the
+    loader already read). Its cost is measured by `distfl bench startup` ("dataset decode"), not here:
+    no test asserts a time."""
     from distfl.data import datasets
     from distfl.schema import DataConfig
 
@@ -125,9 +125,7 @@ def test_hashing_the_fmnist_files_is_cheap():
         datasets.find_fmnist("data")
     except Exception:
         pytest.skip("Fashion-MNIST not installed")
-    start = time.perf_counter()
     ds = datasets.load_dataset(DataConfig(dataset="fmnist", root="data"), 0)
-    elapsed = time.perf_counter() - start
     assert sorted(ds.sources) == sorted(name[:-3] for name in datasets.FMNIST_FILES)
     for path, digest in ds.sources.values():
         import gzip
@@ -135,7 +133,6 @@ def test_hashing_the_fmnist_files_is_cheap():
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as f:
             assert hashlib.sha256(f.read()).hexdigest() == digest
-    assert elapsed < 30
 
 
 # ---------------------------------------------------------------- 2. data refused before any work
