@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import launcher
 from .errors import ConfigError, DistflError, Interrupted
 from .faults import Failure, RunFailed, debug_enabled
 
@@ -323,7 +324,11 @@ def main(argv=None) -> int:
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except Exception:
+            launcher.exit_if_orphaned()  # a rendezvous broken by a dead torchrun: one line, not its error
+            raise
     except RunFailed as exc:
         if debug:
             traceback.print_exception(exc.original)

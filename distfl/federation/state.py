@@ -8,7 +8,6 @@ Checkpoints hold one file per client (`clients/<id>.pt`), so a run can resume on
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -98,10 +97,11 @@ class ClientStateStore:
             return len(self._memory)
         if not is_main:
             return 0
-        # Files are replaced by rename, never rewritten, so a hard link is a stable snapshot.
+        # A copy each, never a hard link: a link would make one file of client_state/ and of every kept
+        # checkpoint, so one damaged file would break them all (docs/checkpoints.md).
         paths = list(self.directory.glob("*.pt"))
         for path in paths:
-            _link_or_copy(path, clients_dir / path.name)
+            _copy(path, clients_dir / path.name)
         return len(paths)
 
     def restore(self, clients_dir: Path, hosted, is_main: bool) -> None:
@@ -118,7 +118,7 @@ class ClientStateStore:
             for path in self.directory.glob("*.pt"):
                 path.unlink()
             for path in files:
-                _link_or_copy(path, self.directory / path.name)
+                _copy(path, self.directory / path.name)
 
 
 def available_host_memory() -> int | None:
@@ -133,13 +133,10 @@ def available_host_memory() -> int | None:
     return None
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    if dst.exists():
-        dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:
-        import shutil
+def _copy(src: Path, dst: Path) -> None:
+    """A file of its own at `dst` (unlinked first: it may be a hard link an older distfl made)."""
+    import shutil
 
-        with writing(dst):
-            shutil.copyfile(src, dst)
+    dst.unlink(missing_ok=True)
+    with writing(dst):
+        shutil.copyfile(src, dst)

@@ -2,9 +2,10 @@
 checkpoint after the current round; a torchrun worker whose launcher died does the same."""
 from __future__ import annotations
 
-import os
 import signal
 import threading
+
+from .. import launcher
 
 
 def catch_stop_signals(trainer) -> dict:
@@ -21,15 +22,17 @@ def catch_stop_signals(trainer) -> dict:
         trainer.interrupts += signum == signal.SIGINT
         trainer.request_stop()
 
-    # torchrun's workers: the launcher that started them. SIGKILL, or a signal torchrun does not
-    # handle (SIGUSR1: its default action kills it), ends it without stopping them; they notice
-    # their new parent at the next round boundary and stop as on SIGTERM.
-    trainer.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    # torchrun's workers: the launcher that started them (recorded when distfl was imported). SIGKILL,
+    # or a signal torchrun does not handle (SIGUSR1: its default action kills it), ends it without
+    # stopping them; from here on they notice at the next round boundary and stop as on SIGTERM
+    # (before here, distfl/launcher.py stops them at once).
+    trainer.launcher = launcher.LAUNCHER
+    launcher.training()
     return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
 
 def check_launcher(trainer, logger) -> None:
     """At a round boundary: a worker whose launcher died checkpoints and stops after this round."""
-    if trainer.launcher is not None and os.getppid() != trainer.launcher and not trainer.stop_requested:
+    if trainer.launcher is not None and launcher.gone() and not trainer.stop_requested:
         logger.info(f"the launcher (torchrun, pid {trainer.launcher}) is gone: checkpointing after this round, "
                     "then stopping")
         trainer.request_stop()
