@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, PluginError
 from .faults import writing
 
 FORMAT_VERSION = 1
@@ -98,6 +98,39 @@ def atomic_torch_save(obj, path: Path) -> None:
         raise
 
 
+def check_restorable(obj, what: str) -> None:
+    """Raise PluginError naming `what` and the key, unless `obj` reads back under
+    torch.load(weights_only=True): a method's state that a checkpoint could not restore stops the run
+    when it is first written, not at a resume that can then never succeed."""
+    if _restorable(obj):
+        return
+    key, value = _culprit(obj, "")
+    raise PluginError(f"{what}{key} is a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint "
+                      "cannot restore (torch.load(weights_only=True) reads tensors, numbers, strings, None, and "
+                      "lists, tuples and dicts of them): return it as one of those. Stopped before writing a "
+                      "checkpoint that no resume could read")
+
+
+def _restorable(obj) -> bool:
+    buffer = io.BytesIO()
+    try:
+        torch.save(obj, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception:
+        return False
+    return True
+
+
+def _culprit(obj, key: str) -> tuple[str, object]:
+    """The innermost key (as `['a'][0]`) of a value that does not restore, and that value."""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, value in items:
+        if not _restorable(value):
+            return _culprit(value, f"{key}[{k!r}]")
+    return key, obj
+
+
 def load_tensors(path: Path, device=None):
     try:
         return torch.load(path, map_location=device, weights_only=True)
@@ -157,6 +190,8 @@ def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str,
             f"checkpoint {name}: the ranks wrote {clients} client state files but {staging / 'clients'} holds "
             f"{found}; with runtime.client_state=memory every rank writes its own clients there, so output.dir "
             "must be on a filesystem that all nodes share")
+    method = state.get("config", {}).get("algorithm", {}).get("name", "?")
+    check_restorable(state.get("server", {}), f"algorithm.name={method}: server_state()")
     save_tensors({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
     metrics = Path(run_dir) / METRICS
     if metrics.is_file():  # the history up to this checkpoint: a resume restores it (`restore_metrics`)

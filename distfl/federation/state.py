@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import atomic_torch_save, load_tensors
+from ..checkpoint import atomic_torch_save, check_restorable, load_tensors
 from ..faults import writing
 
 
@@ -20,8 +20,8 @@ class ClientStateStore:
     """`device`: where clients train (the run's device), the device `get` returns state on. `home`:
     where in-memory state lives between rounds; the run's device unless `place` moves it to the host."""
 
-    def __init__(self, kind: str, run_dir: Path, device: torch.device):
-        self.kind = kind
+    def __init__(self, kind: str, run_dir: Path, device: torch.device, method: str = "?"):
+        self.kind, self.method, self._checked = kind, method, False
         self.device = device
         self.home = device
         self.directory = Path(run_dir) / "client_state"
@@ -74,6 +74,9 @@ class ClientStateStore:
         return load_tensors(path, self.device) if path.exists() else None
 
     def put(self, client_id: int, state: dict) -> None:
+        if not self._checked:  # the first client's state: one a checkpoint could not restore stops the run now
+            check_restorable(state, f"algorithm.name={self.method}: the client state")
+            self._checked = True
         if self.kind == "memory":
             self._memory[client_id] = self._to(state, self.home)
         else:
