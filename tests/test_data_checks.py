@@ -159,6 +159,9 @@ BAD_DATA = {
     "label 1000": (lambda d: _set(d, "y_train", 9, 1000),
                    "y_train's labels run up to 1000 (sample 9), but 996 of the classes 0..1000 have no training "
                    "sample (the first is 4)"),
+    "label 2^40": (lambda d: _set(d, "y_train", 9, 2**40),  # counted per class, it asked for 8 TiB
+                   f"y_train's labels run up to {2**40} (sample 9), but {2**40 + 1 - 5} of the classes 0..{2**40} "
+                   "have no training sample (the first is 4)"),
     "test label unseen": (lambda d: (_set(d, "y_train", d["y_train"] == 3, 2), _set(d, "y_test", 4, 3)),
                           "that no y_train sample has; the model cannot learn a class it never sees"),
     "negative label": (lambda d: _set(d, "y_test", 2, -1), "y_test holds the negative label -1 (sample 2)"),
