@@ -257,6 +257,8 @@ def newest_good(run_dir: Path, device) -> tuple[Path, dict, list[tuple[str, str]
     """The newest checkpoint that verifies and loads, its state, and (name, why) of each newer one
     skipped: a kill can cut the newest short, and a requeued job must not die on it."""
     found = complete_checkpoints(run_dir)
+    if not found and finished_run(run_dir):
+        raise CheckpointError(f"{run_dir} has no checkpoint to resume from: {finished_run(run_dir)}")
     if not found:
         raise CheckpointError(f"{run_dir} has no checkpoint to resume from ({checkpoints_dir(run_dir)} holds no "
                               f"checkpoint such as {checkpoint_name('round', 1)}); start the run over with "
@@ -306,6 +308,23 @@ def _json_line(line: bytes) -> bool:
         return True
     except ValueError:
         return False
+
+
+def finished_run(run_dir: Path) -> str | None:
+    """For a run that ended (completed or diverged; summary.json says so) and has no checkpoint left:
+    what it finished with and where its results are, and why --overwrite is not the way on. Else None."""
+    try:
+        done = json.loads((Path(run_dir) / "summary.json").read_text())
+        status = done["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if status not in ("completed", "diverged") or complete_checkpoints(run_dir):
+        return None
+    acc = done.get("final_test_acc")
+    result = f", final test accuracy {100 * acc:.2f}%" if isinstance(acc, (int, float)) else ""
+    return (f"it finished ({status} after {done.get('rounds', '?')} rounds{result}) and its checkpoints were deleted "
+            f"since; its results are in {Path(run_dir) / 'summary.json'} and {Path(run_dir) / 'metrics.jsonl'}. It "
+            "cannot be continued; to train it again, pick another output.dir (--overwrite would delete those results)")
 
 
 def set_aside(run_dir: Path, names: list[str], current: str) -> None:

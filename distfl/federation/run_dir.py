@@ -66,6 +66,8 @@ def prepare(trainer, resume: bool) -> None:
 def next_step(run_dir: Path) -> str:
     """What to do with a directory that holds a run: continue it from its checkpoint, or (none yet)
     start it over."""
+    if checkpoint.finished_run(run_dir):
+        return checkpoint.finished_run(run_dir)
     if checkpoint.complete_checkpoints(run_dir):
         return f"continue it with `distfl train --resume {run_dir}`, pick another output.dir, or pass --overwrite"
     return ("it stopped before its first checkpoint, so there is nothing to resume: start it over with --overwrite "
