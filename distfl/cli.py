@@ -343,7 +343,11 @@ def main(argv=None) -> int:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if _is_main_process():
+            from .federation.stopping import interrupted_line
+
+            print(f"distfl: {interrupted_line(exc)}", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:
         if debug:

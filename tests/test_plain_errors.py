@@ -22,3 +22,97 @@ def test_a_finished_run_without_checkpoints_is_not_advised_to_be_overwritten(tmp
                 f"and its checkpoints were deleted since; its results are in {run / 'summary.json'}") in line
         assert "stopped before its first checkpoint" not in line and "start it over with --overwrite" not in line
     assert summary(run) == done
+
+
+BAD_HOOKS = '''
+import distfl
+
+
+def scale(g):
+    raise ValueError("scale went wrong")
+
+
+class Raises(distfl.Algorithm):
+    def correct_gradient(self, w, g, run):
+        raise ValueError("boom")
+
+
+class Deeper(distfl.Algorithm):
+    def correct_gradient(self, w, g, run):
+        scale(g)
+'''
+
+
+def test_a_plugin_error_names_the_hook_and_the_file(tmp_path, monkeypatch):
+    """The one line names the method's hook that raised and the line of the user's file, not only
+    the round and client (the traceback stays in error.log)."""
+    path = tmp_path / "badhooks.py"
+    path.write_text(BAD_HOOKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = write_config(tmp_path / "c.yaml")
+    for method, where in (("Raises", f"(in correct_gradient of {path}:11)"),
+                          ("Deeper", f"(in correct_gradient, at {path}:6 in scale)")):
+        proc = run_cli(["train", cfg, f"output.dir={tmp_path / method}", f"algorithm.name=badhooks:{method}"])
+        assert proc.returncode == 1, proc.stderr
+        errors = [x for x in proc.stderr.splitlines() if x.startswith("distfl: error:")]
+        assert len(errors) == 1 and errors[0].startswith("distfl: error: round 1, local training of client "), proc.stderr
+        assert where in errors[0], errors[0]
+
+
+# Round 2 marks its start, then waits (up to 60 s) for the Ctrl-Cs; each stop request is marked.
+SITE_WAIT_IN_ROUND_2 = """
+import os
+if "CTRL_C_MARKS" in os.environ:
+    import time
+    from pathlib import Path
+    from distfl.federation import runner
+
+    marks = Path(os.environ["CTRL_C_MARKS"])
+    _run_round, _request_stop = runner.Trainer.run_round, runner.Trainer.request_stop
+
+    def run_round(self, round_idx):
+        if round_idx == 2:
+            (marks / "round2").touch()
+            time.sleep(60)
+        return _run_round(self, round_idx)
+
+    def request_stop(self):
+        (marks / "stop").touch()
+        _request_stop(self)
+
+    runner.Trainer.run_round, runner.Trainer.request_stop = run_round, request_stop
+"""
+
+
+def test_a_second_ctrl_c_exits_130_with_a_line(tmp_path, small_config):
+    """The first Ctrl-C asks for a checkpoint after the round; a second one stops at once: exit 130
+    and one line saying so and what --resume will do."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, env_with_sitecustomize
+
+    run, marks = tmp_path / "run", tmp_path / "marks"
+    marks.mkdir()
+    env = env_with_sitecustomize(tmp_path, SITE_WAIT_IN_ROUND_2, CTRL_C_MARKS=str(marks))
+    proc = subprocess.Popen([sys.executable, "-m", "distfl", "train", str(small_config), f"output.dir={run}",
+                             "checkpoint.every=1"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+    def wait_for(name):
+        deadline = time.time() + 120  # a guard against a hang, not a measured bound
+        while not (marks / name).exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+
+    wait_for("round2")
+    os.kill(proc.pid, signal.SIGINT)
+    wait_for("stop")
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert (f"distfl: stopped at once by a second Ctrl-C, without a checkpoint of the round in progress; "
+            f"`distfl train --resume {run}` continues from its last checkpoint, {run / 'checkpoints' / 'round_000001'}"
+            ) in err.splitlines()

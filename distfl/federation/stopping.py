@@ -8,6 +8,28 @@ import threading
 from .. import launcher
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second Ctrl-C: the run stops at once, without a checkpoint of the round in progress."""
+
+    def __init__(self, run_dir):
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+
+
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """What `distfl train` prints when Ctrl-C ends it at once (exit status 130)."""
+    from ..checkpoint import checkpoints_dir
+    from ..faults import latest_checkpoint
+
+    run_dir = getattr(exc, "run_dir", None)
+    if run_dir is None:
+        return "interrupted (Ctrl-C)"
+    latest = latest_checkpoint(run_dir)
+    then = (f"`distfl train --resume {run_dir}` continues from its last checkpoint, {checkpoints_dir(run_dir) / latest}"
+            if latest else f"it has no checkpoint yet: `distfl train --resume {run_dir}` starts it over")
+    return f"stopped at once by a second Ctrl-C, without a checkpoint of the round in progress; {then}"
+
+
 def catch_stop_signals(trainer) -> dict:
     """SIGTERM / SIGUSR1 (Slurm preemption, time limits) and SIGINT (Ctrl-C) ask for a checkpoint at
     the end of the round; a second Ctrl-C stops at once, without one."""
@@ -18,7 +40,7 @@ def catch_stop_signals(trainer) -> dict:
         # Not under torchrun: a Ctrl-C there reaches each rank twice (from the terminal, and passed
         # on by the launcher), and only the launcher is to answer a second one.
         if signum == signal.SIGINT and trainer.stop_requested and trainer.interrupts and trainer.launcher is None:
-            raise KeyboardInterrupt
+            raise StoppedAtOnce(trainer.run_dir)
         trainer.interrupts += signum == signal.SIGINT
         trainer.request_stop()
 
