@@ -301,6 +301,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plain_config_warnings() -> None:
+    """A ConfigWarning (a key set that the run ignores) reaches the user as `distfl: warning: ...`: a
+    line about their config, not a source file and line of distfl. Other warnings show as before."""
+    import warnings
+
+    from .config import ConfigWarning
+
+    show = warnings.showwarning
+    if getattr(show, "distfl_plain", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning):
+            if _is_main_process():
+                print(f"distfl: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+            return
+        show(message, category, filename, lineno, file, line)
+
+    showwarning.distfl_plain = True
+    warnings.showwarning = showwarning
+
+
 def main(argv=None) -> int:
     """`distfl ARGV` (the command line when `argv` is None)."""
     if argv is None:
@@ -323,6 +345,7 @@ def main(argv=None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()
+    _plain_config_warnings()
     try:
         try:
             return args.func(args)

@@ -4,6 +4,7 @@ refused with one line saying what is wrong, and no run directory is written."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 import sys
 from pathlib import Path
 
@@ -393,3 +394,18 @@ def test_a_run_that_failed_before_its_first_checkpoint_says_to_start_over(tmp_pa
         newest_good(tmp_path / "run", torch.device("cpu"))
     assert "LABEL_STEP" not in str(info.value)
     assert f"start the run over with `distfl train {tmp_path / 'run' / 'config.yaml'} --overwrite`" in str(info.value)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"x_train,y_train\n0.5,1\n", "it is a text file, not an .npz (zip) archive of arrays (it begins 'x_train,y_train')"),
+    (pickle.dumps({"x_train": [1.0]}), "it holds pickled Python objects, which distfl never loads"),
+])
+def test_a_file_that_is_no_npz_is_called_what_it_is(tmp_path, content, expected):
+    """np.load takes any file that is neither a zip nor an .npy for a pickle ("This file contains
+    pickled (object) data"); the message says what the file is instead."""
+    (tmp_path / "data.npz").write_bytes(content)
+    proc = run_cli(["train", files_config(tmp_path, tmp_path / "data.npz"), f"output.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"distfl: error: cannot read data.path {tmp_path / 'data.npz'} as an .npz file: "
+                                  f"{expected}"), proc.stderr
+    assert "x_train=..., y_train=..., x_test=..., y_test=..." in proc.stderr and "pickled (object)" not in proc.stderr

@@ -116,3 +116,12 @@ def test_a_second_ctrl_c_exits_130_with_a_line(tmp_path, small_config):
     assert (f"distfl: stopped at once by a second Ctrl-C, without a checkpoint of the round in progress; "
             f"`distfl train --resume {run}` continues from its last checkpoint, {run / 'checkpoints' / 'round_000001'}"
             ) in err.splitlines()
+
+
+def test_a_config_warning_is_one_line_without_a_source_location(tmp_path, small_config):
+    """A key the run ignores: one `distfl: warning:` line about the config; no file and line of distfl
+    (Python's default shows `/.../distfl/cli.py:50: ConfigWarning: ...` and the source line under it)."""
+    proc = run_cli(["train", small_config, "algorithm.mu=0.1", "--print-config"], subprocess_=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["distfl: warning: algorithm.mu is set but only used by algorithm.name in "
+                                        "[fedprox]; it is ignored for fedavg"]
