@@ -125,3 +125,52 @@ def test_a_config_warning_is_one_line_without_a_source_location(tmp_path, small_
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == ["distfl: warning: algorithm.mu is set but only used by algorithm.name in "
                                         "[fedprox]; it is ignored for fedavg"]
+
+
+GIB = 2**30
+
+
+def fake_host(tmp_path, cgroup_line: str, files: dict) -> tuple:
+    """A /proc with 100 GiB MemAvailable and this process in `cgroup_line`, and a cgroup tree of `files`."""
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal: {200 * GIB // 1024} kB\nMemAvailable: {100 * GIB // 1024} kB\n")
+    (proc / "self" / "cgroup").write_text(cgroup_line + "\n")
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return proc, root
+
+
+def test_available_memory_respects_the_cgroup_limit(tmp_path):
+    """A job's memory cgroup (a container, Slurm) may allow far less than the host has free: v2 memory.max
+    and v1 memory.limit_in_bytes count, less what the cgroup uses beyond reclaimable page cache."""
+    from distfl.federation.state import available_host_memory
+
+    v2 = fake_host(tmp_path / "v2", "0::/job", {"job/memory.max": f"{8 * GIB}\n", "job/memory.current": f"{3 * GIB}\n",
+                                                 "job/memory.stat": f"anon 1\ninactive_file {GIB}\n"})
+    assert available_host_memory(*v2) == 6 * GIB
+    v1 = fake_host(tmp_path / "v1", "4:memory:/slurm/job1", {
+        "memory/slurm/job1/memory.limit_in_bytes": f"{4 * GIB}\n", "memory/slurm/job1/memory.usage_in_bytes": f"{GIB}\n"})
+    assert available_host_memory(*v1) == 3 * GIB
+    unlimited = fake_host(tmp_path / "none", "0::/", {"memory.max": "max\n", "memory.current": f"{GIB}\n"})
+    assert available_host_memory(*unlimited) == 100 * GIB
+
+
+def test_the_memory_check_counts_every_rank_on_the_host(tmp_path, monkeypatch):
+    """10 GiB of client state per rank fits in half of 30 GiB once, not twice: two ranks on one host
+    are refused, with the launcher's count of local ranks (LOCAL_WORLD_SIZE) as the default."""
+    import pytest
+    import torch
+
+    from distfl.errors import ConfigError
+    from distfl.federation.state import ClientStateStore
+
+    example = {"c": torch.empty(GIB // 4, dtype=torch.float32, device="meta")}  # 1 GiB a client
+    ClientStateStore("memory", tmp_path, torch.device("cpu")).place(example, 10, host_free=30 * GIB, ranks_here=1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError) as refused:
+        ClientStateStore("memory", tmp_path, torch.device("cpu")).place(example, 10, host_free=30 * GIB)
+    assert ("per-client state would take 20.00 GiB of host memory (10.00 GiB for 10 clients on each of the 2 ranks "
+            "on this host), more than half the 30.00 GiB of available memory; use runtime.client_state=disk") \
+        in str(refused.value)

@@ -28,11 +28,12 @@ class ClientStateStore:
         self._memory: dict[int, dict] = {}
 
     def place(self, example: dict, clients_here: int, gpu_free: int | None = None,
-              host_free: int | None = None) -> None:
+              host_free: int | None = None, ranks_here: int | None = None) -> None:
         """Choose where in-memory state lives, before any work, from one client's state (`example`) and
         how many clients this rank may keep: the GPU while all of it takes at most a quarter of the free
-        GPU memory, else the host while it takes at most half the available host memory; else refuse,
-        naming the disk store."""
+        GPU memory, else the host while the state of all `ranks_here` ranks on this host (default: the
+        launcher's count) takes at most half the available host memory (`available_host_memory`: the
+        cgroup's limit counts); else refuse, naming the disk store."""
         if self.kind != "memory" or clients_here <= 0:
             return
         total = clients_here * sum(t.numel() * t.element_size() for t in example.values()
@@ -43,12 +44,18 @@ class ClientStateStore:
                 self.home = self.device
                 return
         host_free = available_host_memory() if host_free is None else host_free
-        if host_free is not None and total > host_free // 2:
+        if ranks_here is None:
+            from ..dist import local_world_size
+
+            ranks_here = local_world_size()
+        if host_free is not None and total * ranks_here > host_free // 2:
             from ..errors import ConfigError
 
-            raise ConfigError(f"per-client state would take {total / 2**30:.2f} GiB on this rank ({clients_here} "
-                              f"clients), more than half the {host_free / 2**30:.2f} GiB of available memory; "
-                              "use runtime.client_state=disk (one file per client under the run directory)")
+            ranks = f" on each of the {ranks_here} ranks on this host" if ranks_here > 1 else " on this rank"
+            raise ConfigError(f"per-client state would take {total * ranks_here / 2**30:.2f} GiB of host memory "
+                              f"({total / 2**30:.2f} GiB for {clients_here} clients{ranks}), more than half the "
+                              f"{host_free / 2**30:.2f} GiB of available memory; use runtime.client_state=disk "
+                              "(one file per client under the run directory)")
         self.home = torch.device("cpu")
 
     def _to(self, state: dict, device: torch.device) -> dict:
@@ -124,16 +131,52 @@ class ClientStateStore:
                 _copy(path, self.directory / path.name)
 
 
-def available_host_memory() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+def available_host_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process may still take: MemAvailable of /proc/meminfo, or less where a memory cgroup
+    (v2 memory.max, v1 memory.limit_in_bytes; a container's or a Slurm job's limit) leaves less. None
+    where neither is known."""
+    found = []
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        with open(proc / "meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
     except OSError:
-        return None
-    return None
+        pass
+    found += _cgroup_room(proc, cgroup_root)
+    return min(found) if found else None
+
+
+def _cgroup_room(proc: Path, root: Path) -> list[int]:
+    """limit - (usage - reclaimable page cache) of each memory cgroup that limits this process."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    own = {}  # controller ("" for v2) -> this process's cgroup path
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") or [""]:
+            own[name] = path.lstrip("/")
+    places = [(root / own.get("", ""), "memory.max", "memory.current", "inactive_file"), (root, "memory.max",
+              "memory.current", "inactive_file")]
+    for base in {root / "memory" / own.get("memory", ""), root / "memory"}:
+        places.append((base, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+    rooms = []
+    for base, limit_file, usage_file, cache_key in places:
+        try:
+            limit = (base / limit_file).read_text().strip()
+            usage = int((base / usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # no limit
+            continue
+        cache = 0
+        try:
+            stat = dict(line.split() for line in (base / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
+            cache = int(stat.get(cache_key, 0))
+        except (OSError, ValueError):
+            pass
+        rooms.append(max(int(limit) - max(usage - cache, 0), 0))
+    return rooms
 
 
 def _copy(src: Path, dst: Path) -> None:
