@@ -143,3 +143,31 @@ def test_a_run_waits_for_a_lock_held_by_an_orphaned_rank_and_refuses_a_live_one(
     assert stopped.is_set()
     assert f"is held by rank 0 (pid {orphan.pid}) of an earlier launch whose launcher is gone" in capsys.readouterr().err
     lock.close()
+
+
+def test_ranks_orphaned_in_a_long_round_stop_within_the_grace_and_the_relaunch_waits_for_them(tmp_path, small_config):
+    """torchrun killed while both ranks are in a 40 s round 1, longer than launcher.GRACE_S: each rank
+    stops after the grace with one line; a relaunch at once on the same port finds rank 0's lock held
+    by an orphan, waits for it instead of refusing, and trains the run to the same model as 1 rank."""
+    from conftest import slow_first_round, wait_for_marks
+
+    port, run_dir = free_port(), tmp_path / "run"
+    env, marks = slow_first_round(tmp_path)
+    args = ["train", small_config, f"output.dir={run_dir}"]
+    first = subprocess.Popen(torchrun(port, *args, env=env), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for_marks(marks, 2)
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    env.pop("SLOW_ROUND_MARKS")
+    relaunch = subprocess.run(torchrun(port, "train", "--resume", run_dir, env=env), cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+    _, err = first.communicate(timeout=120)
+    assert relaunch.returncode == 0, relaunch.stderr
+    assert "of an earlier launch whose launcher is gone; it stops within 30s: waiting for it" in relaunch.stderr
+    lines = [line for line in err.splitlines() if "has been gone 30s and this rank has not finished its round" in line]
+    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], err
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}")
+    assert summary(run_dir)["model_sha256"] == one["model_sha256"]
