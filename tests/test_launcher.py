@@ -50,7 +50,8 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def torchrun(port: int, *args, env) -> list[str]:
+def torchrun(port: int, *args) -> list[str]:
+    """torchrun on a fixed port (no --standalone): a relaunch listens where the old launcher did."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
             "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "distfl", *map(str, args)]
 
@@ -63,7 +64,7 @@ def test_ranks_orphaned_at_start_up_stop_and_never_meet_the_relaunch(tmp_path, s
     marks.mkdir()
     env = env_with_sitecustomize(tmp_path, SITE_HOLD_AT_START, ORPHAN_MARKS=str(marks))
     args = ["train", small_config, f"output.dir={run_dir}"]
-    first = subprocess.Popen(torchrun(port, *args, env=env), cwd=REPO, env=env, stdout=subprocess.PIPE,
+    first = subprocess.Popen(torchrun(port, *args), cwd=REPO, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 240  # a guard against a hang, not a measured bound
     while len(list(marks.iterdir())) < 2 and time.time() < deadline and first.poll() is None:
@@ -73,18 +74,17 @@ def test_ranks_orphaned_at_start_up_stop_and_never_meet_the_relaunch(tmp_path, s
     first.wait()
     try:
         assert len(pids) == 2, first.communicate()
-        relaunch_and_check(tmp_path, small_config, first, pids, port, env, args, run_dir)
+        relaunch_and_check(tmp_path, small_config, first, pids, torchrun(port, *args, "--overwrite"), env)
     finally:
         for pid in pids:  # a failing test leaves no orphan behind
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
-def relaunch_and_check(tmp_path, small_config, first, pids, port, env, args, run_dir):
-
+def relaunch_and_check(tmp_path, small_config, first, pids, command, env):
     env.pop("ORPHAN_MARKS")
-    relaunch = subprocess.run(torchrun(port, *args, "--overwrite", env=env), cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
+    relaunch = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    run_dir = tmp_path / "run"
     assert relaunch.returncode == 0, relaunch.stderr
     assert "in use by another distfl run" not in relaunch.stderr
     assert not any(alive(pid) for pid in pids)
@@ -154,7 +154,7 @@ def test_ranks_orphaned_in_a_long_round_stop_within_the_grace_and_the_relaunch_w
     port, run_dir = free_port(), tmp_path / "run"
     env, marks = slow_first_round(tmp_path)
     args = ["train", small_config, f"output.dir={run_dir}"]
-    first = subprocess.Popen(torchrun(port, *args, env=env), cwd=REPO, env=env, stdout=subprocess.PIPE,
+    first = subprocess.Popen(torchrun(port, *args), cwd=REPO, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for_marks(marks, 2)
@@ -162,7 +162,7 @@ def test_ranks_orphaned_in_a_long_round_stop_within_the_grace_and_the_relaunch_w
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
     env.pop("SLOW_ROUND_MARKS")
-    relaunch = subprocess.run(torchrun(port, "train", "--resume", run_dir, env=env), cwd=REPO, env=env,
+    relaunch = subprocess.run(torchrun(port, "train", "--resume", run_dir), cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=600)
     _, err = first.communicate(timeout=120)
     assert relaunch.returncode == 0, relaunch.stderr
@@ -171,3 +171,26 @@ def test_ranks_orphaned_in_a_long_round_stop_within_the_grace_and_the_relaunch_w
     assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], err
     one = train_ok(small_config, f"output.dir={tmp_path / 'one'}")
     assert summary(run_dir)["model_sha256"] == one["model_sha256"]
+
+
+TIMEOUTS = """
+import torch
+import torch.distributed.distributed_c10d as c10d
+from distfl import dist
+ctx = dist.init("cpu")
+backend = c10d._get_default_group()._get_backend(torch.device("cpu"))
+print(ctx.rank, c10d._get_default_store().timeout.total_seconds(), backend.options._timeout.total_seconds(), flush=True)
+dist.shutdown(ctx)
+"""
+
+
+def test_the_rendezvous_is_bounded_apart_from_the_collectives(tmp_path):
+    """Two real ranks: the store of the rendezvous waits dist.RENDEZVOUS_TIMEOUT (10 min) for a rank that
+    never comes, while each collective keeps dist.COLLECTIVE_TIMEOUT (30 min) for a slow peer."""
+    (tmp_path / "timeouts.py").write_text(TIMEOUTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(tmp_path / "timeouts.py")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split("\n")[:2]) == ["0 600.0 1800.0", "1 600.0 1800.0"], proc.stdout
