@@ -349,8 +349,9 @@ def main(argv=None) -> int:
     try:
         try:
             return args.func(args)
-        except Exception:
-            launcher.exit_if_orphaned()  # a rendezvous broken by a dead torchrun: one line, not its error
+        except Exception as exc:
+            if isinstance(exc, RunFailed) or not isinstance(exc, DistflError):  # not a refused input
+                launcher.exit_if_orphaned()  # a rendezvous broken by a dead torchrun: one line, not its error
             raise
     except RunFailed as exc:
         if debug:
