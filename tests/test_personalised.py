@@ -139,6 +139,35 @@ def test_ditto_personal_model_is_local_sgd_of_the_proximal_objective(tmp_path, l
     assert sampled >= 6
 
 
+def test_ditto_lambda_just_below_the_bound_runs_finite(tmp_path, small_config):
+    """lr x lambda = 1.9 < 2 is accepted and its personal models stay finite (the factor 1 - lr lambda is
+    -0.9); the run completes."""
+    s = train_ok(small_config, f"output.dir={tmp_path / 'r'}", "algorithm.name=ditto", "algorithm.ditto_lambda=19",
+                 "eval.clients=true", "train.rounds=3")
+    assert s["status"] == "completed" and s["final_client_acc"] is not None
+    states = _client_states(tmp_path / "r")
+    assert states and all(bool(torch.isfinite(state["v"]).all()) for state in states.values())
+
+
+def test_ditto_non_finite_personal_model_stops_the_run_naming_it(tmp_path):
+    """A personal model that becomes non-finite (here: a client's stored v_k made NaN) stops the round
+    as diverged with the reason, while the global pass is finite; the global model is left as it was."""
+    from distfl.errors import DivergenceError
+
+    trainer = _trainer(tmp_path, "ditto", "algorithm.name=ditto")
+    cfg = trainer.cfg
+    trainer.run_round(1)
+    cohort = trainer.population.cohort(cfg.seed, 2, cfg.train.clients_per_round)
+    seen = [c for c in cohort if trainer.store.peek(c) is not None]
+    assert seen  # a client of round 2 that already has its v_k
+    state = trainer.store.peek(seen[0])
+    trainer.store.put(seen[0], {**state, "v": torch.full_like(state["v"], float("nan"))})
+    before = trainer.global_params.clone()
+    with pytest.raises(DivergenceError, match=r"personal model v_k of 1 client\(s\) became non-finite"):
+        trainer.run_round(2)
+    assert torch.equal(trainer.global_params, before)
+
+
 def test_ditto_global_model_is_fedavg_bit_for_bit(tmp_path, small_config):
     avg = train_ok(small_config, f"output.dir={tmp_path / 'avg'}")
     ditto = train_ok(small_config, f"output.dir={tmp_path / 'ditto'}", "algorithm.name=ditto", "algorithm.ditto_lambda=1")
@@ -432,6 +461,12 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config, name):
     (["algorithm.name=fedrep", "algorithm.head_epochs=0", "algorithm.body_epochs=0"], "trains nothing"),
     (["algorithm.name=apfl", "algorithm.apfl_alpha=1.5"], "algorithm.apfl_alpha"),
     (["algorithm.name=ditto", "algorithm.ditto_lambda=-1"], "algorithm.ditto_lambda"),
+    # lr x lambda >= 2: the explicit proximal step diverges (lr 0.1 in the small config; a warm-up's peak)
+    (["algorithm.name=ditto", "algorithm.ditto_lambda=1000"], "lr x (ditto_lambda + weight_decay) >= 2"),
+    (["algorithm.name=ditto", "algorithm.ditto_lambda=20"], "algorithm.ditto_lambda=20"),
+    (["algorithm.name=ditto", "algorithm.ditto_lambda=19", "train.weight_decay=1"], "train.weight_decay=1"),
+    (["algorithm.name=ditto", "algorithm.ditto_lambda=5", "train.lr=0.01", "train.lr_schedule=step",
+      "train.lr_gamma=100", "train.lr_step_every=1"], "the largest lr of the schedule"),
     (["algorithm.name=apfl", "model.name=resnet20", "data.synthetic_channels=3"], "BatchNorm"),
     (["algorithm.name=ditto", "runtime.pack_size=2", "runtime.client_state=disk"], "local_training"),
     (["algorithm.name=fedbabu", "runtime.pack_size=2"], "local_training"),
