@@ -387,7 +387,8 @@ def test_fedbabu_fine_tuning_recomputed(tmp_path):
     from distfl.federation.client_eval import _FINETUNE_STREAM
     from distfl.federation.local import local_batches
 
-    trainer = _trainer(tmp_path, "babu", "algorithm.name=fedbabu", "eval.clients=true", "algorithm.finetune_epochs=3")
+    trainer = _trainer(tmp_path, "babu", "algorithm.name=fedbabu", "eval.clients=true", "algorithm.finetune_epochs=3",
+                       "eval.finetune_optimizer=train")
     trainer.run_round(1)
     got = trainer.evaluate_round(clients=True)
     cfg = trainer.cfg
