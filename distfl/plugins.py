@@ -18,6 +18,8 @@ GROUPS = {"algorithm.name": "distfl.algorithms", "model.name": "distfl.models"}
 # flags): short name -> import path, resolved before the entry points, validated as a plugin is.
 BUILTIN_METHODS = {
     "local": "distfl.algorithms.local:LocalOnly",
+    "fedlc": "distfl.algorithms.fedlc:FedLC",
+    "fedntd": "distfl.algorithms.fedntd:FedNTD",
 }
 
 

@@ -300,3 +300,11 @@ def head_coordinates(worker, model_name: str) -> torch.Tensor:
         raise ConfigError(f"model.name={model_name} has no learnable classifier head (model.head must be linear: "
                           "a Classifier's `head` module with parameters)")
     return mask
+
+
+def require_cross_entropy(worker, name: str, what: str) -> None:
+    """ConfigError unless the model trains with softmax cross-entropy (a method that changes that loss:
+    `what` says how)."""
+    if getattr(worker.module, "loss_kind", "ce") != "ce":
+        raise ConfigError(f"algorithm.name={name} {what}; this model is trained with MSE (model.head=sphere or "
+                          "model.loss=mse): use model.head=linear and model.loss=auto")
