@@ -20,6 +20,7 @@ BUILTIN_METHODS = {
     "local": "distfl.algorithms.local:LocalOnly",
     "fedlc": "distfl.algorithms.fedlc:FedLC",
     "fedntd": "distfl.algorithms.fedntd:FedNTD",
+    "lgfedavg": "distfl.algorithms.lgfedavg:LGFedAvg",
 }
 
 

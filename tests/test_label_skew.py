@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import metrics, one_two_resumed, run_cli, train_ok
+from conftest import assert_refused, metrics, one_two_resumed, run_cli, train_ok
 from test_personalised import _flat, _initial_model, _load_flat, _record, _trainer
 
 
@@ -154,11 +154,7 @@ def test_fedntd_local_loss_is_ce_plus_beta_not_true_kl(tmp_path):
     (["algorithm.name=fedntd", "runtime.pack_size=2"], "local_loss"),
 ])
 def test_refused_before_any_work(tmp_path, small_config, overrides, says):
-    run = tmp_path / "r"
-    proc = run_cli(["train", str(small_config), f"output.dir={run}", *overrides])
-    assert proc.returncode == 2, proc.stderr
-    assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not run.exists()
+    assert_refused(small_config, tmp_path / "r", overrides, says)
 
 
 @pytest.mark.parametrize("method", ["fedlc", "fedntd"])
