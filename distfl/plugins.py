@@ -21,6 +21,8 @@ BUILTIN_METHODS = {
     "fedlc": "distfl.algorithms.fedlc:FedLC",
     "fedntd": "distfl.algorithms.fedntd:FedNTD",
     "lgfedavg": "distfl.algorithms.lgfedavg:LGFedAvg",
+    "perfedavg": "distfl.algorithms.perfedavg:PerFedAvg",
+    "fedrod": "distfl.algorithms.fedrod:FedRoD",
 }
 
 

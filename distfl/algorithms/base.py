@@ -308,3 +308,10 @@ def require_cross_entropy(worker, name: str, what: str) -> None:
     if getattr(worker.module, "loss_kind", "ce") != "ce":
         raise ConfigError(f"algorithm.name={name} {what}; this model is trained with MSE (model.head=sphere or "
                           "model.loss=mse): use model.head=linear and model.loss=auto")
+
+
+def refuse_batchnorm(worker, cfg, why: str) -> None:
+    """ConfigError for a model with BatchNorm statistics, for a method that cannot keep them right (`why`)."""
+    if worker.buffers.numel() or worker.int_buffers:
+        raise ConfigError(f"algorithm.name={cfg.algorithm.name} {why}; model.name={cfg.model.name} has BatchNorm "
+                          "statistics: use a model without BatchNorm (e.g. model.norm=gn)")

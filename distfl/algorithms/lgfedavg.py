@@ -14,16 +14,15 @@ Models with BatchNorm are refused (their running statistics belong to the local 
 averaged as the model's buffers).
 """
 from ..errors import ConfigError
+from .base import refuse_batchnorm
 from .fedper import FedPer
 
 
 class LGFedAvg(FedPer):
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        if worker.buffers.numel() or worker.int_buffers:
-            raise ConfigError(f"algorithm.name=lgfedavg keeps the body (the feature extractor) per client; "
-                              f"model.name={cfg.model.name} has BatchNorm statistics, which the server would average: "
-                              "use a model without BatchNorm (e.g. model.norm=gn)")
+        refuse_batchnorm(worker, cfg, "keeps the body (the feature extractor) per client, whose BatchNorm statistics "
+                                      "the server would average")
         if cfg.calibration.method != "none":
             raise ConfigError(f"algorithm.name=lgfedavg keeps the body per client; calibration.method="
                               f"{cfg.calibration.method} fits one head on features no client shares: set "
