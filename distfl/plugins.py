@@ -23,6 +23,7 @@ BUILTIN_METHODS = {
     "lgfedavg": "distfl.algorithms.lgfedavg:LGFedAvg",
     "perfedavg": "distfl.algorithms.perfedavg:PerFedAvg",
     "fedrod": "distfl.algorithms.fedrod:FedRoD",
+    "pfedme": "distfl.algorithms.pfedme:PFedMe",
 }
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_refused, metrics, train_ok
-from test_personalised import (STATISTICS, _accuracies, _client_states, _flat, _head_mask, _initial_model,
-                               _load_flat, _plain_sgd, _record, _statistics, _trainer)
+from conftest import assert_refused
+from test_personalised import (assert_clients_scored_with, personal_one_two_resumed, _flat, _head_mask,
+                               _initial_model, _load_flat, _plain_sgd, _record, _trainer)
 
 
 def test_two_rounds_recomputed_and_each_client_scored_with_its_own_body(tmp_path):
@@ -46,36 +46,17 @@ def test_two_rounds_recomputed_and_each_client_scored_with_its_own_body(tmp_path
     for client, body in bodies.items():
         assert torch.equal(trainer.store.peek(client)["body"], body)
 
-    got = trainer.evaluate_round(clients=True)
 
     def load(client, worker):
         if client in bodies:
             worker.params[~head] = bodies[client]
 
-    expected = _statistics(_accuracies(trainer, load))
-    for key in STATISTICS:
-        assert got[key] == pytest.approx(expected[key], rel=1e-12, abs=1e-15), key
-    assert expected != _statistics(_accuracies(trainer, lambda client, worker: None))
+    got = assert_clients_scored_with(trainer, load)
 
 
 def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
-    args = ["algorithm.name=lgfedavg", "eval.clients=true"]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, nproc=2)
-    train_ok(small_config, f"output.dir={tmp_path / 'res'}", *args, "train.rounds=4")
-    resumed = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "res"))
-    runs = {"one": one, "two": two, "res": resumed}
-    assert two["world_size"] == 2
-    assert len({s["model_sha256"] for s in runs.values()}) == 1
-    assert all(s["final_client_acc"] == one["final_client_acc"] for s in runs.values())
-    keys = STATISTICS + ("test_acc", "train_loss")
-    assert [{k: r.get(k) for k in keys} for r in metrics(tmp_path / "one")] == \
-        [{k: r.get(k) for k in keys} for r in metrics(tmp_path / "two")]
-    states = {k: _client_states(tmp_path / k) for k in runs}
-    assert len(states["one"]) >= 6
-    for k in ("two", "res"):
-        assert states[k].keys() == states["one"].keys()
-        assert all(torch.equal(s["body"], states[k][c]["body"]) for c, s in states["one"].items()), k
+    one = personal_one_two_resumed(small_config, tmp_path, ["algorithm.name=lgfedavg", "eval.clients=true"], "body")
+    assert one["client_finetune_epochs"] == 0
 
 
 @pytest.mark.parametrize("overrides, says", [

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_refused, metrics, train_ok
-from test_personalised import (STATISTICS, _accuracies, _client_states, _flat, _initial_model, _plain_sgd,
-                               _statistics, _trainer)
+from conftest import assert_refused
+from test_personalised import (assert_clients_scored_with, personal_one_two_resumed, _flat, _initial_model,
+                               _plain_sgd, _trainer)
 
 
 def test_each_clients_model_is_local_sgd_of_its_own_model_and_nothing_is_aggregated(tmp_path):
@@ -42,41 +42,18 @@ def test_each_clients_model_is_local_sgd_of_its_own_model_and_nothing_is_aggrega
     assert sampled >= 8
 
     # eval.clients scores v_k, and w^0 for a client never sampled (counted as such)
-    got = trainer.evaluate_round(clients=True)
-
     def load(client, worker):
         state = trainer.store.peek(client)
         if state is not None:
             worker.params.copy_(state["v"])
 
-    expected = _statistics(_accuracies(trainer, load))
-    for key in STATISTICS:
-        assert got[key] == pytest.approx(expected[key], rel=1e-12, abs=1e-15), key
+    got = assert_clients_scored_with(trainer, load)
     assert got["clients_never_sampled"] == len(trainer.population) - sampled
-    assert expected != _statistics(_accuracies(trainer, lambda client, worker: None))
 
 
 def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
-    args = ["algorithm.name=local", "eval.clients=true"]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, "runtime.client_state=disk",
-                   "runtime.placement=balanced", nproc=2)
-    train_ok(small_config, f"output.dir={tmp_path / 'res'}", *args, "train.rounds=4")
-    resumed = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "res"))
-    runs = {"one": one, "two": two, "res": resumed}
-    assert two["world_size"] == 2
-    assert len({s["model_sha256"] for s in runs.values()}) == 1
-    assert one["final_client_acc"] is not None and one["client_finetune_epochs"] == 0
-    assert all(s["final_client_acc"] == one["final_client_acc"] for s in runs.values())
-    keys = STATISTICS + ("test_acc", "train_loss", "clients_never_sampled")
-    rows = {k: [{key: r.get(key) for key in keys} for r in metrics(tmp_path / k)] for k in ("one", "two")}
-    assert rows["one"] == rows["two"]
-    states = {k: _client_states(tmp_path / k) for k in runs}
-    assert len(states["one"]) >= 6
-    for k in ("two", "res"):
-        assert states[k].keys() == states["one"].keys()
-        for client, state in states["one"].items():
-            assert all(torch.equal(state[key], states[k][client][key]) for key in state), (k, client)
+    one = personal_one_two_resumed(small_config, tmp_path, ["algorithm.name=local", "eval.clients=true"], "v", two=["runtime.client_state=disk", "runtime.placement=balanced"])
+    assert one["client_finetune_epochs"] == 0
 
 
 @pytest.mark.parametrize("overrides, says", [

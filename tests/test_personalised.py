@@ -414,6 +414,40 @@ def _client_states(run_dir) -> dict:
     return {path.stem: load_tensors(path) for path in sorted((latest / "clients").glob("*.pt"))}
 
 
+def assert_clients_scored_with(trainer, load) -> dict:
+    """eval.clients' statistics are those of each client scored with the model `load(client, worker)` puts
+    in the worker (recomputed here), and differ from the global model's. Returns the evaluation."""
+    got = trainer.evaluate_round(clients=True)
+    expected = _statistics(_accuracies(trainer, load))
+    for key in STATISTICS:
+        assert got[key] == pytest.approx(expected[key], rel=1e-12, abs=1e-12), key
+    assert expected != _statistics(_accuracies(trainer, lambda client, worker: None))
+    return got
+
+
+def personal_one_two_resumed(config, tmp_path, args, key: str, two=()) -> dict:
+    """A personalised method (`args`) on 1 rank, on 2 ranks (with `two`) and stopped at round 4 then
+    resumed: the same global model, per-client statistics every evaluation and final, and every client's
+    state `key` in the final checkpoint, bit for bit. Returns the 1-rank summary."""
+    one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args)
+    on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2)
+    train_ok(config, f"output.dir={tmp_path / 'res'}", *args, "train.rounds=4")
+    resumed = train_ok(config, "train.rounds=6", resume=str(tmp_path / "res"))
+    runs = {"one": one, "two": on_two, "res": resumed}
+    assert on_two["world_size"] == 2 and len({s["model_sha256"] for s in runs.values()}) == 1
+    assert one["final_client_acc"] is not None
+    assert all(s["final_client_acc"] == one["final_client_acc"] for s in runs.values())
+    keys = STATISTICS + ("test_acc", "train_loss", "clients_never_sampled")
+    assert [{k: r.get(k) for k in keys} for r in metrics(tmp_path / "one")] == \
+        [{k: r.get(k) for k in keys} for r in metrics(tmp_path / "two")]
+    states = {k: _client_states(tmp_path / k) for k in runs}
+    assert len(states["one"]) >= 6
+    for k in ("two", "res"):
+        assert states[k].keys() == states["one"].keys()
+        assert all(torch.equal(s[key], states[k][c][key]) for c, s in states["one"].items()), k
+    return one
+
+
 # The 2-rank run keeps client state in memory on its hosting rank (sticky placement), or on disk with
 # clients placed on any rank (balanced): both stores are covered, one 2-rank run per method (torchrun is slow).
 TWO_RANKS = {"fedper": [], "ditto": [], "fedbabu": [],
