@@ -41,7 +41,9 @@ def cmd_train(args) -> int:
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a distfl run directory?")
-        base = _saved_config(saved)
+        from .resume_rules import with_previous_defaults
+
+        base = with_previous_defaults(_saved_config(saved))
         base.setdefault("output", {})["dir"] = str(run_dir)
         cfg = config_from_dict(base, args.overrides, source=str(saved))
     else:
@@ -94,7 +96,10 @@ def _print_result(summary: dict, cfg) -> None:
             how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
             how += f", the model after {' + '.join(phases)}" if phases else ""
             print(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
-                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
+                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%"
+                  + (f", sample-weighted mean {100 * clients['weighted_mean']:.2f}%" if "weighted_mean" in clients else "")
+                  + (f"; {summary['clients_never_sampled']} client(s) never sampled"
+                     if summary.get("clients_never_sampled") else ""))
         privacy = summary.get("privacy")
         if privacy:
             print(guarantee_line(privacy))

@@ -38,7 +38,7 @@ from ..models import build_model, uses_channels_last
 from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, reduced_client_statistics
+from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
@@ -459,7 +459,7 @@ class Trainer:
         loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
         metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
         if clients:
-            metrics.update(reduced_client_statistics(reduced))
+            metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self))
         return metrics
 
     # ---- the run -------------------------------------------------------------------------------
