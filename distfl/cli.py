@@ -18,7 +18,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl bench [--suite runtime|ffc|tct|cross-device|startup] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
-       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY]
+       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
        distfl --version
 Run under torchrun for several ranks:  torchrun --nproc_per_node=2 -m distfl train CONFIG"""
 
@@ -204,7 +204,8 @@ def cmd_report(args) -> int:
     from .report import main as report_main
 
     by = [k for k in args.by.split(",") if k] if args.by else None
-    return report_main(args.paths, out_dir=args.out, by=by)
+    metrics = [m.strip() for item in args.metric for m in item.split(",") if m.strip()]
+    return report_main(args.paths, out_dir=args.out, by=by, metrics=metrics, label=args.label)
 
 
 def _command_usage(command: str) -> str:
@@ -289,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  "SWEEP_DIR/report, or ./report for several paths)")
     p.add_argument("--by", metavar="KEY,KEY", help="group the runs by these config keys (default: the swept "
                                                    "keys, or the keys whose values differ between the runs)")
+    p.add_argument("--metric", action="append", default=[], metavar="NAME",
+                   help="a number of metrics.jsonl or summary.json to report (several allowed; the first is "
+                        "plotted); default: client_acc_mean, client_acc_p10, client_acc_min and test_acc when "
+                        "the runs evaluated clients, else test_acc")
+    p.add_argument("--label", action="append", default=[], metavar="'AUTO:TEXT'",
+                   help="rename a group in the figures, e.g. --label 'fedavg, finetune_epochs=5:FedAvg + FT'")
     p.set_defaults(func=cmd_report)
     for command, p in sub.choices.items():
         p.usage = _command_usage(command)
