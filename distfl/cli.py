@@ -16,7 +16,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl bench [--suite runtime|ffc|tct|cross-device|startup] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
-       distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
+       distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
        distfl --version
@@ -77,35 +77,10 @@ def _saved_config(saved: Path) -> dict:
 
 
 def _print_result(summary: dict, cfg) -> None:
+    from .logging import result_lines
+
     if _is_main_process():
-        acc = summary["final_test_acc"]
-        best = f"{100 * summary['best_test_acc']:.2f}% at round {summary['best_round']}"
-        phases = list(summary.get("phases") or {})
-        # After a phase (TCT's stage 2, FFC) the final model is the phase's; `best_test_acc` stays the
-        # best over the training rounds before it, so say so rather than call it the run's best.
-        where = (f"after {' + '.join(phases)}; best of the {summary['rounds']} training rounds {best}"
-                 if phases else f"best {best}")
-        print(f"final test accuracy {100 * acc:.2f}% ({where}), {summary['rounds']} rounds in "
-              f"{summary['wall_s']:.1f}s; summary: {Path(cfg.output.dir) / 'summary.json'}")
-        clients = summary.get("final_client_acc")
-        if clients:
-            tuned = summary.get("client_finetune_epochs")
-            how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
-            how += f", the model after {' + '.join(phases)}" if phases else ""
-            print(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
-                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
-        privacy = summary.get("privacy")
-        if privacy:
-            print(guarantee_line(privacy))
-
-
-def guarantee_line(privacy: dict) -> str:
-    """A private run's guarantee, one line (the run's last; `distfl report`)."""
-    eps = privacy["epsilon"]
-    text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
-    return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
-            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
-            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})")
+        print("\n".join(result_lines(summary, Path(cfg.output.dir))))
 
 
 def cmd_calibrate(args) -> int:
@@ -178,7 +153,7 @@ SLURM_FLAGS = {"--partition": "partition", "--time": "time", "--nodes": "nodes",
                "--cpus-per-task": "cpus_per_task", "--mem-gb": "mem_gb", "--account": "account",
                "--qos": "qos", "--constraint": "constraint"}
 # Flags whose value may look like a `key=value` override and must stay with the flag.
-SWEEP_VALUE_FLAGS = {"--grid", "--slurm", "--seeds", "--executor", "--nproc", *SLURM_FLAGS}
+SWEEP_VALUE_FLAGS = {"--grid", "--zip", "--points", "--slurm", "--seeds", "--executor", "--nproc", *SLURM_FLAGS}
 
 
 def cmd_sweep(args) -> int:
@@ -197,7 +172,7 @@ def cmd_sweep(args) -> int:
             slurm[name] = value
     return run_sweep(args.config, fixed=args.overrides, grid_args=args.grid, seeds_arg=args.seeds,
                      executor=args.executor, nproc=args.nproc, slurm_args=slurm, wait=args.wait,
-                     dry_run=args.dry_run)
+                     dry_run=args.dry_run, points_arg=args.points, zip_args=args.zip)
 
 
 def cmd_report(args) -> int:
@@ -273,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(overrides=[])
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="a config key and its values; repeat for more keys (the grid is their product)")
+    p.add_argument("--points", metavar="FILE",
+                   help="listed points: a YAML/JSON list of mappings of overrides, one a point, e.g. "
+                        "[{algorithm.name: fedavg, eval.finetune_epochs: 5}, {algorithm.name: ditto}]; "
+                        "the grid's product is taken with each")
+    p.add_argument("--zip", action="append", default=[], metavar="KEY=V1,V2",
+                   help="keys zipped, not multiplied: point i takes the i-th value of each --zip key")
     p.add_argument("--seeds", help="seeds of every grid point, e.g. 0,1,2 or 0-4 (default: the config's seed)")
     p.add_argument("--executor", choices=["local", "slurm"], help="where the runs go (default: local)")
     p.add_argument("--nproc", type=int, help="local: ranks per run (torchrun) (default 1)")
@@ -307,6 +288,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config_warnings_as_lines() -> None:
+    """A ConfigWarning prints as one line, `distfl: warning: ...`, once per message (a sweep checks
+    the same key in every point); other warnings as Python prints them."""
+    import warnings
+
+    from .config import ConfigWarning
+
+    shown, previous = set(), warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, ConfigWarning):
+            return previous(message, category, filename, lineno, file, line)
+        if str(message) not in shown:
+            shown.add(str(message))
+            print(f"distfl: warning: {message}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
+
+
 def main(argv=None) -> int:
     """`distfl ARGV` (the command line when `argv` is None)."""
     if argv is None:
@@ -326,6 +326,7 @@ def main(argv=None) -> int:
         else:
             rest.append(a)
     args = build_parser().parse_args(rest)
+    _config_warnings_as_lines()
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()

@@ -132,7 +132,7 @@ class RunLogger:
         elapsed = time.time() - self.t0
         eta = elapsed / done * (self.total - t)
         text = (f"round {t}/{self.total}  train loss {row['train_loss']:.4f}  {self.last_eval}  "
-                f"{row['round_s']:.2f}s/round  eta {_clock(eta)}")
+                f"{row['round_s']:.2f}s/round  eta {clock(eta)}")
         if self.mode == "bar":
             width = 24
             filled = int(width * t / self.total)
@@ -176,6 +176,41 @@ def _quiet_tensorboard_thread() -> None:
     threading.excepthook = hook
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def result_lines(summary: dict, run_dir: Path) -> list[str]:
+    """What a finished run prints (`distfl train`, each point of a local sweep): the final and best test
+    accuracy, the per-client accuracy where clients were evaluated, the privacy guarantee."""
+    acc = summary["final_test_acc"]
+    best = f"{100 * summary['best_test_acc']:.2f}% at round {summary['best_round']}" \
+        if summary.get("best_test_acc") is not None else "no evaluation"
+    phases = list(summary.get("phases") or {})
+    # After a phase (TCT's stage 2, FFC) the final model is the phase's; `best_test_acc` stays the
+    # best over the training rounds before it, so say so rather than call it the run's best.
+    where = (f"after {' + '.join(phases)}; best of the {summary['rounds']} training rounds {best}"
+             if phases else f"best {best}")
+    final = f"{100 * acc:.2f}%" if acc is not None else "none"
+    lines = [f"final test accuracy {final} ({where}), {summary['rounds']} rounds in "
+             f"{summary['wall_s']:.1f}s; summary: {Path(run_dir) / 'summary.json'}"]
+    clients = summary.get("final_client_acc")
+    if clients:
+        tuned = summary.get("client_finetune_epochs")
+        how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
+        how += f", the model after {' + '.join(phases)}" if phases else ""
+        lines.append(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
+                     f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
+    if summary.get("privacy"):
+        lines.append(guarantee_line(summary["privacy"]))
+    return lines
+
+
+def guarantee_line(privacy: dict) -> str:
+    """A private run's guarantee, one line (the run's last; `distfl report`)."""
+    eps = privacy["epsilon"]
+    text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
+    return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
+            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
+            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})")

@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ..errors import DistflError, Interrupted
+from ..logging import clock, result_lines
 from .plan import Point, Sweep
 from .inprocess import PACKAGE_ROOT, signals_handled_by, stop_signals, train_in_process
 from .state import final_report, runs_text, train_args
@@ -39,9 +41,10 @@ def run_local(sweep: Sweep, out=None) -> int:
     todo = sweep.todo
     print(f"distfl sweep: {runs_text(sweep)}; running {len(todo)} here, {sweep.nproc} rank(s) each",
           file=out, flush=True)
+    started = time.monotonic()
     for i, point in enumerate(todo, 1):
         verb = "resuming" if point.state == "resume" else "running"
-        print(f"[{i}/{len(todo)}] {verb} {point.name}", file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {verb} {point.name}{_eta(started, i - 1, len(todo))}", file=out, flush=True)
         if sweep.nproc == 1:
             code = _run_point_in_process(point, out)
         else:
@@ -57,12 +60,19 @@ def run_local(sweep: Sweep, out=None) -> int:
     return final_report(sweep, out, failed)
 
 
+def _eta(started: float, done: int, total: int) -> str:
+    """", sweep eta 12m30s": the time the remaining points take at the mean pace of those run so far in
+    this invocation (a point's rounds, not the sweep's; points of different sizes make it rough)."""
+    if done == 0:
+        return ""
+    return f" (sweep eta {clock((time.monotonic() - started) / done * (total - done))})"
+
+
 def _run_point_in_process(point: Point, out) -> int:
     with stop_signals() as stop:
         try:
             summary = train_in_process(point.config, point.state, stop)
-            print(f"  final test accuracy {100 * (summary['final_test_acc'] or 0):.2f}%, "
-                  f"{summary['rounds']} rounds in {summary['wall_s']:.1f}s", file=out, flush=True)
+            print("\n".join(f"  {line}" for line in result_lines(summary, point.run_dir)), file=out, flush=True)
             return 0
         except Interrupted:
             return 3
