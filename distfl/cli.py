@@ -13,6 +13,7 @@ from .faults import Failure, RunFailed, debug_enabled
 
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [--debug]
        distfl train --resume RUN_DIR [key=value ...] [--debug]
+       distfl train CONFIG --nproc N [key=value ...]     N ranks under torchrun, started by distfl
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl bench [--suite runtime|ffc|tct|cross-device|startup] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
@@ -33,6 +34,8 @@ def _is_main_process() -> bool:
 def cmd_train(args) -> int:
     from .config import config_from_dict, dump_config, load_config
 
+    if args.nproc is not None and args.nproc != 1:
+        return _train_under_torchrun(args)
     if args.resume:
         if args.config is not None:
             raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
@@ -74,6 +77,26 @@ def _saved_config(saved: Path) -> dict:
                           "it is the run's config as distfl wrote it: restore it (every checkpoint's state.pt "
                           "holds it too)")
     return base
+
+
+def _train_under_torchrun(args) -> int:
+    """`distfl train --nproc N`: torchrun with N ranks, started and signalled by distfl (distfl.launch)."""
+    from .launch import run_ranks, torchrun_command
+
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be a positive integer (ranks on this machine), got {args.nproc}")
+    if "RANK" in os.environ:
+        raise ConfigError("--nproc starts torchrun itself; under torchrun (or srun), leave it out")
+    if args.config is not None:
+        from .config import load_config
+
+        load_config(args.config, args.overrides)  # a bad config: one line here, before torchrun starts
+        target = [args.config]
+    else:
+        target = ["--resume", args.resume]
+    flags = [f for f, on in (("--overwrite", args.overwrite), ("--debug", args.debug),
+                             ("--print-config", args.print_config)) if on]
+    return run_ranks(torchrun_command(args.nproc, ["train", *target, *args.overrides, *flags]))
 
 
 def _print_result(summary: dict, cfg) -> None:
@@ -210,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--overwrite", action="store_true", help="replace a finished or partial run in output.dir")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="start N ranks here under torchrun, launched by distfl: Ctrl-C then checkpoints and "
+                        "exits 3 with one line (docs/faults.md)")
     p.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error "
                                                         "(also DISTFL_DEBUG=1); else it is saved in RUN_DIR/error.log")
     p.set_defaults(func=cmd_train)
@@ -290,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_warnings_as_lines() -> None:
     """A ConfigWarning prints as one line, `distfl: warning: ...`, once per message (a sweep checks
-    the same key in every point); other warnings as Python prints them."""
+    the same key in every point) and on rank 0 only; other warnings as Python prints them."""
     import warnings
 
     from .config import ConfigWarning
@@ -300,7 +326,7 @@ def _config_warnings_as_lines() -> None:
     def show(message, category, filename, lineno, file=None, line=None):
         if not issubclass(category, ConfigWarning):
             return previous(message, category, filename, lineno, file, line)
-        if str(message) not in shown:
+        if str(message) not in shown and _is_main_process():  # every rank reads the config: rank 0 says it
             shown.add(str(message))
             print(f"distfl: warning: {message}", file=sys.stderr, flush=True)
 
@@ -341,7 +367,9 @@ def main(argv=None) -> int:
     except Interrupted as exc:
         if _is_main_process():
             print(f"distfl: {exc}", file=sys.stderr)
-        return 3
+        # Under `distfl train --nproc`, distfl's launcher reports the stop (status 3); torchrun, seeing
+        # every rank exit 0, ends without its traceback.
+        return 0 if os.environ.get("DISTFL_LAUNCHER") == "distfl" else 3  # launch.LAUNCHER_ENV
     except DistflError as exc:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)

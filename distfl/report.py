@@ -240,10 +240,12 @@ def summarise(runs: list[Run], keys: list[str], metrics: list[str] | None = None
 
 
 def grouping_keys(runs: list[Run], keys: list[str]) -> list[str]:
-    """`keys`, with algorithm.name first where a method option is among them and the runs' methods
-    differ: a baseline without that option (fedavg beside a plugin) is then its own group, named."""
-    if (any(k.startswith(OPTIONS_KEY + ".") for k in keys) and "algorithm.name" not in keys
-            and len({r.config.get("algorithm.name") for r in runs}) > 1):
+    """`keys`, with algorithm.name first where it is among them, or where a method option is and the
+    runs' methods differ: a baseline without that option (fedavg beside a plugin) is then its own group,
+    named."""
+    if "algorithm.name" in keys:
+        return ["algorithm.name", *(k for k in keys if k != "algorithm.name")]
+    if any(k.startswith(OPTIONS_KEY + ".") for k in keys) and len({r.config.get("algorithm.name") for r in runs}) > 1:
         return ["algorithm.name", *keys]
     return keys
 
