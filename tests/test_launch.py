@@ -10,26 +10,7 @@ import sys
 import time
 
 from conftest import REPO, env_with_sitecustomize, run_cli, train_ok, write_config
-
-# Rank 0 marks the start of round 2; every round takes at least 0.5 s, so a Ctrl-C lands inside round 2.
-SITE_SLOW_ROUNDS = """
-import os
-if "SLOW_ROUNDS" in os.environ:
-    import time
-    from pathlib import Path
-    from distfl.federation import runner
-
-    _run_round = runner.Trainer.run_round
-
-    def run_round(self, round_idx):
-        if round_idx == 2 and os.environ.get("RANK", "0") == "0":
-            Path(os.environ["SLOW_ROUNDS"]).touch()
-        time.sleep(0.5)
-        return _run_round(self, round_idx)
-
-    runner.Trainer.run_round = run_round
-"""
-
+from test_faults import SITE_SLOW_ROUNDS  # rank 0 marks round 2's start; every round takes at least 0.5 s
 
 def test_ctrl_c_under_distfl_train_nproc_checkpoints_and_exits_3_in_one_line(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
