@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import launcher
 from .errors import ConfigError, DistflError, Interrupted
 from .faults import Failure, RunFailed, debug_enabled
 
@@ -43,7 +44,9 @@ def cmd_train(args) -> int:
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a distfl run directory?")
-        base = _saved_config(saved)
+        from .resume_rules import with_previous_defaults
+
+        base = with_previous_defaults(_saved_config(saved))
         base.setdefault("output", {})["dir"] = str(run_dir)
         cfg = config_from_dict(base, args.overrides, source=str(saved))
     else:
@@ -314,23 +317,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_warnings_as_lines() -> None:
-    """A ConfigWarning prints as one line, `distfl: warning: ...`, once per message (a sweep checks
-    the same key in every point) and on rank 0 only; other warnings as Python prints them."""
+def _plain_config_warnings() -> None:
+    """A ConfigWarning (a key set that the run ignores) reaches the user as `distfl: warning: ...`: a
+    line about their config, not a source file and line of distfl; once per message (a sweep checks
+    the same key in every point) and on rank 0 only. Other warnings show as before."""
     import warnings
 
     from .config import ConfigWarning
 
-    shown, previous = set(), warnings.showwarning
+    show = warnings.showwarning
+    if getattr(show, "distfl_plain", False):
+        return
+    shown = set()
 
-    def show(message, category, filename, lineno, file=None, line=None):
-        if not issubclass(category, ConfigWarning):
-            return previous(message, category, filename, lineno, file, line)
-        if str(message) not in shown and _is_main_process():  # every rank reads the config: rank 0 says it
-            shown.add(str(message))
-            print(f"distfl: warning: {message}", file=sys.stderr, flush=True)
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning):
+            if _is_main_process() and str(message) not in shown:
+                shown.add(str(message))
+                print(f"distfl: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+            return
+        show(message, category, filename, lineno, file, line)
 
-    warnings.showwarning = show
+    showwarning.distfl_plain = True
+    warnings.showwarning = showwarning
 
 
 def main(argv=None) -> int:
@@ -352,12 +361,16 @@ def main(argv=None) -> int:
         else:
             rest.append(a)
     args = build_parser().parse_args(rest)
-    _config_warnings_as_lines()
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()
+    _plain_config_warnings()
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except Exception:
+            launcher.exit_if_orphaned()  # a rendezvous broken by a dead torchrun: one line, not its error
+            raise
     except RunFailed as exc:
         if debug:
             traceback.print_exception(exc.original)
@@ -374,7 +387,11 @@ def main(argv=None) -> int:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if _is_main_process():
+            from .federation.stopping import interrupted_line
+
+            print(f"distfl: {interrupted_line(exc)}", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:
         if debug:

@@ -221,7 +221,11 @@ def result_lines(summary: dict, run_dir: Path) -> list[str]:
         how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
         how += f", the model after {' + '.join(phases)}" if phases else ""
         lines.append(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
-                     f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
+                     f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%"
+                     + (f", sample-weighted mean {100 * clients['weighted_mean']:.2f}%" if "weighted_mean" in clients
+                        else "")
+                     + (f"; {summary['clients_never_sampled']} client(s) never sampled"
+                        if summary.get("clients_never_sampled") else ""))
     if summary.get("privacy"):
         lines.append(guarantee_line(summary["privacy"]))
     return lines

@@ -40,6 +40,7 @@ TAGS = {
     "virtual_time_s": "time/virtual_time_s",
     "samples_per_s": "time/samples_per_s",
     "bytes_reduced": "comm/bytes_reduced",
+    "clients_never_sampled": "test/clients_never_sampled",
 }
 PREFIXES = {"client_acc_": "test/client_acc_", "privacy_": "privacy/"}
 # Keys that name a run: always HParams columns, whatever their value.
