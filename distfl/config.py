@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from distfl.errors import ConfigError
-from distfl.schema import (APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
+from distfl.schema import (APPLIES_ONLY_TO, CHOICES, TRACKERS, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
                            PLUGIN_KEYS, RANGES, SEED_MAX, Config)
 from distfl.validate import check_numbers, float_error, number_from_text
 from distfl.yaml_loader import ConfigLoader, read_yaml
@@ -151,6 +151,14 @@ def _convert(key: str, value, typ: type, text: bool = True):
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key} must be a string, {got}")
+    if typ is list:  # a list of names: a YAML list, or "a,b" (an override)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if value is None:
+            return []
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{key} must be a list of names, e.g. [tensorboard, mlflow], {got}")
     if typ is dict:
         if value is None:
             return {}
@@ -450,6 +458,14 @@ def validate(cfg: Config) -> None:
             _plugin(key, v[key])
         elif v[key] not in valid:
             raise _choice_error(key, v[key])
+    for name in v["output.trackers"]:
+        if name not in TRACKERS:
+            raise _choice_error("output.trackers", name, TRACKERS)
+        if v["output.trackers"].count(name) > 1:
+            raise ConfigError(f"output.trackers lists {name} twice; list each of {', '.join(TRACKERS)} at most once")
+    from .trackers import check_installed
+
+    check_installed(v["output.trackers"])
     for key, spec in RANGES.items():
         if not _in_range(v[key], spec):
             raise _range_error(key, v[key], spec)
@@ -526,6 +542,8 @@ def _check_personalised(v: dict) -> None:
     if name in HEAD_SPLIT and v["calibration.method"] != "none":
         raise ConfigError(f"algorithm.name={name} keeps the head per client; calibration.method="
                           f"{v['calibration.method']} would replace it by one global head: set calibration.method=none")
+    if name == "ditto":
+        _check_ditto_step(v)
     if name == "fedrep":
         if v["train.local_steps"] or v["train.local_epochs"] != 1:
             raise ConfigError("algorithm.name=fedrep trains algorithm.head_epochs epochs of the head, then "
@@ -533,6 +551,24 @@ def _check_personalised(v: dict) -> None:
         if v["algorithm.head_epochs"] + v["algorithm.body_epochs"] == 0:
             raise ConfigError("algorithm.name=fedrep with algorithm.head_epochs=0 and algorithm.body_epochs=0 trains "
                               "nothing; set one of them >= 1")
+
+
+def _check_ditto_step(v: dict) -> None:
+    """Ditto's personal pass steps v <- v - lr (grad F(v) + (lambda + wd) v - lambda w): its quadratic part
+    alone multiplies v - w by 1 - lr (lambda + wd), which diverges once lr (lambda + wd) >= 2."""
+    from types import SimpleNamespace
+
+    from .federation.schedule import round_lr
+
+    train = SimpleNamespace(**{key.split(".", 1)[1]: value for key, value in v.items() if key.startswith("train.")})
+    rounds = v["train.rounds"]
+    lr = max(round_lr(train, t, rounds) for t in range(1, rounds + 1))
+    lam, wd = v["algorithm.ditto_lambda"], v["train.weight_decay"]
+    if lr * (lam + wd) >= 2:
+        raise ConfigError(f"algorithm.ditto_lambda={lam} with train.lr={lr} (the largest lr of the schedule) and "
+                          f"train.weight_decay={wd}: the personal pass's proximal step diverges once lr x (ditto_lambda "
+                          f"+ weight_decay) >= 2 (here {lr * (lam + wd):g}); lower train.lr or algorithm.ditto_lambda "
+                          "so that their product is below 2")
 
 
 def _check_finetune(v: dict) -> None:

@@ -123,8 +123,6 @@ class RunRecord:
 class StopFlags:
     requested: bool = False  # a stop signal reached this rank
     agreed: bool = False  # every rank saw a request in the last all_reduce: stop after this round
-    launcher: int | None = None  # under torchrun, the pid of the launcher (federation/stopping.py)
-    interrupts: int = 0  # Ctrl-C's received
 
 
 @dataclass(frozen=True)

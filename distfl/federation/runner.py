@@ -37,7 +37,7 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, reduced_client_statistics
+from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size
 from .population import Population, place, place_packs
@@ -70,6 +70,7 @@ class Trainer:
         self.overwrite = overwrite
         self.device = ctx.device
         self.where, self.failure, self.started = "setting up the run", None, time.time()
+        self.launcher, self.interrupts = None, 0  # see stopping.catch_stop_signals
         dist.reset_counters()
         faults.check_output_dir(self.run_dir)
         if not resume and run_dir.run_has_output(self.run_dir) and not overwrite:
@@ -145,7 +146,7 @@ class Trainer:
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
-        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
+        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
         if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
             self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
@@ -434,14 +435,14 @@ class Trainer:
         loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
         metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
         if clients:
-            metrics.update(reduced_client_statistics(reduced))
+            metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self.context))
         return metrics
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.state.start_round, cfg.train.rounds,
-                           resume_step=self.state.step)
+                           resume_step=self.state.step, params=self.global_params)
         for name, why in self.skipped:
             logger.info(f"skipped checkpoint {name}: {why}")
         if self.skipped:
@@ -461,11 +462,11 @@ class Trainer:
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
         status, error = "completed", None
-        previous_handlers = stopping.catch_stop_signals(self.stop)
+        previous_handlers = stopping.catch_stop_signals(self)
         try:
             for t in range(self.state.start_round, cfg.train.rounds + 1):
                 t0 = time.perf_counter()
-                stopping.check_launcher(self.stop, logger)
+                stopping.check_launcher(self, logger)
                 self.where = f"round {t}"
                 row = self.run_round(t)
                 round_s = time.perf_counter() - t0
@@ -482,7 +483,7 @@ class Trainer:
                         self.state.progress["best_test_acc"], self.state.progress["best_round"] = acc, t
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.state.progress["wall_s"]
-                logger.log_round(metrics)
+                logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
                 self.state.step = t
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
                         or self.stop.agreed:
