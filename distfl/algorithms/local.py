@@ -20,7 +20,7 @@ class LocalOnly(Algorithm):
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        if self.gma or self.fedbn or cfg.calibration.method != "none":
+        if cfg.aggregation.mask != "none" or cfg.aggregation.fedbn or cfg.calibration.method != "none":
             raise ConfigError("algorithm.name=local aggregates nothing (each client keeps its whole model), so "
                               "aggregation.mask, aggregation.fedbn and calibration.method have nothing to act on: set "
                               "aggregation.mask=none aggregation.fedbn=false calibration.method=none")
