@@ -144,7 +144,7 @@ def cmd_partition(args) -> int:
     seed = data_seed(cfg)
     data = load_dataset(cfg.data, seed)
     labels = data.train_y.numpy()
-    parts = partition(labels, cfg.partition, data.num_classes, seed)
+    parts = partition(labels, cfg.partition, data.num_classes, seed, natural=data.train_offsets)
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
           f"{cfg.partition.num_clients} clients, seed {seed}")
     print(describe(parts, labels, data.num_classes))

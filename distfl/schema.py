@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DataConfig:
-    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path)
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path) | fedprox_synthetic (FedProx's Synthetic(alpha, beta) / Synthetic-IID federation: 30 devices, 60 features, 10 classes, generated from the data seed; partition.scheme=natural, docs/datasets.md)
     root: str = "./data"  # where to look for (and download) the dataset files
     path: str = ""  # files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
@@ -22,11 +22,14 @@ class DataConfig:
     synthetic_classes: int = 10  # synthetic: number of classes
     synthetic_image_size: int = 8  # synthetic: images are channels x size x size
     synthetic_channels: int = 1  # synthetic: image channels
+    synthetic_alpha: float = 0.0  # fedprox_synthetic: alpha, the spread of the devices' models (u_k ~ N(0, alpha); paper: 0, 0.5, 1)
+    synthetic_beta: float = 0.0  # fedprox_synthetic: beta, the spread of the devices' feature means (B_k ~ N(0, beta); paper: 0, 0.5, 1)
+    synthetic_iid: bool = False  # fedprox_synthetic: Synthetic-IID instead (one model and zero-mean features for all devices; alpha and beta unused)
 
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path)
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path) | natural (the clients the dataset comes with, each with its own training samples; data.dataset=fedprox_synthetic; num_clients must equal their count)
     num_clients: int = 100  # total clients in the population
     path: str = ""  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
@@ -41,7 +44,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
+    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
@@ -160,9 +163,10 @@ class EvalConfig:
     every: int = 5  # evaluate the global model every this many rounds (and after the last)
     batch_size: int = 1000  # evaluation batch size
     clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm; tct: stage 2's linear model on eNTK features, in its stage-2 evaluations) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
-    client_split: str = "test"  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
+    client_split: str = "test"  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution; with partition.scheme=natural, the client's own test samples from the source) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
     client_test_size: int = 0  # eval.clients, client_split=test: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
     finetune_epochs: int = 0  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, momentum, weight_decay, the lr of the last round; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.finetune_epochs) and tct (its clients are scored with stage 2's linear model)
+    train_metrics: bool = False  # also score the global model on the whole training split at each evaluation: global_train_loss and global_train_acc (FedProx's "training loss": the global model's loss on every client's training data, weighted by samples)
     client_holdout: float = 0.1  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 
 
@@ -227,14 +231,14 @@ class Config:
 # the closest one for a typo; the modules that implement the choices check they cover them in tests.
 # algorithm.name and model.name also take plugins (PLUGIN_KEYS): an import path or an entry-point name.
 CHOICES = {
-    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files"],
+    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files", "fedprox_synthetic"],
     "data.augment": ["auto", "none", "crop_flip"],
     "data.normalize": ["auto", "none", "mean_std"],
-    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
+    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file", "natural"],
     "train.cohort": ["random", "sequential", "poisson"],
     "privacy.mechanism": ["none", "gaussian"],
     "privacy.accountant": ["rdp", "pld"],
-    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],
+    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr"],
     "model.norm": ["bn", "gn"],
     "model.head": ["linear", "sphere", "fixed_random"],
     "model.loss": ["auto", "ce", "mse"],
@@ -303,6 +307,9 @@ APPLIES_ONLY_TO = {
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
     "partition.path": ("partition.scheme", ["file"]),
     "data.path": ("data.dataset", ["files"]),
+    "data.synthetic_alpha": ("data.dataset", ["fedprox_synthetic"]),
+    "data.synthetic_beta": ("data.dataset", ["fedprox_synthetic"]),
+    "data.synthetic_iid": ("data.dataset", ["fedprox_synthetic"]),
     "partition.classes_per_client": ("partition.scheme", ["n_classes"]),
     "partition.shards_per_client": ("partition.scheme", ["shards"]),
     "partition.imbalance_ratio": ("partition.scheme", ["longtail"]),
@@ -335,7 +342,7 @@ PERSONALISED = ["fedper", "fedrep", "fedbabu", "ditto", "apfl"]
 # Of them, those that split the model into a shared body and the classifier head (model.head=linear).
 HEAD_SPLIT = ["fedper", "fedrep", "fedbabu"]
 
-NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}
+NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100, "fedprox_synthetic": 10}
 
 # Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]", "(0, 1]" or "(0, 1)".
 RANGES = {
@@ -345,6 +352,8 @@ RANGES = {
     "data.synthetic_classes": ">= 2",
     "data.synthetic_image_size": ">= 1",
     "data.synthetic_channels": ">= 1",
+    "data.synthetic_alpha": ">= 0",
+    "data.synthetic_beta": ">= 0",
     "partition.num_clients": ">= 1",
     "partition.alpha": "> 0",
     "partition.classes_per_client": ">= 1",

@@ -14,7 +14,6 @@ README, Reproducibility). Why it holds:
 from __future__ import annotations
 
 import json
-import math
 import signal
 import sys
 import time
@@ -30,6 +29,7 @@ from ..resume_rules import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_k
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
+from ..data.natural import natural_test_sets
 from ..data.partition import partition
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
@@ -37,8 +37,9 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
-from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
+from .aggregate import StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, reduced_client_statistics
+from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
@@ -84,7 +85,7 @@ class Trainer:
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
-        parts = partition(labels, cfg.partition, self.data.num_classes, seed)
+        parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
         self.data_sources = {role: {"path": path, "sha256": digest}
                              for role, (path, digest) in self.data.sources.items()}
@@ -102,6 +103,9 @@ class Trainer:
             if holdout:
                 sets = held
                 self.client_test_x, self.client_test_y = self.data.train_x, self.data.train_y
+            elif cfg.partition.scheme == "natural":  # each client's own test samples, as the source splits them
+                sets = natural_test_sets(self.data.test_offsets)
+                self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
             else:
                 sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
                                         cfg.eval.client_test_size, seed)
@@ -442,22 +446,14 @@ class Trainer:
         self.worker.load(*self.algorithm.evaluation_model(self.global_params, self.global_buffers))
         model = self.worker.module
         model.eval()
-        x, y = self.data.test_x, self.data.test_y
-        starts = list(range(0, len(y), self.cfg.eval.batch_size))
-        batch = self.cfg.eval.batch_size
-        segments = [Segment("loss_sum", 1, bound=LOSS_BOUND * batch), Segment("correct", 1, kind="int")]
-        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []),
-                           self.device, len(starts))
-        for start in starts[self.ctx.rank :: self.ctx.world_size]:
-            end = start + self.cfg.eval.batch_size
-            logits = model(x[start:end])
-            stats.add("correct", (logits.argmax(1) == y[start:end]).sum())
-            stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
+        splits = eval_splits(self.data, self.cfg.eval.train_metrics)
+        segments, terms = split_segments(splits, self.cfg.eval.batch_size)
+        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []), self.device, terms)
+        add_split_counts(model, stats, splits, self.cfg.eval.batch_size, self.ctx)
         if clients:
             add_client_counts(self, stats)
         reduced = stats.reduce(self.ctx, name="eval")
-        loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
-        metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
+        metrics = split_metrics(reduced, splits)
         if clients:
             metrics.update(reduced_client_statistics(reduced))
         return metrics

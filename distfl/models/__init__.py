@@ -20,6 +20,7 @@ No model contains dropout or in-place activations.
 | senet18     | ResNet-18 + SE (ratio 16), BN or GN (SphereFed)   | 11,263,042 (3x32x32)               | 11,309,212 (3x32x32) |
 | mobilenetv2 | CIFAR MobileNetV2, d = 1280, BN or GN (SphereFed) | 2,237,770 (3x32x32)                | 2,353,060 (3x32x32)  |
 | pfl_cnn     | pfl-research's CIFAR-10 simple CNN (bench)        | 1,626,442 (3x32x32)                |                      |
+| mclr        | FedProx's multinomial logistic regression         | 610 (1x1x60)                       |                      |
 
 `model.name: package.module:build` (or a name registered in the entry-point group `distfl.models`) calls
 the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return.
@@ -35,6 +36,7 @@ from distfl.errors import ConfigError
 from distfl.models.base import Classifier
 from distfl.models.cifar_cnn import build_cifar_cnn
 from distfl.models.lenet import build_lenet5
+from distfl.models.mclr import build_mclr
 from distfl.models.mlp import build_mlp
 from distfl.models.mobilenetv2 import build_mobilenetv2
 from distfl.models.pfl_cnn import build_pfl_cnn
@@ -61,6 +63,7 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
     "senet18": lambda cfg, shape, k: build_senet18(shape, k, cfg.norm, cfg.gn_groups),
     "mobilenetv2": lambda cfg, shape, k: build_mobilenetv2(shape, k, cfg.norm, cfg.gn_groups),
     "pfl_cnn": lambda cfg, shape, k: build_pfl_cnn(shape, k),
+    "mclr": lambda cfg, shape, k: build_mclr(shape, k),
 }
 
 
