@@ -423,8 +423,10 @@ def _plugin_in_range(name: str, option: str, value, spec) -> bool:
 
 def _check_files(v: dict) -> None:
     """data.path and partition.path exist when their choice needs them (read when the run loads data)."""
-    needs = {"data.path": (v["data.dataset"] == "files", "data.dataset=files",
-                           "an .npz with x_train, y_train, x_test, y_test, or a folder with train/ and test/ ImageFolder trees"),
+    needs = {"data.path": (v["data.dataset"] in ("files", "leaf"), f"data.dataset={v['data.dataset']}",
+                           "a LEAF dataset's data/ folder (train/ and test/, or all_data/)" if v["data.dataset"] == "leaf"
+                           else "an .npz with x_train, y_train, x_test, y_test, or a folder with train/ and test/ "
+                           "ImageFolder trees"),
              "partition.path": (v["partition.scheme"] == "file", "partition.scheme=file",
                                 "an .npz with one index array per client, client_0 .. client_{N-1}")}
     for key, (needed, choice, what) in needs.items():

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DataConfig:
-    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path) | fedprox_synthetic (FedProx's Synthetic(alpha, beta) / Synthetic-IID federation: 30 devices, 60 features, 10 classes, generated from the data seed; partition.scheme=natural, docs/datasets.md)
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path) | fedprox_synthetic (FedProx's Synthetic(alpha, beta) / Synthetic-IID federation: 30 devices, 60 features, 10 classes, generated from the data seed; partition.scheme=natural, docs/datasets.md) | leaf (LEAF's JSON files at data.path: FEMNIST, Shakespeare, vectors; docs/datasets.md)
     root: str = "./data"  # where to look for (and download) the dataset files
-    path: str = ""  # files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
+    path: str = ""  # leaf: a LEAF dataset's data/ folder (train/ and test/, or all_data/). files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
     augment: str = "auto"  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
     normalize: str = "auto"  # input scaling after pixels / 255: auto (CIFAR: (x - mean) / std with the fixed per-channel stats in distfl/data/datasets.py CIFAR_STATS; fmnist, synthetic, files: none) | none (the [0, 1] pixels; files and synthetic: as read or generated) | mean_std ((x - mean) / std per channel, both splits, with the mean and population std of the training split computed in float64; FMNIST: 0.2860 / 0.3530)
@@ -24,12 +24,13 @@ class DataConfig:
     synthetic_channels: int = 1  # synthetic: image channels
     synthetic_alpha: float = 0.0  # fedprox_synthetic: alpha, the spread of the devices' models (u_k ~ N(0, alpha); paper: 0, 0.5, 1)
     synthetic_beta: float = 0.0  # fedprox_synthetic: beta, the spread of the devices' feature means (B_k ~ N(0, beta); paper: 0, 0.5, 1)
+    leaf_split: str = "sample"  # leaf, when data.path holds only all_data/: split it as LEAF's split_data.py does, 90% to training, keyed by the data seed: sample (each user's samples) | user (whole users; the test users form the test split only)
     synthetic_iid: bool = False  # fedprox_synthetic: Synthetic-IID instead (one model and zero-mean features for all devices; alpha and beta unused)
 
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path) | natural (the clients the dataset comes with, each with its own training samples; data.dataset=fedprox_synthetic; num_clients must equal their count)
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path) | natural (the clients the dataset comes with, each with its own training samples; data.dataset=fedprox_synthetic or leaf; num_clients must equal their count)
     num_clients: int = 100  # total clients in the population
     path: str = ""  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
@@ -44,7 +45,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
+    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model) | femnist_cnn (LEAF's FEMNIST CNN) | char_lstm (LEAF's Shakespeare LSTM: 8-d embedding, 2 LSTM layers of 256), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
@@ -231,14 +232,15 @@ class Config:
 # the closest one for a typo; the modules that implement the choices check they cover them in tests.
 # algorithm.name and model.name also take plugins (PLUGIN_KEYS): an import path or an entry-point name.
 CHOICES = {
-    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files", "fedprox_synthetic"],
+    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files", "fedprox_synthetic", "leaf"],
+    "data.leaf_split": ["sample", "user"],
     "data.augment": ["auto", "none", "crop_flip"],
     "data.normalize": ["auto", "none", "mean_std"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file", "natural"],
     "train.cohort": ["random", "sequential", "poisson"],
     "privacy.mechanism": ["none", "gaussian"],
     "privacy.accountant": ["rdp", "pld"],
-    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr"],
+    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm"],
     "model.norm": ["bn", "gn"],
     "model.head": ["linear", "sphere", "fixed_random"],
     "model.loss": ["auto", "ce", "mse"],
@@ -306,7 +308,8 @@ APPLIES_ONLY_TO = {
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
     "partition.path": ("partition.scheme", ["file"]),
-    "data.path": ("data.dataset", ["files"]),
+    "data.path": ("data.dataset", ["files", "leaf"]),
+    "data.leaf_split": ("data.dataset", ["leaf"]),
     "data.synthetic_alpha": ("data.dataset", ["fedprox_synthetic"]),
     "data.synthetic_beta": ("data.dataset", ["fedprox_synthetic"]),
     "data.synthetic_iid": ("data.dataset", ["fedprox_synthetic"]),

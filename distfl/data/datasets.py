@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from distfl.checkpoint import file_sha256
 from distfl.data.fedprox_synthetic import load_fedprox_synthetic
+from distfl.data.leaf import load_leaf
 from distfl.data.natural import Federated
 from distfl.data.npz import npz_errors
 from distfl.errors import DataError
@@ -88,9 +89,11 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
         ds = _load_files(cfg.path)
     elif cfg.dataset == "fedprox_synthetic":
         ds = from_federated(load_fedprox_synthetic(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_iid, seed))
+    elif cfg.dataset == "leaf":
+        ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed))
     else:
         raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic, files, "
-                        "fedprox_synthetic")
+                        "fedprox_synthetic, leaf")
 
     if cfg.normalize == "mean_std":
         ds = normalized(ds, *training_mean_std(ds.train_x))
