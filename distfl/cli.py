@@ -15,6 +15,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl train --resume RUN_DIR [key=value ...] [--debug]
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
+       distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N]
        distfl bench [--suite runtime|ffc|tct|cross-device|startup] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
@@ -154,6 +155,17 @@ def cmd_partition(args) -> int:
     return 0
 
 
+def cmd_data(args) -> int:
+    from .data.prepared import describe, load_prepared, read_source, write_prepared
+
+    fed = read_source(args.name, args.source, args.split, args.seed)
+    write_prepared(fed, args.out, args.name, args.source)
+    print(f"prepared {args.name} from {args.source}: {describe(load_prepared(args.out))}")
+    print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
+          f"partition.scheme=natural partition.num_clients={fed.num_clients}")
+    return 0
+
+
 def _check_npz_out(out: str) -> None:
     """Fail on an unusable --out path before any work."""
     if not out.endswith(".npz"):
@@ -248,6 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "named client_<id>, in the order training uses")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_partition)
+    p = sub.add_parser("data", help="prepare a downloaded federated dataset once into a memory-mapped folder")
+    p.add_argument("action", choices=["prepare"])
+    p.add_argument("name", help="the source format: leaf (a LEAF dataset's data/ folder)")
+    p.add_argument("--from", dest="source", required=True, metavar="DIR", help="the downloaded dataset")
+    p.add_argument("--out", required=True, metavar="FOLDER", help="the folder to write (data.path of "
+                                                                  "data.dataset=prepared)")
+    p.add_argument("--split", choices=["sample", "user"], default="sample",
+                   help="leaf, from all_data/ only: LEAF's sample-wise or user-wise split (default sample)")
+    p.add_argument("--seed", type=int, default=0, help="leaf, from all_data/ only: the split's seed (default 0)")
+    p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
     p.add_argument("--out", default="bench/results.json", help="where to write the JSON results")
     p.add_argument("--rounds", type=int, default=10, help="FL rounds per measurement")

@@ -44,7 +44,7 @@ def concatenate(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[np.ndarray,
 
 
 # The datasets whose clients come with the data (partition.scheme=natural needs one of them).
-NATURAL_DATASETS = ["fedprox_synthetic", "leaf"]
+NATURAL_DATASETS = ["fedprox_synthetic", "leaf", "prepared"]
 
 
 def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np.ndarray]:
