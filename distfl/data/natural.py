@@ -47,6 +47,13 @@ def concatenate(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[np.ndarray,
 NATURAL_DATASETS = ["fedprox_synthetic", "leaf", "prepared"]
 
 
+def _ranges(offsets: np.ndarray) -> list[np.ndarray]:
+    """[arange(offsets[k], offsets[k + 1])] as views of one arange: one allocation for any number of clients."""
+    bounds = np.asarray(offsets, dtype=np.int64)
+    base = np.arange(bounds[-1], dtype=np.int64)
+    return [base[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
 def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np.ndarray]:
     """partition.scheme=natural: client k's training indices, its own samples in the source's order."""
     if train_offsets is None:
@@ -56,9 +63,9 @@ def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np
     if count != num_clients:
         raise DataError(f"the dataset holds {count} clients but partition.num_clients={num_clients}; "
                         f"set partition.num_clients={count} for its natural partition")
-    return [np.arange(train_offsets[k], train_offsets[k + 1], dtype=np.int64) for k in range(count)]
+    return _ranges(train_offsets)
 
 
 def natural_test_sets(test_offsets: np.ndarray) -> list[np.ndarray]:
     """Each client's own test samples (indices into the test split), for eval.clients."""
-    return [np.arange(test_offsets[k], test_offsets[k + 1], dtype=np.int64) for k in range(len(test_offsets) - 1)]
+    return _ranges(test_offsets)

@@ -47,9 +47,14 @@ def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: 
         raise DataError(f"unknown partition.scheme {cfg.scheme!r}; valid: {', '.join(schemes)}")
 
     rng = np.random.RandomState(seed)
-    if cfg.scheme == "natural":
+    if cfg.scheme == "natural":  # int64 ranges already, used as the source orders them; empty clients refused
         parts = natural_parts(natural, cfg.num_clients)
-    elif cfg.scheme == "n_classes":
+        empty = np.flatnonzero(np.diff(np.asarray(natural)) == 0)
+        if len(empty):
+            raise DataError(f"the dataset's client {int(empty[0])} has no training sample ({len(empty)} such clients); "
+                            "every client of a natural partition needs one: drop them from the source")
+        return parts
+    if cfg.scheme == "n_classes":
         parts = _n_classes(labels, cfg, num_classes, rng, random.Random(seed))
     else:
         parts = schemes[cfg.scheme](labels, cfg, num_classes, rng)

@@ -42,7 +42,7 @@ from .client_eval import add_client_counts, client_segments, reduced_client_stat
 from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
-from .population import Population, place, place_packs
+from .population import DeviceIndices, Population, place, place_packs
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
@@ -97,7 +97,7 @@ class Trainer:
         if holdout:
             parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, seed)
         self.population = Population(parts, labels, self.data.num_classes)
-        self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
+        self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
             if holdout:
