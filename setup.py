@@ -15,6 +15,7 @@ setup(
         "submitit",
         "matplotlib",  # `distfl report`: accuracy-vs-round and accuracy-vs-time plots (PNG, Agg backend)
         "dp-accounting==0.6.0",  # privacy.mechanism=gaussian: Google's RDP and PLD accountants (pulls scipy, dm-tree, attrs)
+        "h5py==3.16.0",  # data.dataset=tff: TFF's HDF5 client data
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["distfl=distfl.cli:main"]},

@@ -262,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("data", help="prepare a downloaded federated dataset once into a memory-mapped folder")
     p.add_argument("action", choices=["prepare"])
-    p.add_argument("name", help="the source format: leaf (a LEAF dataset's data/ folder)")
+    p.add_argument("name", help="the source format: leaf (a LEAF dataset's data/ folder) or tff (the folder of "
+                                "TFF's PREFIX_train.h5 and PREFIX_test.h5)")
     p.add_argument("--from", dest="source", required=True, metavar="DIR", help="the downloaded dataset")
     p.add_argument("--out", required=True, metavar="FOLDER", help="the folder to write (data.path of "
                                                                   "data.dataset=prepared)")

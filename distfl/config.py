@@ -423,9 +423,10 @@ def _plugin_in_range(name: str, option: str, value, spec) -> bool:
 
 def _check_files(v: dict) -> None:
     """data.path and partition.path exist when their choice needs them (read when the run loads data)."""
-    needs = {"data.path": (v["data.dataset"] in ("files", "leaf", "prepared"), f"data.dataset={v['data.dataset']}",
+    needs = {"data.path": (v["data.dataset"] in ("files", "leaf", "tff", "prepared"), f"data.dataset={v['data.dataset']}",
                            "a LEAF dataset's data/ folder (train/ and test/, or all_data/)" if v["data.dataset"] == "leaf"
                            else "the folder `distfl data prepare` wrote" if v["data.dataset"] == "prepared"
+                           else "the folder with TFF's PREFIX_train.h5 and PREFIX_test.h5" if v["data.dataset"] == "tff"
                            else "an .npz with x_train, y_train, x_test, y_test, or a folder with train/ and test/ "
                            "ImageFolder trees"),
              "partition.path": (v["partition.scheme"] == "file", "partition.scheme=file",

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DataConfig:
-    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path) | fedprox_synthetic (FedProx's Synthetic(alpha, beta) / Synthetic-IID federation: 30 devices, 60 features, 10 classes, generated from the data seed; partition.scheme=natural, docs/datasets.md) | leaf (LEAF's JSON files at data.path: FEMNIST, Shakespeare, vectors; docs/datasets.md) | prepared (the memory-mapped folder `distfl data prepare` wrote, at data.path)
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path) | fedprox_synthetic (FedProx's Synthetic(alpha, beta) / Synthetic-IID federation: 30 devices, 60 features, 10 classes, generated from the data seed; partition.scheme=natural, docs/datasets.md) | leaf (LEAF's JSON files at data.path: FEMNIST, Shakespeare, vectors; docs/datasets.md) | tff (TFF's HDF5 files at data.path: fed_emnist, fed_emnist_digitsonly, fed_cifar100) | prepared (the memory-mapped folder `distfl data prepare` wrote, at data.path)
     root: str = "./data"  # where to look for (and download) the dataset files
-    path: str = ""  # leaf: a LEAF dataset's data/ folder (train/ and test/, or all_data/). prepared: the folder `distfl data prepare` wrote. files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
+    path: str = ""  # leaf: a LEAF dataset's data/ folder (train/ and test/, or all_data/). tff: the folder with PREFIX_train.h5 and PREFIX_test.h5. prepared: the folder `distfl data prepare` wrote. files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
     augment: str = "auto"  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
     normalize: str = "auto"  # input scaling after pixels / 255: auto (CIFAR: (x - mean) / std with the fixed per-channel stats in distfl/data/datasets.py CIFAR_STATS; fmnist, synthetic, files: none) | none (the [0, 1] pixels; files and synthetic: as read or generated) | mean_std ((x - mean) / std per channel, both splits, with the mean and population std of the training split computed in float64; FMNIST: 0.2860 / 0.3530)
@@ -30,7 +30,7 @@ class DataConfig:
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path) | natural (the clients the dataset comes with, each with its own training samples; data.dataset=fedprox_synthetic, leaf or prepared; num_clients must equal their count)
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path) | natural (the clients the dataset comes with, each with its own training samples; data.dataset=fedprox_synthetic, leaf, tff or prepared; num_clients must equal their count)
     num_clients: int = 100  # total clients in the population
     path: str = ""  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
@@ -232,7 +232,7 @@ class Config:
 # the closest one for a typo; the modules that implement the choices check they cover them in tests.
 # algorithm.name and model.name also take plugins (PLUGIN_KEYS): an import path or an entry-point name.
 CHOICES = {
-    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files", "fedprox_synthetic", "leaf", "prepared"],
+    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files", "fedprox_synthetic", "leaf", "tff", "prepared"],
     "data.leaf_split": ["sample", "user"],
     "data.augment": ["auto", "none", "crop_flip"],
     "data.normalize": ["auto", "none", "mean_std"],
@@ -308,7 +308,7 @@ APPLIES_ONLY_TO = {
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
     "partition.path": ("partition.scheme", ["file"]),
-    "data.path": ("data.dataset", ["files", "leaf", "prepared"]),
+    "data.path": ("data.dataset", ["files", "leaf", "tff", "prepared"]),
     "data.leaf_split": ("data.dataset", ["leaf"]),
     "data.synthetic_alpha": ("data.dataset", ["fedprox_synthetic"]),
     "data.synthetic_beta": ("data.dataset", ["fedprox_synthetic"]),

@@ -25,6 +25,7 @@ from distfl.data.leaf import load_leaf
 from distfl.data.natural import Federated
 from distfl.data.npz import npz_errors
 from distfl.data.prepared import load_prepared
+from distfl.data.tff import load_tff
 from distfl.errors import DataError
 from distfl.schema import DataConfig
 
@@ -92,11 +93,13 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
         ds = from_federated(load_fedprox_synthetic(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_iid, seed))
     elif cfg.dataset == "leaf":
         ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed))
+    elif cfg.dataset == "tff":
+        ds = from_federated(load_tff(cfg.path))
     elif cfg.dataset == "prepared":
         ds = from_federated(load_prepared(cfg.path))
     else:
         raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic, files, "
-                        "fedprox_synthetic, leaf, prepared")
+                        "fedprox_synthetic, leaf, tff, prepared")
 
     if cfg.normalize == "mean_std":
         ds = normalized(ds, *training_mean_std(ds.train_x))

@@ -44,7 +44,7 @@ def concatenate(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[np.ndarray,
 
 
 # The datasets whose clients come with the data (partition.scheme=natural needs one of them).
-NATURAL_DATASETS = ["fedprox_synthetic", "leaf", "prepared"]
+NATURAL_DATASETS = ["fedprox_synthetic", "leaf", "tff", "prepared"]
 
 
 def _ranges(offsets: np.ndarray) -> list[np.ndarray]:

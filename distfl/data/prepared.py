@@ -28,7 +28,7 @@ from distfl.errors import DataError
 
 FORMAT = "distfl-prepared-1"
 ARRAYS = ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offsets", "client_ids")
-SOURCES = ("leaf",)
+SOURCES = ("leaf", "tff")
 
 
 def read_source(name: str, folder: str, split: str, seed: int) -> Federated:
@@ -36,6 +36,10 @@ def read_source(name: str, folder: str, split: str, seed: int) -> Federated:
         from distfl.data.leaf import load_leaf
 
         return load_leaf(folder, split, seed)
+    if name == "tff":
+        from distfl.data.tff import load_tff
+
+        return load_tff(folder)
     raise DataError(f"distfl data prepare: unknown dataset {name!r}; valid: {', '.join(SOURCES)}")
 
 
