@@ -239,3 +239,14 @@ def test_natural_client_count_is_checked(tmp_path):
     proc = run_cli(["train", str(cfg)])
     assert proc.returncode != 0
     assert "the dataset holds 4 clients but partition.num_clients=9; set partition.num_clients=4" in proc.stderr
+
+
+def test_image_transforms_are_refused_on_characters(tmp_path):
+    from distfl.data.datasets import load_dataset
+    from distfl.schema import DataConfig
+
+    _shakespeare_all_data(tmp_path / "leaf", length=12)
+    for key, value in (("normalize", "mean_std"), ("augment", "crop_flip")):
+        cfg = DataConfig(dataset="leaf", path=str(tmp_path / "leaf"), **{key: value})
+        with pytest.raises(DataError, match=f"data.{key}={value} scales or crops images, but leaf-characters"):
+            load_dataset(cfg, 0)

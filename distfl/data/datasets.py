@@ -101,6 +101,10 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
         raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic, files, "
                         "fedprox_synthetic, leaf, tff, prepared")
 
+    if not ds.train_x.is_floating_point() and (cfg.normalize == "mean_std" or cfg.augment == "crop_flip"):
+        key = "data.normalize=mean_std" if cfg.normalize == "mean_std" else "data.augment=crop_flip"
+        raise DataError(f"{key} scales or crops images, but {ds.name}'s inputs are token indices "
+                        f"({ds.train_x.dtype}); use data.normalize=none and data.augment=none")
     if cfg.normalize == "mean_std":
         ds = normalized(ds, *training_mean_std(ds.train_x))
     elif cfg.normalize == "auto" and cfg.dataset in CIFAR_STATS:
