@@ -445,23 +445,6 @@ def _check_files(v: dict) -> None:
                               f"{v['partition.num_clients']}; set partition.num_clients={count}")
 
 
-def _check_natural(v: dict) -> None:
-    """partition.scheme=natural needs a dataset whose clients come with it, and all of them."""
-    from distfl.data import fedprox_synthetic
-    from distfl.data.natural import NATURAL_DATASETS
-
-    if v["partition.scheme"] != "natural":
-        return
-    if v["data.dataset"] not in NATURAL_DATASETS:
-        raise ConfigError(f"partition.scheme=natural gives each client the samples the dataset assigns it, but "
-                          f"data.dataset={v['data.dataset']} assigns none: use data.dataset in "
-                          f"[{', '.join(NATURAL_DATASETS)}] or another partition.scheme")
-    if v["data.dataset"] == "fedprox_synthetic" and v["partition.num_clients"] != fedprox_synthetic.NUM_DEVICES:
-        raise ConfigError(f"data.dataset=fedprox_synthetic has {fedprox_synthetic.NUM_DEVICES} devices but "
-                          f"partition.num_clients={v['partition.num_clients']}; set partition.num_clients="
-                          f"{fedprox_synthetic.NUM_DEVICES} for its natural partition")
-
-
 def validate(cfg: Config) -> None:
     """Raise ConfigError for a wrong type, unknown choice, out-of-range value or impossible combination."""
     v = _values(cfg)
@@ -485,7 +468,9 @@ def validate(cfg: Config) -> None:
                           "is 0 or inf in float32; use a value between 1e-22 and 1e19")
     cfg.algorithm.options = _algorithm_options(v["algorithm.name"], v[OPTIONS_KEY])
     _check_files(v)
-    _check_natural(v)
+    from distfl.data.natural import check_natural
+
+    check_natural(v)
 
     if v["train.clients_per_round"] > v["partition.num_clients"]:
         raise ConfigError(

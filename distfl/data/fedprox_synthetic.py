@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distfl.data.natural import Federated, concatenate
+from distfl.data.natural import CLIENT_COUNTS, Federated, concatenate
 
-NUM_DEVICES = 30
+NUM_DEVICES = CLIENT_COUNTS["fedprox_synthetic"]
 DIMENSION = 60
 NUM_CLASSES = 10
 TRAIN_FRACTION = 0.9

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distfl.errors import DataError
+from distfl.errors import ConfigError, DataError
 
 
 @dataclass
@@ -45,6 +45,24 @@ def concatenate(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[np.ndarray,
 
 # The datasets whose clients come with the data (partition.scheme=natural needs one of them).
 NATURAL_DATASETS = ["fedprox_synthetic", "leaf", "tff", "prepared"]
+# Their client counts where known before any data loads (the others: once the files are read).
+CLIENT_COUNTS = {"fedprox_synthetic": 30}
+
+
+def check_natural(v: dict) -> None:
+    """ConfigError, before any data loads: partition.scheme=natural needs a dataset whose clients come with
+    it, and all of them (`v`: the dotted config values)."""
+    if v["partition.scheme"] != "natural":
+        return
+    dataset = v["data.dataset"]
+    if dataset not in NATURAL_DATASETS:
+        raise ConfigError(f"partition.scheme=natural gives each client the samples the dataset assigns it, but "
+                          f"data.dataset={dataset} assigns none: use data.dataset in [{', '.join(NATURAL_DATASETS)}] "
+                          "or another partition.scheme")
+    count = CLIENT_COUNTS.get(dataset)
+    if count is not None and v["partition.num_clients"] != count:
+        raise ConfigError(f"data.dataset={dataset} has {count} devices but partition.num_clients="
+                          f"{v['partition.num_clients']}; set partition.num_clients={count} for its natural partition")
 
 
 def _ranges(offsets: np.ndarray) -> list[np.ndarray]:
