@@ -10,7 +10,7 @@ here=experiments/fedprox_synthetic
 seeds=${*:-0 1}
 mkdir -p "$here/results"
 for seed in $seeds; do
-  for data in synthetic_1_1 synthetic_0.5_0.5 synthetic_0_0 synthetic_iid; do
+  for data in synthetic_1_1 synthetic_iid synthetic_0_0 synthetic_0.5_0.5; do
     for method in fedavg fedprox_mu1; do
       name=${data}_${method}_s${seed}
       [ -f "$here/results/$name/summary.json" ] && continue
