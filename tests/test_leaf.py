@@ -250,3 +250,18 @@ def test_image_transforms_are_refused_on_characters(tmp_path):
         cfg = DataConfig(dataset="leaf", path=str(tmp_path / "leaf"), **{key: value})
         with pytest.raises(DataError, match=f"data.{key}={value} scales or crops images, but leaf-characters"):
             load_dataset(cfg, 0)
+
+
+def test_per_client_evaluation_needs_clients_with_test_samples(tmp_path):
+    """A user-wise split gives no training client a test sample of its own: eval.clients is refused in one
+    line (and eval.client_split=holdout works)."""
+    _shakespeare_all_data(tmp_path / "leaf", length=12)
+    cfg = write_config(tmp_path / "c.yaml", {
+        "data": {"dataset": "leaf", "path": str(tmp_path / "leaf"), "leaf_split": "user"},
+        "partition": {"scheme": "natural", "num_clients": 4}, "model": {"name": "char_lstm"},
+        "train": {"rounds": 1, "clients_per_round": 2, "batch_size": 4}, "eval": {"every": 1, "clients": True},
+        "output": {"dir": str(tmp_path / "run"), "progress": "none", "tensorboard": False}})
+    proc = run_cli(["train", str(cfg)])
+    assert proc.returncode != 0 and "no client of this natural split has any" in proc.stderr, proc.stderr
+    ok = run_cli(["train", str(cfg), "eval.client_split=holdout", f"output.dir={tmp_path / 'held'}"])
+    assert ok.returncode == 0, ok.stderr

@@ -86,4 +86,9 @@ def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np
 
 def natural_test_sets(test_offsets: np.ndarray) -> list[np.ndarray]:
     """Each client's own test samples (indices into the test split), for eval.clients."""
+    if int(np.asarray(test_offsets)[-1]) == 0:
+        raise DataError("eval.clients=true scores each client on its own test samples, but no client of this natural "
+                        "split has any (a user-wise split: its test users are not training clients); set "
+                        "eval.clients=false, or eval.client_split=holdout to hold out part of each client's training "
+                        "samples")
     return _ranges(test_offsets)
