@@ -2,7 +2,9 @@
 training loss over all devices' training samples (FedProx's Figure 2 quantity) at rounds 10, 20 and 40,
 its worst rise from one round to the next, the rounds in which it rose, and the test accuracy at round 40.
 
-    python experiments/fedprox_synthetic/table.py [--upto 40] > experiments/fedprox_synthetic/results.md
+    python experiments/fedprox_synthetic/table.py [--upto 40] [--plot FILE.png] > experiments/fedprox_synthetic/results.md
+
+--plot: the training-loss curves, one panel per federation (as FedProx's Figure 2, top row).
 """
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ def rows(name: str, upto: int) -> list[dict] | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--upto", type=int, default=40, help="the last round read (the runs' common length)")
+    parser.add_argument("--plot", help="also draw the training-loss curves into this PNG")
     args = parser.parse_args()
+    if args.plot:
+        plot(args.plot, args.upto)
     marks = [m for m in (10, 20, args.upto) if m <= args.upto]
     print(f"Global training loss (all 30 devices' training samples) and test accuracy, rounds 1-{args.upto}; "
           f"`rises`: rounds whose loss exceeds the previous round's; `worst rise`: the largest such step.\n")
@@ -61,6 +66,29 @@ def main() -> None:
                 cells.append("" if a is None or b is None else
                              (f"{b[0] - a[0]:+.4f}" if i == 0 else f"{100 * (b[1] - a[1]):+.2f}"))
         print(f"| {data} | " + " | ".join(cells) + " |")
+
+
+def plot(path: str, upto: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(DATA), figsize=(4 * len(DATA), 3.2), sharey=False)
+    for ax, data in zip(axes, DATA):
+        for method, style in (("fedavg", "-"), ("fedprox_mu1", "--")):
+            for seed, color in ((0, "tab:blue"), (1, "tab:orange")):
+                r = rows(f"{data}_{method}_s{seed}", upto)
+                if r:
+                    ax.plot([x["round"] for x in r], [x["global_train_loss"] for x in r], style, color=color,
+                            label=f"{METHODS[method]}, seed {seed}")
+        ax.set_title(data)
+        ax.set_xlabel("round")
+        ax.set_yscale("log")
+    axes[0].set_ylabel("global training loss")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
