@@ -269,3 +269,12 @@ def lock_run_dir(run_dir: Path):
     handle.write(f"{os.getpid()} on {socket.gethostname()}\n")
     handle.flush()
     return handle
+
+
+def to_cpu(obj):
+    """Tensors in `obj` (a tensor or a dict of them, nested) moved to the CPU, for a checkpoint."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    return obj

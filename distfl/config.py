@@ -507,9 +507,11 @@ def validate(cfg: Config) -> None:
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
 
     from distfl.privacy import rules as privacy_rules
+    from distfl.system import rules as system_rules
 
     name = v["algorithm.name"]
     privacy_rules.check(v, None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name))
+    system_rules.check(v)
 
 
 def _check_personalised(v: dict) -> None:

@@ -205,6 +205,33 @@ class PrivacyConfig:
 
 
 @dataclass
+class SystemConfig:
+    speed: str = "constant:1"  # each client's compute time per training sample's forward pass in ms (FedScale's `computation`), keyed by (seed, client): constant:V | uniform:LO,HI | lognormal:MU,SIGMA (exp(MU + SIGMA N(0,1))) | list:V1,V2,... (each client one value, drawn uniformly). The whole system section is off (today's rounds, no virtual clock) while every key holds its default (docs/system.md)
+    compute_factor: float = 3.0  # a sample's training time is this many times its forward pass (FedScale's 3: the backward pass takes about 2x)
+    bandwidth: str = "constant:inf"  # each client's download bandwidth in kbit/s (FedScale's `communication`; 1 kbit = 1024 bits), a spec as system.speed; inf: transfers take no time
+    upload_bandwidth: str = "same"  # each client's upload bandwidth in kbit/s: same (its download bandwidth, FedScale's one figure) | a spec as system.speed, drawn independently
+    capacity_file: str = ""  # FedScale's client_device_capacity (a pickle, or the JSON `python -m distfl.system.traces convert` writes): id -> {computation: ms per sample, communication: kbit/s}, client k taking the entry with key (k + 1) mod the file's length, as FedScale maps its 1-based ids; replaces system.speed and both bandwidths
+    availability: str = "always"  # always | trace (FedScale's client_behave_trace in system.trace_file) | diurnal (each client online system.diurnal_online of every system.diurnal_period_s, from a phase keyed by (seed, client))
+    trace_file: str = ""  # availability=trace: FedScale's client_behave_trace (a pickle, or its JSON conversion): id -> {active: [s], inactive: [s], finish_time: s, ...}; client k takes the entry at position (k + 1) mod the file's length, as FedScale; online while active[i] <= (t mod finish_time) <= inactive[i] for some i
+    diurnal_period_s: float = 86400.0  # availability=diurnal: the length of a day in virtual seconds
+    diurnal_online: float = 0.5  # availability=diurnal: the fraction of each period a client is online
+    unavailable: str = "skip"  # availability: skip (a round samples only clients online when it starts) | fail (it samples from all; an offline client fails, counted as dropped)
+    dropout: float = 0.0  # probability that a sampled client drops out (starts and never reports), keyed by (seed, round, client); also a client whose availability ends before it finishes is dropped
+    round: str = "wait_all"  # synchronous rounds: wait_all (the slowest reporting client sets the round's length) | deadline (clients not done by system.deadline_s are late and dropped, or send partial work with system.partial_work) | overselect (sample ceil(system.overselect x clients_per_round), keep the first clients_per_round to finish)
+    deadline_s: float = 0.0  # round=deadline: the round's length in virtual seconds (> 0)
+    partial_work: bool = False  # round=deadline: a late client sends the local steps it finished by the deadline (FedProx's variable local work) instead of being dropped; one with no finished step is dropped
+    overselect: float = 1.3  # round=overselect: clients sampled per client kept (Bonawitz et al. 2019, FedScale: 1.3)
+    async_mode: str = "none"  # asynchronous aggregation (the system.async; `async` is a Python keyword): none | fedbuff (Nguyen et al. 2022) | fedasync (Xie et al. 2019). train.rounds counts server steps
+    buffer_size: int = 10  # fedbuff: K, client updates per server step
+    concurrency: int = 0  # fedbuff, fedasync: C, clients training at once (0: train.clients_per_round)
+    max_staleness: int = -1  # fedbuff, fedasync: updates staler than this many server steps are discarded (-1: none)
+    staleness: str = "constant"  # fedbuff, fedasync: weight of an update s server steps stale: constant (1) | polynomial ((1 + s)^-a) | hinge (1 for s <= b, else 1 / (a (s - b) + 1))
+    staleness_a: float = 0.5  # staleness=polynomial, hinge: a
+    staleness_b: float = 4.0  # staleness=hinge: b
+    async_alpha: float = 0.6  # fedasync: mixing weight alpha, w <- (1 - alpha_t) w + alpha_t w_client with alpha_t = alpha x the staleness weight
+
+
+@dataclass
 class Config:
     seed: int = 0  # seeds partition, model init, cohorts and every client's local randomness
     data: DataConfig = field(default_factory=DataConfig)
@@ -221,6 +248,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
 
 
 # Valid values of the string keys that name a choice. config.py validates against these and suggests
@@ -268,6 +296,11 @@ CHOICES = {
     "runtime.placement": ["auto", "balanced", "sticky"],
     "runtime.channels_last": ["auto", "on", "off"],
     "eval.client_split": ["test", "holdout"],
+    "system.availability": ["always", "trace", "diurnal"],
+    "system.unavailable": ["skip", "fail"],
+    "system.round": ["wait_all", "deadline", "overselect"],
+    "system.async_mode": ["none", "fedbuff", "fedasync"],
+    "system.staleness": ["constant", "polynomial", "hinge"],
 }
 
 # The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.
@@ -324,6 +357,17 @@ APPLIES_ONLY_TO = {
     **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
        for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
+    "system.trace_file": ("system.availability", ["trace"]),
+    "system.diurnal_period_s": ("system.availability", ["diurnal"]),
+    "system.diurnal_online": ("system.availability", ["diurnal"]),
+    "system.deadline_s": ("system.round", ["deadline"]),
+    "system.partial_work": ("system.round", ["deadline"]),
+    **{f"system.{key}": ("system.async_mode", ["fedbuff", "fedasync"]) for key in (
+        "concurrency", "max_staleness", "staleness")},
+    "system.buffer_size": ("system.async_mode", ["fedbuff"]),
+    "system.async_alpha": ("system.async_mode", ["fedasync"]),
+    "system.staleness_a": ("system.staleness", ["polynomial", "hinge"]),
+    "system.staleness_b": ("system.staleness", ["hinge"]),
     **{f"privacy.{key}": ("privacy.mechanism", ["gaussian"]) for key in (
         "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip")},
 }
@@ -425,6 +469,18 @@ RANGES = {
     "algorithm.ditto_lambda": ">= 0",
     "algorithm.apfl_alpha": "[0, 1]",
     "algorithm.apfl_alpha_lr": ">= 0",
+    "system.compute_factor": "> 0",
+    "system.diurnal_period_s": "> 0",
+    "system.diurnal_online": "(0, 1]",
+    "system.dropout": "[0, 1)",
+    "system.deadline_s": ">= 0",
+    "system.overselect": ">= 1",
+    "system.buffer_size": ">= 1",
+    "system.concurrency": ">= 0",
+    "system.max_staleness": ">= -1",
+    "system.staleness_a": ">= 0",
+    "system.staleness_b": ">= 0",
+    "system.async_alpha": "(0, 1]",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

@@ -37,6 +37,7 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
+from ..system import build as build_system
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, reduced_client_statistics
 from .local import ClientRun, FlatModel, local_steps, train_client
@@ -46,7 +47,6 @@ from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
 from . import run_dir, stopping, summary
-
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
@@ -143,6 +143,7 @@ class Trainer:
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
+        self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
@@ -215,6 +216,8 @@ class Trainer:
         self.algorithm.load_server_state(state["server"])
         if self.privacy is not None:
             self.privacy.load_state_dict(state["privacy"])
+        if self.system is not None:
+            self.system.load_state_dict(state["system"])
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
         self.last_round = state["round"]
@@ -299,13 +302,14 @@ class Trainer:
                 "step": step,
                 "phases_done": list(self.phases_done),
                 "phase_results": dict(self.phase_results),
-                "phase_state": _to_cpu(self.phase_state),
+                "phase_state": checkpoint.to_cpu(self.phase_state),
                 "frozen": [t.cpu() for t in self.worker.frozen],
                 "params": self.global_params.cpu(),
                 "buffers": self.global_buffers.cpu(),
                 "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
-                "server": _to_cpu(self.algorithm.server_state()),
+                "server": checkpoint.to_cpu(self.algorithm.server_state()),
                 "privacy": self.privacy.state_dict() if self.privacy is not None else {},
+                **({"system": self.system.state_dict()} if self.system is not None else {}),
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "data": self.data_sources,
@@ -338,7 +342,9 @@ class Trainer:
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
         self.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
-        cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        plan = self.system.plan_round(round_idx) if self.system is not None else None  # who reports, on the clock
+        cohort = plan.kept if plan else self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round,
+                                                               cfg.train.cohort)
         if self.pack_size == 1:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
         else:
@@ -359,7 +365,8 @@ class Trainer:
             run = runs[0]
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
-            train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
+            train_client(self.worker, self.data, self.client_indices[run.client_id], run,
+                         self._train_cfg(run.client_id), self.algorithm)
             self._contribute(run, stats)
         stats.add("stop", int(self.stop_requested))
         self.where = f"round {round_idx}, aggregation and server step"
@@ -395,18 +402,21 @@ class Trainer:
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
-                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy}
+                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy, **(plan.metrics() if plan else {})}
+
+    def _train_cfg(self, client_id: int):  # train.* as the client trains this round (system.partial_work)
+        return self.cfg.train if self.system is None else self.system.train_cfg(client_id, self.cfg.train)
 
     def _samples_trained(self, client_id: int) -> int:
-        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self.cfg.train)
+        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self._train_cfg(client_id))
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
         run = ClientRun(
             client_id=client_id, round_idx=round_idx, num_samples=n,
             weight=self.algorithm.client_weight(client_id, cohort),
-            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps,
-                              self.worker.fold_single),
+            steps=local_steps(n, self.cfg.train.batch_size, self._train_cfg(client_id).local_epochs,
+                              self._train_cfg(client_id).local_steps, self.worker.fold_single),
             global_params=self.global_params)
         if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
@@ -492,7 +502,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 stopping.check_launcher(self, logger)
                 self.where = f"round {t}"
-                row = self.run_round(t)
+                row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
+                    else self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
                 metrics.pop("samples", None)
@@ -541,7 +552,7 @@ class Trainer:
                                           self.started)
             status, error = "failed", self.failure.line
         finally:
-            closed = _attempt(logger.close)
+            closed = faults.attempt(logger.close)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
         if closed is not None and status == "completed":  # e.g. TensorBoard's last flush on a full disk
@@ -551,7 +562,7 @@ class Trainer:
         if status == "failed":
             # Where the disk allows: the run's summary must not keep an earlier run's "completed".
             if self.ctx.is_main:
-                _attempt(lambda: checkpoint.atomic_write_text(
+                faults.attempt(lambda: checkpoint.atomic_write_text(
                     json.dumps(summary.build(self, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
         result = summary.build(self, status, error)
@@ -631,20 +642,3 @@ def _accountant():
     from ..privacy import accountant
 
     return accountant
-
-
-def _attempt(action) -> Exception | None:
-    """Run `action`; return the exception it raised instead of raising it (cleanup on a failing run)."""
-    try:
-        action()
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
