@@ -6,7 +6,7 @@ model, the config). Every rank computes the same plan; only the clock's value is
 A round that starts at virtual time T:
   1. sampling: train.clients_per_round clients (round=overselect: ceil(overselect x that)) by the run's
      cohort rule; under an availability model with unavailable=skip, a keyed sample of the clients
-     online at T instead;
+     online at T instead (if none is, the round first waits until one comes online, and T is then);
   2. each sampled client c takes d_c = download + compute(samples it trains) + upload seconds; it drops
      out if its keyed dropout draw says so, if it was offline at T (unavailable=fail), or if it is
      offline at T + d_c (it left before reporting: FedScale's rule);
@@ -61,15 +61,18 @@ def plan_round(system: SystemModel, population, cfg, round_idx: int, start_s: fl
     the samples each covers (a list), as it would train the whole round."""
     s, k = cfg.system, cfg.train.clients_per_round
     size = math.ceil(s.overselect * k) if s.round == "overselect" else k
-    sampled = sample(system, population, cfg, round_idx, min(size, len(population)), start_s)
+    begin = start_s
+    if s.availability != "always" and s.unavailable == "skip":
+        begin = system.next_online(start_s)  # with no client online, the round waits for the first one
+    sampled = sample(system, population, cfg, round_idx, min(size, len(population)), begin)
     drops = system.drops(round_idx, sampled)
     if s.availability != "always" and s.unavailable == "fail":
-        drops |= ~system.online(sampled, start_s)
+        drops |= ~system.online(sampled, begin)
     reporting, dropped, steps_of = [], [], {}
     for c, drop in zip(sampled, drops):
         steps = work(c)
         duration = system.duration_s(c, sum(steps))
-        if drop or not bool(system.online([c], start_s + duration)[0]):
+        if drop or not bool(system.online([c], begin + duration)[0]):
             dropped.append(c)
             continue
         reporting.append((duration, c))
@@ -96,6 +99,7 @@ def plan_round(system: SystemModel, population, cfg, round_idx: int, start_s: fl
         plan.kept = sorted(c for _, c in order[:k])
         plan.late = sorted(c for _, c in order[k:])
         plan.length_s = order[min(k, len(order)) - 1][0] if order else 0.0
+    plan.length_s += begin - start_s
     return plan
 
 

@@ -137,6 +137,17 @@ class SystemModel:
             return np.array([self.behaviour[int(c)].online(t) for c in clients], dtype=bool)
         return np.ones(len(clients), dtype=bool)
 
+    def next_online(self, t: float) -> float:
+        """The earliest time >= t at which some client is online (t itself under availability=always)."""
+        s = self.cfg
+        if self.phase is not None:
+            since = np.mod(t - self.phase, s.diurnal_period_s)
+            waits = np.where(since < s.diurnal_online * s.diurnal_period_s, 0.0, s.diurnal_period_s - since)
+            return t + float(waits.min())
+        if self.behaviour is not None:
+            return min(b.next_online(t) for b in set(self.behaviour))
+        return t
+
     def drops(self, round_idx: int, clients) -> np.ndarray:
         """Whether each client drops out in round `round_idx` (keyed by (seed, round, client))."""
         clients = np.asarray(clients, dtype=np.int64)

@@ -5,7 +5,8 @@ FedScale ships two pickled dicts (benchmark/dataset/data/device_info/README.md):
   client_behave_trace:    client id -> {"duration": int, "inactive": [s], "finish_time": int,
                                          "active": [s], "model": str}
 A pickle can name any importable callable, and loading it calls that callable, so these are read by an
-unpickler that resolves no name at all except numpy's numeric scalars: plain dicts, lists, tuples,
+unpickler that resolves no name at all except numpy's numeric scalars (and the latin-1 bytes protocol 2
+stores them in): plain dicts, lists, tuples,
 strings and numbers load; anything else is refused before it is built. Each format also reads from a
 JSON file (what `python -m distfl.system.traces convert IN OUT.json` writes), keys as strings.
 
@@ -44,8 +45,15 @@ def _numpy_dtype(kind, align=False, copy=True):
     return np.dtype(kind)
 
 
+def _latin1_bytes(text, encoding="latin1"):
+    """How pickle protocol 2 stores bytes (a numpy scalar's): _codecs.encode(str, 'latin1')."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("an encoding call other than protocol 2's bytes")
+    return text.encode("latin1")
+
+
 _ALLOWED = {("numpy.core.multiarray", "scalar"): _numpy_scalar, ("numpy._core.multiarray", "scalar"): _numpy_scalar,
-            ("numpy", "dtype"): _numpy_dtype}
+            ("numpy", "dtype"): _numpy_dtype, ("_codecs", "encode"): _latin1_bytes}
 
 
 class PlainUnpickler(pickle.Unpickler):
@@ -122,6 +130,14 @@ class Behaviour:
     def online(self, t: float) -> bool:
         norm = t % self.finish_time
         return any(a <= norm <= b for a, b in zip(self.active, self.inactive))
+
+    def next_online(self, t: float) -> float:
+        """The earliest time >= t at which this client is online."""
+        norm = t % self.finish_time
+        if self.online(t):
+            return t
+        later = [a - norm for a in self.active if a > norm]
+        return t + (min(later) if later else self.finish_time - norm + min(self.active))
 
 
 def read_behaviour(path: str) -> list[Behaviour]:
