@@ -368,6 +368,11 @@ class Trainer:
             train_client(self.worker, self.data, self.client_indices[run.client_id], run,
                          self._train_cfg(run.client_id), self.algorithm)
             self._contribute(run, stats)
+        return self.finish_round(round_idx, cohort, stats, plan.metrics() if plan else {})
+
+    def finish_round(self, round_idx: int, cohort: list[int], stats: StatBuffer, extra: dict) -> dict:
+        """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row."""
+        cfg, ctx = self.cfg, self.ctx
         stats.add("stop", int(self.stop_requested))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = stats.reduce(ctx)
@@ -402,7 +407,7 @@ class Trainer:
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
-                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy, **(plan.metrics() if plan else {})}
+                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy, **extra}
 
     def _train_cfg(self, client_id: int):  # train.* as the client trains this round (system.partial_work)
         return self.cfg.train if self.system is None else self.system.train_cfg(client_id, self.cfg.train)

@@ -41,6 +41,9 @@ class System:
 
     def check_runtime(self, pack_size: int) -> None:
         s = self.cfg.system
+        if self.asynchronous and pack_size > 1:
+            raise ConfigError(f"system.async_mode={s.async_mode} trains each client from the model version it started "
+                              f"from; runtime.pack_size={pack_size} trains a pack from one model: set runtime.pack_size=1")
         own = type(self.trainer.algorithm).local_training is not _default_local_training()
         if s.round == "deadline" and s.partial_work and own:
             raise ConfigError(f"system.partial_work cuts a late client's local steps; algorithm.name={self.cfg.algorithm.name} "
@@ -68,6 +71,10 @@ class System:
         """train.* for `client` this round: its partial work's steps if it was late (partial_work)."""
         done = self.plan.partial_steps.get(client) if self.plan is not None else None
         return train if done is None else dataclasses.replace(train, local_epochs=1, local_steps=done)
+
+    def run_async(self, step: int) -> dict:
+        """One asynchronous server step (asynchronous.py), its metrics row."""
+        return self.engine.run_async(step)
 
     @property
     def now_s(self) -> float:
