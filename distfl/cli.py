@@ -15,7 +15,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl train --resume RUN_DIR [key=value ...] [--debug]
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
-       distfl bench [--suite runtime|ffc|tct|cross-device|startup] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY]
@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=10, help="FL rounds per measurement")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
-    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup"], default="runtime",
+    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup", "system"], default="runtime",
                    help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
                         "extra phases against a training round; cross-device: seconds per round one client "
                         "at a time versus packs (runtime.pack_size); startup: what a short 2-rank run spends outside training "

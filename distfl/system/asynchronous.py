@@ -64,8 +64,9 @@ class AsyncEngine:
             return
         system, cfg = self.system, self.system.cfg
         model, population = system.model, system.trainer.population
-        busy = {f[2] for f in self.flights}
-        eligible = np.array([c for c in range(len(population)) if c not in busy], dtype=np.int64)
+        busy = np.zeros(len(population), dtype=bool)
+        busy[[f[2] for f in self.flights]] = True
+        eligible = np.flatnonzero(~busy)
         skip = cfg.system.availability != "always" and cfg.system.unavailable == "skip"
         if skip and len(eligible):
             eligible = eligible[model.online(eligible, self.now_s)]
