@@ -207,6 +207,7 @@ class PrivacyConfig:
 @dataclass
 class SystemConfig:
     speed: str = "constant:1"  # each client's compute time per training sample's forward pass in ms (FedScale's `computation`), keyed by (seed, client): constant:V | uniform:LO,HI | lognormal:MU,SIGMA (exp(MU + SIGMA N(0,1))) | list:V1,V2,... (each client one value, drawn uniformly). The whole system section is off (today's rounds, no virtual clock) while every key holds its default (docs/system.md)
+    reference_flops: float = 0.0  # > 0: system.speed (or the capacity file) was measured on a model of this many forward FLOPs per sample; every client's compute time is scaled by this model's FLOPs / this (counted on one sample at start by torch's FlopCounterMode). 0: no scaling
     compute_factor: float = 3.0  # a sample's training time is this many times its forward pass (FedScale's 3: the backward pass takes about 2x)
     bandwidth: str = "constant:inf"  # each client's download bandwidth in kbit/s (FedScale's `communication`; 1 kbit = 1024 bits), a spec as system.speed; inf: transfers take no time
     upload_bandwidth: str = "same"  # each client's upload bandwidth in kbit/s: same (its download bandwidth, FedScale's one figure) | a spec as system.speed, drawn independently
@@ -470,6 +471,7 @@ RANGES = {
     "algorithm.apfl_alpha": "[0, 1]",
     "algorithm.apfl_alpha_lr": ">= 0",
     "system.compute_factor": "> 0",
+    "system.reference_flops": ">= 0",
     "system.diurnal_period_s": "> 0",
     "system.diurnal_online": "(0, 1]",
     "system.dropout": "[0, 1)",

@@ -280,3 +280,18 @@ def test_deadline_with_dropouts_survives_kill_9(tmp_path):
     resumed = killed_and_resumed(tmp_path, cfg, *DEADLINE)
     assert resumed["model_sha256"] == through["model_sha256"]
     assert resumed["virtual_time_s"] == through["virtual_time_s"]
+
+
+def test_reference_flops_scales_compute_by_the_models_flops(tmp_path):
+    """SMALL's MLP on 1x8x8 inputs: Linear 64->64, 64->64, 64->10, 2 FLOPs a multiply-add."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    flops = 2 * (64 * 64 + 64 * 64 + 64 * 10)
+    cfg = load_config(str(write_config(tmp_path / "c.yaml")), [f"output.dir={tmp_path / 'run'}", "system.speed=constant:2",
+                                                              f"system.reference_flops={flops / 4}"])
+    trainer = Trainer(cfg, dist.init("cpu", 1))
+    assert trainer.system.compute_scale == 4.0
+    assert trainer.system.model.compute_s(0, 100) == 3 * 100 * 2 * 4.0 / 1000
+    trainer.close()

@@ -29,7 +29,10 @@ class System:
         self.cfg = cfg
         self.trainer = trainer
         worker = trainer.worker
-        self.model = SystemModel(cfg, len(trainer.population), 4 * (worker.num_params + worker.buffers.numel()))
+        self.compute_scale = forward_flops(worker.module, trainer.data.train_x[:1]) / cfg.system.reference_flops \
+            if cfg.system.reference_flops > 0 else 1.0
+        self.model = SystemModel(cfg, len(trainer.population), 4 * (worker.num_params + worker.buffers.numel()),
+                                 self.compute_scale)
         self.clock = SyncClock(self.model, trainer.population, cfg)
         self.asynchronous = cfg.system.async_mode != "none"
         self.plan: RoundPlan | None = None
@@ -90,6 +93,21 @@ class System:
         self.clock.load_state_dict(state["clock"])
         if self.engine is not None:
             self.engine.load_state_dict(state["async"])
+
+
+def forward_flops(module, sample) -> int:
+    """FLOPs of one forward pass of `module` on `sample` (a batch of one), by torch's FlopCounterMode."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            module(sample)
+    finally:
+        module.train(was_training)
+    return int(counter.get_total_flops())
 
 
 def _default_local_training():

@@ -92,7 +92,7 @@ def parse_spec(key: str, text: str, allow_inf: bool = False) -> Spec:
 class SystemModel:
     """Per-client speeds and bandwidths (arrays over the population), availability, dropouts, durations."""
 
-    def __init__(self, cfg, num_clients: int, model_bytes: int):
+    def __init__(self, cfg, num_clients: int, model_bytes: int, compute_scale: float = 1.0):
         s = cfg.system
         self.seed, self.cfg = cfg.seed, s
         clients = np.arange(num_clients, dtype=np.int64)
@@ -105,6 +105,7 @@ class SystemModel:
             self.download = parse_spec("system.bandwidth", s.bandwidth, True).draw(self.seed, DOWNLOAD, clients)
             self.upload = (self.download if s.upload_bandwidth == "same" else
                            parse_spec("system.upload_bandwidth", s.upload_bandwidth, True).draw(self.seed, UPLOAD, clients))
+        self.ms_per_sample = self.ms_per_sample * compute_scale  # system.reference_flops
         self.model_kbit = model_bytes * 8 / 1024
         self.behaviour = None
         if s.availability == "trace":
