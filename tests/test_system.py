@@ -249,12 +249,17 @@ def test_deadline_with_dropouts_is_the_same_on_one_two_and_resumed(tmp_path):
 SLOW = """
 import os, time
 if "SLOW_SYSTEM_ROUNDS" in os.environ:
+    from distfl import system
     from distfl.federation import runner
-    _run_round = runner.Trainer.run_round
-    def run_round(self, round_idx):
-        time.sleep(0.3)
-        return _run_round(self, round_idx)
-    runner.Trainer.run_round = run_round
+
+    def slowed(step):
+        def slow(self, round_idx):
+            time.sleep(0.3)
+            return step(self, round_idx)
+        return slow
+
+    runner.Trainer.run_round = slowed(runner.Trainer.run_round)
+    system.System.run_async = slowed(system.System.run_async)
 """
 
 
