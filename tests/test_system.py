@@ -249,7 +249,7 @@ def test_deadline_with_dropouts_is_the_same_on_one_two_and_resumed(tmp_path):
 SLOW = """
 import os, time
 if "SLOW_SYSTEM_ROUNDS" in os.environ:
-    from distfl import system
+    from distfl.system import handle
     from distfl.federation import runner
 
     def slowed(step):
@@ -259,7 +259,7 @@ if "SLOW_SYSTEM_ROUNDS" in os.environ:
         return slow
 
     runner.Trainer.run_round = slowed(runner.Trainer.run_round)
-    system.System.run_async = slowed(system.System.run_async)
+    handle.System.run_async = slowed(handle.System.run_async)
 """
 
 

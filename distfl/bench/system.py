@@ -68,7 +68,7 @@ def _async_schedule(repeats: int, log, clients: int = 10000, in_flight: int = 10
 
     from ..config import load_config
     from ..federation.population import Population
-    from ..system import System
+    from ..system.handle import System
 
     cfg = load_config(None, [f"partition.num_clients={clients}", "system.async_mode=fedbuff",
                              f"system.concurrency={in_flight}", f"system.buffer_size={buffer}",

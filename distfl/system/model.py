@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from . import traces
 
@@ -59,6 +58,8 @@ class Spec:
             return low + (high - low) * u
         if self.kind == "lognormal":
             mu, sigma = self.values
+            import torch
+
             normal = torch.special.ndtri(torch.from_numpy(u)).numpy()
             return np.exp(mu + sigma * normal)
         pick = np.minimum((u * len(self.values)).astype(np.int64), len(self.values) - 1)
