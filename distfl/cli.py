@@ -101,11 +101,14 @@ def _print_result(summary: dict, cfg) -> None:
 
 def guarantee_line(privacy: dict) -> str:
     """A private run's guarantee, one line (the run's last; `distfl report`)."""
+    from .privacy.secret import SIMULATION
+
     eps = privacy["epsilon"]
     text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
     return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
             f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
-            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})")
+            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})"
+            f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}")
 
 
 def cmd_calibrate(args) -> int:

@@ -131,7 +131,8 @@ class RunLogger:
         done = t - self.start + 1
         elapsed = time.time() - self.t0
         eta = elapsed / done * (self.total - t)
-        text = (f"round {t}/{self.total}  train loss {row['train_loss']:.4f}  {self.last_eval}  "
+        loss = f"train loss {row['train_loss']:.4f}  " if "train_loss" in row else ""  # withheld under DP
+        text = (f"round {t}/{self.total}  {loss}{self.last_eval}  "
                 f"{row['round_s']:.2f}s/round  eta {_clock(eta)}")
         if self.mode == "bar":
             width = 24

@@ -201,6 +201,7 @@ class PrivacyConfig:
     adaptive_clip: bool = False  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
     target_quantile: float = 0.5  # adaptive_clip: fraction gamma of clients whose update should fit within the clip
     clip_lr: float = 0.2  # adaptive_clip: geometric learning rate eta_C of C <- C * exp(-eta_C (b - gamma)), b the noised unclipped fraction
+    secure_noise: bool = True  # gaussian: true: the noise and the cohorts come from a 128-bit key drawn from the operating system's secure source at start, kept only in the checkpoints (owner-only noise_key file), so nobody with the config can regenerate and subtract the noise (for models you release) | false: from seed, reproducible from the config (simulation studies; the noise offers no protection against whoever has the config)
     count_noise_multiplier: float = 0.0  # adaptive_clip: std sigma_b of the noise on the count of unclipped clients; 0: expected cohort / 20 (the paper's choice); must exceed noise_multiplier / 2
 
 
@@ -325,7 +326,7 @@ APPLIES_ONLY_TO = {
        for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
     **{f"privacy.{key}": ("privacy.mechanism", ["gaussian"]) for key in (
-        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip")},
+        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip", "secure_noise")},
 }
 
 PLUGIN_KEYS = ("algorithm.name", "model.name")

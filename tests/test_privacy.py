@@ -2,23 +2,27 @@
 refusals. Each test would fail with its part of the mechanism broken."""
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import dp_accounting
 from dp_accounting import pld, rdp
 
 from conftest import metrics, run_cli, train_ok
-from distfl import dist
+from distfl import checkpoint, dist, logging as logging_
 from distfl.config import load_config
 from distfl.federation import runner
 from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
-from distfl.privacy import accountant
+from distfl.privacy import accountant, mechanism
 from distfl.privacy.adaptive import update_noise_multiplier
 from distfl.privacy.mechanism import GaussianMechanism
 
@@ -30,7 +34,8 @@ def quiet_absl():
         yield
 
 
-DP = ["privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform"]
+# Keyed noise (from the seed): the tests that compare runs with each other need it; SECRET ones set true.
+DP = ["privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform", "privacy.secure_noise=false"]
 
 
 def _trainer(config, tmp_path, *overrides):
@@ -208,6 +213,185 @@ def test_private_run_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path, smal
         [[r[k] for k in keys] for r in rows[2]]
 
 
+# ---- secret noise (privacy.secure_noise) -------------------------------------------------------------
+
+SECRET = [*DP[:-1], "privacy.secure_noise=true"]
+
+
+def _released_round(small_config, tmp_path, secure: str):
+    """Round 1 of a private FedAvg run (server sgd, lr 1): the released update (the global model after it
+    minus before), the clipped sum as the server saw it before noise, and the run's config."""
+    trainer = _trainer(small_config, tmp_path / secure, *DP[:-1], f"privacy.secure_noise={secure}",
+                       "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.3")
+    seen, privatize = {}, trainer.privacy.privatize
+
+    def spy(reduced, round_idx):
+        seen["clipped"] = reduced["delta"].clone().double()
+        return privatize(reduced, round_idx)
+
+    trainer.privacy.privatize = spy
+    before = trainer.global_params.detach().clone().double()
+    trainer.run_round(1)
+    released = trainer.global_params.double() - before
+    trainer.close()
+    return released, seen["clipped"], trainer.cfg
+
+
+def _subtraction_attack(released, cfg):
+    """What anyone with config.yaml can do to a released update: regenerate the noise from its seed (the
+    mechanism's own keyed draw, std z C / m) and subtract it."""
+    p = cfg.privacy
+    noise = mechanism.standard_normal(cfg.seed, 1, 0, released.numel(), torch.device("cpu"))
+    return released - noise * (p.noise_multiplier * p.clip_norm / cfg.train.clients_per_round)
+
+
+def test_the_subtraction_attack_recovers_the_clipped_sum_in_keyed_mode_only(tmp_path, small_config):
+    released, clipped, cfg = _released_round(small_config, tmp_path, "false")
+    # Keyed: the released update (norm ~5.6, nearly all noise) minus the regenerated noise is the
+    # clipped sum (norm ~0.14) up to the float32 rounding of the model.
+    assert float(released.norm()) > 20 * float(clipped.norm())
+    assert float((_subtraction_attack(released, cfg) - clipped).norm()) < 1e-5 * float(clipped.norm()) + 1e-6
+    # Secret: the same attack leaves the run's noise plus the regenerated one (norm ~8), nothing like the
+    # clipped sum.
+    released, clipped, cfg = _released_round(small_config, tmp_path, "true")
+    residual = float((_subtraction_attack(released, cfg) - clipped).norm())
+    assert residual > 0.5 * float(released.norm()) and residual > 20 * float(clipped.norm())
+
+
+def _resume_copy(run: Path, copy: Path, at: str) -> None:
+    """`run`'s directory with only its checkpoint `at`: resuming it reruns the rounds after that one."""
+    shutil.copytree(run, copy)
+    ckpts = copy / "checkpoints"
+    for old in ckpts.glob("round_*"):
+        if old.name != at:
+            shutil.rmtree(old)
+    (ckpts / "latest").write_text(at + "\n")
+
+
+def test_secret_noise_is_the_same_on_one_and_two_ranks_and_resumed_and_never_written_out(tmp_path, small_config):
+    private = [*SECRET, "train.cohort=poisson", "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3",
+               "server.momentum=0.5", "output.tensorboard=true"]
+    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *private, nproc=2)
+    assert two["privacy"]["noise"] == "secret"
+    # The key: one per run, in every checkpoint, owner-only.
+    keys = {p.read_text() for p in (tmp_path / "two" / "checkpoints").glob("round_*/noise_key")}
+    assert len(keys) == 1 and len(list((tmp_path / "two" / "checkpoints").glob("round_*"))) == 3
+    for path in (tmp_path / "two" / "checkpoints").glob("round_*/noise_key"):
+        assert path.stat().st_mode & 0o777 == 0o600
+    # Resumed from round 2 on one rank: rounds 3-6 drawn from the same key give the same model.
+    _resume_copy(tmp_path / "two", tmp_path / "resumed", checkpoint.checkpoint_name("round", 2))
+    proc = run_cli(["train", "--resume", tmp_path / "resumed"])
+    assert proc.returncode == 0, proc.stderr
+    resumed = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert resumed["model_sha256"] == two["model_sha256"] and resumed["privacy"] == two["privacy"]
+    # Another run of the same config draws another key: other noise, another model.
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *private)
+    assert one["model_sha256"] != two["model_sha256"]
+    # The key appears nowhere but in its checkpoint files: not in config.yaml, metrics, summary, logs or
+    # TensorBoard, in any spelling, nor in what the runs printed.
+    key = int(keys.pop(), 16)
+    spellings = [f"{key:x}".encode(), f"{key:032x}".encode(), str(key).encode(),
+                 key.to_bytes(16, "little"), key.to_bytes(16, "big")]
+    files = [p for p in (tmp_path / "two").rglob("*") if p.is_file() and p.name != "noise_key"]
+    files += [p for p in (tmp_path / "resumed").rglob("*") if p.is_file() and p.name != "noise_key"]
+    assert any(p.name == "config.yaml" for p in files) and any("tfevents" in p.name for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert not any(s in data for s in spellings), path
+    assert not any(s.decode("latin-1") in proc.stdout + proc.stderr for s in spellings)
+    assert "noise secret" in proc.stderr and "noise secret" in proc.stdout
+
+
+def test_keyed_mode_says_it_is_a_simulation_where_epsilon_is_printed(tmp_path, small_config):
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'run'}", *DP, "privacy.noise_multiplier=1",
+                    "output.progress=log"])
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "epsilon" in line]
+    assert len(lines) == 2 and all("simulation: noise reproducible from the config" in line for line in lines)
+    assert not list((tmp_path / "run" / "checkpoints").glob("*/noise_key"))
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["privacy"]["noise"] == "keyed"
+
+
+def test_a_run_keeps_its_noise_mode_on_resume(tmp_path, small_config):
+    """A checkpoint from before privacy.secure_noise (no mode, no key) drew keyed noise: resumed, it stays
+    keyed (the saved config, which lacks the key, is read as secure_noise=false) and equals a run through."""
+    private = [*DP, "privacy.noise_multiplier=1", "train.cohort=poisson"]
+    through = train_ok(small_config, f"output.dir={tmp_path / 'through'}", *private)
+    train_ok(small_config, f"output.dir={tmp_path / 'old'}", *private, "train.rounds=2")
+    # Make it look like a run of a distfl without the key: the config and the checkpoint's state lose it.
+    saved = yaml.safe_load((tmp_path / "old" / "config.yaml").read_text())
+    del saved["privacy"]["secure_noise"]
+    (tmp_path / "old" / "config.yaml").write_text(yaml.safe_dump(saved))
+    ckpt = tmp_path / "old" / "checkpoints" / checkpoint.checkpoint_name("round", 2)
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    del state["privacy"]["noise"], state["config"]["privacy"]["secure_noise"]
+    checkpoint.save_tensors(state, ckpt / "state.pt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = checkpoint.file_sha256(ckpt / "state.pt")
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    # Today's default (secret) would change the noise from round 3: refused, with the way to go on.
+    proc = run_cli(["train", "--resume", tmp_path / "old", "train.rounds=6"])
+    assert proc.returncode != 0 and "privacy.secure_noise=false" in proc.stderr
+    resumed = train_ok(small_config, "train.rounds=6", "privacy.secure_noise=false", resume=str(tmp_path / "old"))
+    assert resumed["model_sha256"] == through["model_sha256"]
+    # A secret run cannot be resumed as keyed (nor the other way): the noise would change mid-run.
+    train_ok(small_config, f"output.dir={tmp_path / 'secret'}", *SECRET, "privacy.noise_multiplier=1", "train.rounds=2")
+    proc = run_cli(["train", "--resume", tmp_path / "secret", "train.rounds=4", "privacy.secure_noise=false"])
+    assert proc.returncode != 0 and "privacy.secure_noise" in proc.stderr
+
+
+# ---- the release surface -------------------------------------------------------------------------------
+
+# What a private run may release that depends on the clients' data: the noised models and what is computed
+# from them alone (test metrics on the server's test set, the adaptive clip from its noised count), and
+# the wall-clock times (documented as not covered).
+COVERED = {"model_sha256", "final_test_acc", "final_test_loss", "best_test_acc", "best_round", "test_acc", "test_loss",
+           "privacy_clip_norm", "privacy_unclipped_fraction", "privacy.final_clip_norm"}
+TIMING = {"wall_s", "round_s", "eval_s"}
+
+
+def _flat(value, prefix=""):
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: value}
+
+
+def _differing(a: dict, b: dict) -> set:
+    assert a.keys() == b.keys()
+    return {k for k in a if a[k] != b[k]}
+
+
+def _tensorboard(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_a_private_run_releases_no_unnoised_statistic_of_the_clients_data(tmp_path, small_config):
+    """Two private runs with the same seed (so the same keyed noise and cohorts) on different client data
+    (partition.seed): every value in summary.json, metrics.jsonl and TensorBoard that differs between them
+    depends on the clients' data, and must be the noised model's (COVERED) or a wall-clock time."""
+    private = [*DP, "privacy.noise_multiplier=1", "privacy.clip_norm=0.3", "train.cohort=poisson",
+               "privacy.adaptive_clip=true", "privacy.count_noise_multiplier=2", "output.tensorboard=true"]
+    runs = [tmp_path / "a", tmp_path / "b"]
+    summaries = [train_ok(small_config, f"output.dir={run}", f"partition.seed={i + 1}", *private)
+                 for i, run in enumerate(runs)]
+    allowed = COVERED | TIMING
+    assert _differing(*(_flat(s) for s in summaries)) - allowed == set()
+    rows = [metrics(run) for run in runs]
+    assert len(rows[0]) == len(rows[1]) == 6
+    for a, b in zip(*rows):
+        assert _differing(a, b) - allowed == set()
+    tags = {logging_.TB_TAGS.get(key, key) for key in allowed} | {f"hparams/{key}" for key in allowed}
+    boards = [_tensorboard(run) for run in runs]
+    assert boards[0] and _differing(*boards) - tags == set()
+    # The data differed, and the covered values show it (the walk compared something).
+    assert summaries[0]["model_sha256"] != summaries[1]["model_sha256"]
+    assert not any(key in row for row in rows[0] for key in mechanism.WITHHELD)
+
+
 # ---- the accountant --------------------------------------------------------------------------------
 
 def test_logged_epsilon_is_the_library_called_directly(tmp_path, small_config):
@@ -288,6 +472,7 @@ REFUSED = [
     (["train.cohort=sequential"], "no accountant"),
     (["train.cohort=random", "privacy.accountant=pld"], "Poisson sampling only"),
     (["algorithm.weighting=samples"], "sample counts"),
+    (["data.normalize=mean_std"], "mean and std of every client's training inputs"),
     (["privacy.delta=0"], "1/num_clients^1.1 = 0.065"),
     (["privacy.target_epsilon=2"], "exactly one of"),
     (["privacy.noise_multiplier=-1"], "exactly one of"),

@@ -95,6 +95,12 @@ class Ledger:
         self.event = round_event(noise_multiplier, cohort, num_clients, clients_per_round) if noise_multiplier > 0 else None
         self.one_round = None
 
+    @classmethod
+    def of(cls, cfg, noise_multiplier: float, num_clients: int) -> "Ledger":
+        """The ledger of a run with this config, population size and (resolved) noise multiplier."""
+        p = cfg.privacy
+        return cls(noise_multiplier, p.delta, cfg.train.cohort, num_clients, cfg.train.clients_per_round, p.accountant)
+
     def epsilon_after(self, rounds: int) -> float:
         if self.event is None:
             return math.inf
@@ -174,4 +180,11 @@ def describe(cfg, noise_multiplier: float, update_multiplier: float) -> str:
     clip = f"clip {p.clip_norm:g}" + (" (adaptive, quantile " f"{p.target_quantile:g})" if p.adaptive_clip else "")
     return (f"privacy: user-level DP-FedAvg, {clip}, noise multiplier {noise_multiplier:.4g} ({origin}"
             f"{split}), {t.cohort} cohorts at rate {q:.4g}; {t.rounds} rounds give epsilon "
-            f"{planned:.4g} at delta {p.delta:g} ({p.accountant})")
+            f"{planned:.4g} at delta {p.delta:g} ({p.accountant}); {noise_mode(p.secure_noise)}")
+
+
+def noise_mode(secure: bool) -> str:
+    """How the noise was drawn, beside every printed epsilon."""
+    from .secret import SIMULATION
+
+    return "noise secret (a key from the OS's secure source, kept in the checkpoints only)" if secure else SIMULATION

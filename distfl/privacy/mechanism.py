@@ -10,12 +10,13 @@ contribution is weighted 1 / m, m = train.clients_per_round, the expected cohort
 denominator, as in the paper, so no client's weight depends on who else was sampled.
 
 Per round (on every rank, after the one all_reduce): N(0, (z_Delta C)^2) on every coordinate of the
-summed contributions, divided by m, drawn from a generator seeded by (seed, round) on the run's device.
+summed contributions, divided by m, drawn from a generator seeded by (key, round) on the run's device,
+the key being the run's secret (privacy.secure_noise, secret.py) or, in keyed mode, the config's seed.
 Every rank draws the same noise, so the noisy model is the same on any number of ranks and after a
 resume. The server step that follows is post-processing.
 
-What the rounds release beside the model is listed in docs/privacy.md (train loss, sample and client
-counts are logged for the operator and are not covered).
+Beside the model a private run releases (metrics.jsonl, TensorBoard, summary.json) nothing computed from
+the clients' data without noise: the round's train loss and sample count (samples_per_s) are WITHHELD.
 """
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ import math
 import numpy as np
 import torch
 
+from . import secret
 from .adaptive import AdaptiveClip, count_noise_std, update_noise_multiplier
 
 _NOISE_STREAM = 11  # beside population.py's streams: the round's noise never shifts a cohort or a client
 _UPDATE_NOISE, _COUNT_NOISE = 0, 1
+# Round metrics that are exact aggregates of the sampled clients (their losses, their sample counts): not
+# logged under DP.
+WITHHELD = ("train_loss", "samples_per_s")
 UNCLIPPED = "privacy_unclipped"  # adaptive clipping: the sum of the clients' centred reports
 
 
@@ -56,9 +61,11 @@ class _Staged:
 
 
 class GaussianMechanism:
-    def __init__(self, cfg, algorithm_segments, noise_multiplier: float, device: torch.device):
+    def __init__(self, cfg, algorithm_segments, noise_multiplier: float, device: torch.device, ctx=None):
+        """`ctx`: the process group a secret key is sent through (None: one process)."""
         p = cfg.privacy
-        self.seed, self.device = cfg.seed, device
+        self.key = secret.NoiseKey(p.secure_noise, secret.draw(ctx) if p.secure_noise else cfg.seed)
+        self.device = device
         self.noise_multiplier = noise_multiplier  # z, what the accountant sees
         self.denominator = cfg.train.clients_per_round
         self.released = {s.name: s for s in algorithm_segments}  # all "fixed" (rules.py refuses others)
@@ -70,6 +77,11 @@ class GaussianMechanism:
         self.update_multiplier = (update_noise_multiplier(noise_multiplier, self.clip.count_std)
                                   if self.clip else noise_multiplier)
         self.metrics: dict[str, float] = {}
+
+    @property
+    def sampling_seed(self) -> int:
+        """What the cohorts are drawn from: the secret key, or the config's seed (keyed mode)."""
+        return self.key.value
 
     @property
     def clip_norm(self) -> float:
@@ -107,7 +119,7 @@ class GaussianMechanism:
         clip_used = self.clip_norm
         noisy = {}
         if self.update_multiplier > 0:
-            noise = standard_normal(self.seed, round_idx, _UPDATE_NOISE, self.numel, self.device)
+            noise = standard_normal(self.key.value, round_idx, _UPDATE_NOISE, self.numel, self.device)
             std = self.update_multiplier * clip_used / self.denominator
             offset = 0
             for name, seg in self.released.items():
@@ -115,14 +127,24 @@ class GaussianMechanism:
                 offset += seg.numel
         self.metrics = {"privacy_clip_norm": clip_used}
         if self.clip:
-            count_noise = standard_normal(self.seed, round_idx, _COUNT_NOISE, 1, self.device)
+            count_noise = standard_normal(self.key.value, round_idx, _COUNT_NOISE, 1, self.device)
             self.metrics["privacy_unclipped_fraction"] = self.clip.update(reduced[UNCLIPPED][0], count_noise[0])
         return NoisyReduced(reduced, noisy)
 
     def state_dict(self) -> dict:
-        return self.clip.state_dict() if self.clip else {}
+        """Server state for the checkpoint; a secret key goes beside it (`write_key`), never in it."""
+        return {"noise": self.key.mode, **(self.clip.state_dict() if self.clip else {})}
 
-    def load_state_dict(self, state: dict) -> None:
+    def checkpoint(self, checkpoint_dir) -> dict:
+        """Rank 0, writing a checkpoint: a secret key into `checkpoint_dir` (owner-only); the state."""
+        secret.write(self.key, checkpoint_dir)
+        return self.state_dict()
+
+    def load_state_dict(self, state: dict, checkpoint_dir=None) -> None:
+        """`checkpoint_dir`: where a secret key was written (resume)."""
+        key = secret.restored(self.key.secret, state.get("noise"), checkpoint_dir)
+        if key is not None:
+            self.key = key
         if self.clip:
             self.clip.load_state_dict(state)
 

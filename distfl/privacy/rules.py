@@ -74,6 +74,10 @@ def check(v: dict, algorithm_class=None) -> None:
     if v["calibration.method"] != "none":
         raise ConfigError(f"{prefix}: calibration.method={v['calibration.method']} sums every client's feature "
                           "statistics (Z^T Z, Z^T Y) unclipped and unnoised; set calibration.method=none")
+    if v["data.normalize"] == "mean_std":
+        raise ConfigError(f"{prefix}: data.normalize=mean_std computes the mean and std of every client's training "
+                          "inputs and releases them un-noised (in every model's inputs and summary.json); use "
+                          "data.normalize=none, or auto (fixed published statistics)")
     if v["eval.clients"]:
         raise ConfigError(f"{prefix}: eval.clients releases each client's own accuracy (and its label histogram "
                           "through its test split) unnoised; set eval.clients=false")
