@@ -106,8 +106,10 @@ def guarantee_line(privacy: dict) -> str:
     eps = privacy["epsilon"]
     text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
     return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
-            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
-            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})"
+            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, "
+            + (f"DP-FTRL, a tree every {privacy['rounds_per_tree']} rounds" if privacy.get("rounds_per_tree") else
+               f"{privacy['cohort']} cohorts at rate {privacy['sampling_rate']:.4g}")
+            + f", noise multiplier {privacy['noise_multiplier']:.4g})"
             f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}")
 
 

@@ -192,7 +192,7 @@ class RuntimeConfig:
 
 @dataclass
 class PrivacyConfig:
-    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md)
+    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md) | dp_ftrl: DP-FTRL (Kairouz et al. 2021), the same clipping with tree-aggregated noise correlated across rounds, for train.cohort=sequential (each client once per floor(num_clients / clients_per_round) rounds; no sampling needed)
     clip_norm: float = 1.0  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
     noise_multiplier: float = -1.0  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
     target_epsilon: float = 0.0  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
@@ -233,7 +233,7 @@ CHOICES = {
     "data.normalize": ["auto", "none", "mean_std"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
     "train.cohort": ["random", "sequential", "poisson"],
-    "privacy.mechanism": ["none", "gaussian"],
+    "privacy.mechanism": ["none", "gaussian", "dp_ftrl"],
     "privacy.accountant": ["rdp", "pld"],
     "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],
     "model.norm": ["bn", "gn"],
@@ -325,7 +325,7 @@ APPLIES_ONLY_TO = {
     **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
        for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
-    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian"]) for key in (
+    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian", "dp_ftrl"]) for key in (
         "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip", "secure_noise")},
 }
 

@@ -22,7 +22,7 @@ from distfl.config import load_config
 from distfl.federation import runner
 from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
-from distfl.privacy import accountant, mechanism
+from distfl.privacy import accountant, mechanism, tree
 from distfl.privacy.adaptive import update_noise_multiplier
 from distfl.privacy.mechanism import GaussianMechanism
 
@@ -120,6 +120,69 @@ def test_every_contribution_has_norm_at_most_clip_norm(tmp_path, small_config, m
             assert cos > 1 - 1e-9
             assert float(update_as_added.norm()) > clip * (1 - 1e-6)
     assert clipped > 0
+
+
+PLUGINS = """from distfl import Algorithm
+
+class DoubleAdd(Algorithm):
+    private_release = True
+
+    def client_statistics(self, run, worker, stats):
+        super().client_statistics(run, worker, stats)
+        self.add_update(stats, worker.params - run.global_params, run.weight)  # the update a second time
+
+class WrongWeight(Algorithm):
+    private_release = True
+
+    def client_statistics(self, run, worker, stats):
+        self.add_update(stats, worker.params - run.global_params, 1.0)  # not 1 / clients_per_round
+        stats.add("buffers", worker.buffers, run.weight)
+"""
+
+
+@pytest.fixture
+def dp_plugins(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "dpplugins.py").write_text(PLUGINS)
+    sys.path.insert(0, str(pkg))
+    yield
+    sys.path.remove(str(pkg))
+    sys.modules.pop("dpplugins", None)
+
+
+def test_a_segment_added_twice_is_clipped_as_summed(tmp_path, small_config, dp_plugins):
+    """The clip bounds what a client moves the sum by: a plugin adding its update twice has the doubled
+    update clipped to C (norms over the per-segment sums), not each add (which would let sqrt(2) C through)."""
+    clip = 0.05
+    trainer = _trainer(small_config, tmp_path, *DP, "privacy.noise_multiplier=1", f"privacy.clip_norm={clip}",
+                       "algorithm.name=dpplugins:DoubleAdd")
+    summed, raw, collect = [], [], trainer.privacy.collect
+
+    def recording(algorithm, run, worker, stats):
+        before = stats._sum_view("delta").clone()
+        raw.append(worker.params.detach().double() - run.global_params.double())
+        norm = collect(algorithm, run, worker, stats)
+        # Until `reduce` a fixed segment's sum is float64 grid units; unweighted: times m.
+        m = trainer.cfg.train.clients_per_round
+        summed.append((stats._sum_view("delta") - before) * 2.0 ** -stats.bits["delta"] * m)
+        return norm
+
+    trainer.privacy.collect = recording
+    for t in range(1, 3):
+        trainer.run_round(t)
+    assert len(summed) == len(raw) > 5
+    for contribution, update in zip(summed, raw):
+        assert float(update.norm()) > clip  # every client clipped
+        assert clip * (1 - 1e-6) < float(contribution.norm()) <= clip
+        assert float(contribution @ update / (contribution.norm() * update.norm())) > 1 - 1e-9
+
+
+def test_a_contribution_weighted_other_than_one_over_m_is_refused(tmp_path, small_config, dp_plugins):
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'run'}", *DP, "privacy.noise_multiplier=1",
+                    "algorithm.name=dpplugins:WrongWeight"])
+    assert proc.returncode != 0
+    assert "weighted 1 / train.clients_per_round = 0.2 (run.weight)" in proc.stderr and "weight 1;" in proc.stderr
 
 
 def test_noise_zero_and_a_clip_never_reached_is_the_non_private_run(tmp_path, small_config):
@@ -392,6 +455,79 @@ def test_a_private_run_releases_no_unnoised_statistic_of_the_clients_data(tmp_pa
     assert not any(key in row for row in rows[0] for key in mechanism.WITHHELD)
 
 
+# ---- DP-FTRL: tree aggregation with restarts (Kairouz et al. 2021) ------------------------------------
+
+FTRL = [*DP, "privacy.mechanism=dp_ftrl", "train.cohort=sequential"]
+
+
+def test_tree_noise_on_each_prefix_sum_has_the_variance_of_the_tree_theorem():
+    """The noise on the prefix sum of rounds 1..j of a tree is the sum of the popcount(j) nodes of its
+    dyadic decomposition: variance popcount(j) sigma^2 <= ceil(log2(j + 1)) sigma^2 (Kairouz et al., Sec. 3);
+    the rounds' released noises add up to it exactly; a restart starts a fresh tree."""
+    agg, n, key = tree.TreeAggregation(16), 100_000, 5
+    running = torch.zeros(n, dtype=torch.float64)
+    for j in range(1, 17):
+        running += agg.round_noise(key, j, n, torch.device("cpu"))
+        prefix = agg.prefix_noise(key, j, n, torch.device("cpu"))
+        assert float((running - prefix).abs().max()) < 1e-12
+        assert len(tree.nodes(j)) == bin(j).count("1") <= math.ceil(math.log2(j + 1))
+        # 100,000 draws: the sample variance is within 3% (relative standard error sqrt(2/n) = 0.45%).
+        assert float(prefix.var()) == pytest.approx(bin(j).count("1"), rel=0.03)
+    # Round 17 opens the second tree: its noise is one fresh node (variance 1), independent of tree 0's.
+    first = agg.round_noise(key, 17, n, torch.device("cpu"))
+    assert torch.equal(first, agg.prefix_noise(key, 17, n, torch.device("cpu")))
+    assert float(first.var()) == pytest.approx(1, rel=0.03)
+    assert abs(float(first @ agg.prefix_noise(key, 1, n, torch.device("cpu")))) / n < 0.02
+
+
+def test_dp_ftrl_noise_through_the_mechanism_is_z_c_over_m_per_node(small_config):
+    z, clip, m = 1.3, 0.7, 3  # 12 clients, 3 a round: a tree every 4 rounds
+    mech = _mechanism(small_config, *FTRL[len(DP):], f"privacy.noise_multiplier={z}", f"privacy.clip_norm={clip}",
+                      "train.clients_per_round=3", numel=100_000)
+    assert mech.tree.rounds_per_tree == 4
+    released = [mech.privatize(_Zeros(100_000), t)["delta"] for t in range(1, 5)]
+    prefix = torch.stack(released).cumsum(0)
+    for j in range(1, 5):
+        assert float(prefix[j - 1].std()) == pytest.approx(z * clip / m * math.sqrt(bin(j).count("1")), rel=0.03)
+
+
+def test_dp_ftrl_epsilon_is_the_tree_restart_analysis():
+    """Kairouz et al., App. D: a tree of L rounds in which each client appears once is a Gaussian
+    mechanism of sensitivity C sqrt(ceil(log2(L + 1))) and noise z C per node, so E trees give
+    RDP(alpha) = E alpha ceil(log2(L + 1)) / (2 z^2); epsilon from it by dp-accounting's conversion."""
+    n, m, z, delta = 3000, 100, 2.0, 1e-5  # L = 30 rounds per tree (one epoch), depth ceil(log2 31) = 5
+    orders = np.array(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+    for rounds in (30, 90, 100):
+        full, rest = divmod(rounds, 30)
+        curve = orders * (full * 5 + (math.ceil(math.log2(rest + 1)) if rest else 0)) / (2 * z * z)
+        expected = rdp.rdp_privacy_accountant.compute_epsilon(orders, curve, delta)[0]
+        got = accountant.epsilon(z, rounds, delta, "sequential", n, m, "rdp", "dp_ftrl")
+        assert got == pytest.approx(expected, rel=1e-12)
+        ledger = accountant.Ledger(z, delta, "sequential", n, m, "rdp", "dp_ftrl")
+        assert ledger.epsilon_after(rounds) == got
+
+
+def test_dp_ftrl_calibrates_to_a_target_epsilon():
+    z = accountant.calibrate(8.0, 100, 1e-5, "sequential", 3000, 100, "rdp", "dp_ftrl")
+    assert accountant.epsilon(z, 100, 1e-5, "sequential", 3000, 100, "rdp", "dp_ftrl") <= 8.0
+    assert accountant.epsilon(z * (1 - 1e-3), 100, 1e-5, "sequential", 3000, 100, "rdp", "dp_ftrl") > 8.0
+
+
+def test_dp_ftrl_run_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path, small_config):
+    """12 clients, 3 a round: a tree every 4 rounds; resumed after round 3, in the middle of the first."""
+    private = [*FTRL, "train.clients_per_round=3", "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3",
+               "server.momentum=0.5", "train.rounds=7"]
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *private)
+    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *private, nproc=2)
+    train_ok(small_config, f"output.dir={tmp_path / 'resumed'}", *private[:-1], "train.rounds=3")
+    resumed = train_ok(small_config, "train.rounds=7", resume=str(tmp_path / "resumed"))
+    assert one["model_sha256"] == two["model_sha256"] == resumed["model_sha256"]
+    assert one["privacy"] == two["privacy"] == resumed["privacy"]
+    assert one["privacy"]["rounds_per_tree"] == 4 and one["privacy"]["mechanism"] == "dp_ftrl"
+    eps = [r["privacy_epsilon"] for r in metrics(tmp_path / "one")]
+    assert eps[-1] == pytest.approx(accountant.epsilon(0.8, 7, 1e-3, "sequential", 12, 3, "rdp", "dp_ftrl"))
+
+
 # ---- the accountant --------------------------------------------------------------------------------
 
 def test_logged_epsilon_is_the_library_called_directly(tmp_path, small_config):
@@ -469,7 +605,11 @@ REFUSED = [
     (["aggregation.fedbn=true"], "fedbn"),
     (["calibration.method=ffc"], "Z^T Z"),
     (["eval.clients=true"], "eval.clients"),
-    (["train.cohort=sequential"], "no accountant"),
+    (["train.cohort=sequential"], "no sampling accountant"),
+    (["privacy.mechanism=dp_ftrl"], "accounted for train.cohort=sequential"),
+    (["privacy.mechanism=dp_ftrl", "train.cohort=sequential", "privacy.accountant=pld"], "rdp accountant only"),
+    (["privacy.mechanism=dp_ftrl", "train.cohort=sequential", "privacy.adaptive_clip=true",
+      "privacy.count_noise_multiplier=5"], "adaptive_clip is built for"),
     (["train.cohort=random", "privacy.accountant=pld"], "Poisson sampling only"),
     (["algorithm.weighting=samples"], "sample counts"),
     (["data.normalize=mean_std"], "mean and std of every client's training inputs"),

@@ -25,7 +25,9 @@ def privacy_guarantee(trainer, rounds) -> dict | None:
             "sampling_rate": trainer.cfg.train.clients_per_round / len(trainer.population),
             "level": "user", "model": "central",
             # secret: noise and cohorts from a key only the checkpoints hold; keyed: from the config's seed
-            "noise": trainer.privacy.key.mode}
+            "noise": trainer.privacy.key.mode,
+            # dp_ftrl: the rounds of each tree (a restart after each), None for gaussian
+            "rounds_per_tree": trainer.privacy.tree.rounds_per_tree if trainer.privacy.tree else None}
 
 def build(trainer, status: str, error: str | None) -> dict:
     """summary.json: how the run ended, its accuracies, the final model's hash, the collectives, the

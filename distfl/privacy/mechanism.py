@@ -2,12 +2,13 @@
 "Learning Differentially Private Recurrent Language Models", ICLR 2018, Algorithm 1).
 
 Per client (on its rank): everything the method's `collect` adds to the round's released segments is
-staged, its joint L2 norm taken once (accumulated in float64), and the whole contribution scaled by
-(C - r) / norm if its norm exceeds C - r (else added untouched) before it is rounded into the
-fixed-point sum. r bounds what that rounding can
-add to the norm (half a unit per coordinate), so the contribution as summed has norm <= C. Every
-contribution is weighted 1 / m, m = train.clients_per_round, the expected cohort size: a fixed
-denominator, as in the paper, so no client's weight depends on who else was sampled.
+staged; its contribution is what those adds sum to, segment by segment (a segment added twice counts
+twice), and its norm is m times the L2 norm of those weighted per-segment sums (accumulated in float64).
+Every add must carry the weight 1 / m, m = train.clients_per_round, the expected cohort size (a fixed
+denominator, as in the paper, so no client's weight depends on who else was sampled): another weight is
+refused. The whole contribution is scaled by (C - r) / norm if its norm exceeds C - r (else added
+untouched) before it is rounded into the fixed-point sum; r bounds what that rounding can add to the norm
+(half a unit per coordinate and add), so the contribution as summed has norm <= C.
 
 Per round (on every rank, after the one all_reduce): N(0, (z_Delta C)^2) on every coordinate of the
 summed contributions, divided by m, drawn from a generator seeded by (key, round) on the run's device,
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
+from ..errors import PluginError
 from . import secret
 from .adaptive import AdaptiveClip, count_noise_std, update_noise_multiplier
+from .tree import TreeAggregation, rounds_per_tree
 
 _NOISE_STREAM = 11  # beside population.py's streams: the round's noise never shifts a cohort or a client
 _UPDATE_NOISE, _COUNT_NOISE = 0, 1
@@ -36,15 +38,8 @@ WITHHELD = ("train_loss", "samples_per_s")
 UNCLIPPED = "privacy_unclipped"  # adaptive clipping: the sum of the clients' centred reports
 
 
-def noise_seed(seed: int, round_idx: int, purpose: int) -> int:
-    return int(np.random.SeedSequence([seed, _NOISE_STREAM, round_idx, purpose]).generate_state(2, np.uint32)
-               .astype(np.uint64) @ np.array([1, 2**31], dtype=np.uint64))
-
-
 def standard_normal(seed: int, round_idx: int, purpose: int, numel: int, device: torch.device) -> torch.Tensor:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(noise_seed(seed, round_idx, purpose))
-    return torch.randn(numel, generator=generator, dtype=torch.float64, device=device)
+    return secret.keyed_normal([seed, _NOISE_STREAM, round_idx, purpose], numel, device)
 
 
 class _Staged:
@@ -55,7 +50,7 @@ class _Staged:
 
     def add(self, name, value, weight: float = 1.0) -> None:
         if name not in self.released:
-            raise ValueError(f"under privacy.mechanism=gaussian a client may only add to the released segments "
+            raise ValueError(f"under differential privacy (privacy.mechanism) a client may only add to the released segments "
                              f"({', '.join(self.released)}), not {name!r}")
         self.parts.append((name, torch.as_tensor(value), weight))
 
@@ -69,11 +64,15 @@ class GaussianMechanism:
         self.noise_multiplier = noise_multiplier  # z, what the accountant sees
         self.denominator = cfg.train.clients_per_round
         self.released = {s.name: s for s in algorithm_segments}  # all "fixed" (rules.py refuses others)
+        self.algorithm_name = cfg.algorithm.name
         self.numel = sum(s.numel for s in algorithm_segments)
         self.clip = AdaptiveClip(p.clip_norm, p.target_quantile, p.clip_lr,
                                  count_noise_std(p.count_noise_multiplier, self.denominator), self.denominator) \
             if p.adaptive_clip else None
         self.fixed_clip = p.clip_norm
+        # dp_ftrl: the noise of round t is the change in the tree's noise on the prefix sum (tree.py).
+        self.tree = (TreeAggregation(rounds_per_tree(cfg.partition.num_clients, self.denominator))
+                     if p.mechanism == "dp_ftrl" else None)
         self.update_multiplier = (update_noise_multiplier(noise_multiplier, self.clip.count_std)
                                   if self.clip else noise_multiplier)
         self.metrics: dict[str, float] = {}
@@ -101,11 +100,22 @@ class GaussianMechanism:
         clipping. One host sync a client (the norm), as StatBuffer.add's range check already has."""
         staged = _Staged(self.released)
         algorithm.collect(run, worker, staged)
-        norm = math.sqrt(sum(float(torch.linalg.vector_norm(value, dtype=torch.float64)) ** 2
-                             for _, value, _ in staged.parts))
-        # Half a unit of the fixed point per coordinate, in the units of the unweighted value.
-        slack = math.sqrt(sum(value.numel() * (2.0 ** -(stats.bits[name] + 1) / weight) ** 2
-                              for name, value, weight in staged.parts))
+        weight, summed, adds = self.weight(), {}, {}
+        for name, value, w in staged.parts:
+            if w != weight:
+                raise PluginError(f"under differential privacy (privacy.mechanism) every contribution is weighted 1 / "
+                                  f"train.clients_per_round = {weight:g} (run.weight), but algorithm.name="
+                                  f"{self.algorithm_name} added {name!r} with weight {w:g}; the clip and the "
+                                  "accountant assume that fixed denominator")
+            value = value.reshape(-1)
+            summed[name] = summed[name].to(torch.float64) + value.to(torch.float64) if name in summed else value
+            adds[name] = adds.get(name, 0) + 1
+        # Every add has the same weight: the norm of the unweighted per-segment sums is the contribution's.
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(total, dtype=torch.float64)) ** 2
+                             for total in summed.values()))
+        # Each add rounds to half a unit of the fixed point per coordinate, in the units of the unweighted value.
+        slack = math.sqrt(sum(self.released[name].numel * (k * 2.0 ** -(stats.bits[name] + 1) / weight) ** 2
+                              for name, k in adds.items()))
         limit = self.clip_norm - slack
         for name, value, weight in staged.parts:
             # Within the clip: added exactly as without DP (bit for bit). Beyond it: scaled onto it.
@@ -119,7 +129,8 @@ class GaussianMechanism:
         clip_used = self.clip_norm
         noisy = {}
         if self.update_multiplier > 0:
-            noise = standard_normal(self.key.value, round_idx, _UPDATE_NOISE, self.numel, self.device)
+            noise = (self.tree.round_noise(self.key.value, round_idx, self.numel, self.device) if self.tree else
+                     standard_normal(self.key.value, round_idx, _UPDATE_NOISE, self.numel, self.device))
             std = self.update_multiplier * clip_used / self.denominator
             offset = 0
             for name, seg in self.released.items():

@@ -20,6 +20,7 @@ import os
 import secrets
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import dist
@@ -45,6 +46,16 @@ class NoiseKey:
         return f"NoiseKey({self.mode})" if self.secret else f"NoiseKey(keyed, seed={self.value})"
 
     __str__ = __repr__
+
+
+def keyed_normal(entropy: list[int], numel: int, device) -> torch.Tensor:
+    """Standard normal float64 draws from a generator on `device` seeded by a digest of `entropy` (the
+    key or seed first): the same on every rank, and after a resume."""
+    seed = int(np.random.SeedSequence(entropy).generate_state(2, np.uint32).astype(np.uint64)
+               @ np.array([1, 2**31], dtype=np.uint64))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return torch.randn(numel, generator=generator, dtype=torch.float64, device=device)
 
 
 def draw(ctx) -> int:
