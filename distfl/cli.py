@@ -108,6 +108,7 @@ def guarantee_line(privacy: dict) -> str:
     return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
             f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, "
             + (f"DP-FTRL, a tree every {privacy['rounds_per_tree']} rounds" if privacy.get("rounds_per_tree") else
+               f"DP-FTRL, banded matrix factorisation of {privacy['bands']} bands" if privacy.get("bands") else
                f"{privacy['cohort']} cohorts at rate {privacy['sampling_rate']:.4g}")
             + f", noise multiplier {privacy['noise_multiplier']:.4g})"
             f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}")

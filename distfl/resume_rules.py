@@ -53,6 +53,8 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
     # privacy.target_epsilon calibrates the noise for train.rounds rounds: more rounds, other noise.
     fixed += ("train.rounds",) if now.get("privacy.target_epsilon", 0) > 0 else ()
+    # privacy.mechanism=banded_mf factors the matrix of all train.rounds rounds.
+    fixed += ("train.rounds",) if now.get("privacy.mechanism") == "banded_mf" else ()
     fixed += HOLDOUT_KEYS
     # A key that neither the saved run nor this one reads (APPLIES_ONLY_TO) cannot change the model.
     return [k for k in now if k != "output.dir" and saved.get(k) != now[k]

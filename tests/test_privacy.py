@@ -22,7 +22,7 @@ from distfl.config import load_config
 from distfl.federation import runner
 from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
-from distfl.privacy import accountant, mechanism, tree
+from distfl.privacy import accountant, banded, mechanism, secret, tree
 from distfl.privacy.adaptive import update_noise_multiplier
 from distfl.privacy.mechanism import GaussianMechanism
 
@@ -552,6 +552,66 @@ def test_dp_ftrl_run_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path, smal
     assert eps[-1] == pytest.approx(accountant.epsilon(0.8, 7, 1e-3, "sequential", 12, 3, "rdp", "dp_ftrl"))
 
 
+# ---- banded matrix factorisation (Choquette-Choo et al. 2023) -----------------------------------------
+
+def test_banded_noise_is_c_inverse_of_keyed_normals_with_the_factorisations_prefix_variance():
+    n, b, numel, key = 24, 6, 100_000, 9
+    mf = banded.BandedFactorisation(n, b)
+    c = mf.c
+    assert len(c) == b and np.linalg.norm(c) == pytest.approx(1, rel=1e-12)
+    w = [mf.round_noise(key, t, numel, torch.device("cpu")) for t in range(1, n + 1)]
+    # C w = Z: the released noises are C^-1 applied to one keyed normal per round.
+    for t in range(n):
+        z = secret.keyed_normal([key, banded._MF_STREAM, t + 1], numel, torch.device("cpu"))
+        cw = sum(c[i] * w[t - i] for i in range(min(b, t + 1)))
+        assert float((cw - z).abs().max()) < 1e-9
+    # The prefix noise of round j has variance ||(A C^-1)[j, :]||^2 = sum_{s<j} U_s^2.
+    sums = np.cumsum(banded.inverse_column(c, n))
+    prefix = torch.stack(w).cumsum(0)
+    for j in (1, 2, 6, 12, 24):
+        assert float(prefix[j - 1].var()) == pytest.approx(float(np.sum(sums[:j] ** 2)), rel=0.03)
+    # The summed variance is the objective the factorisation minimised: below no correlation (b = 1:
+    # ||A||_F^2 = n (n + 1) / 2) and no worse than its start, the banded square root of A.
+    start = np.array([math.comb(2 * i, i) / 4.0 ** i for i in range(b)])
+    assert banded.prefix_error(c, n) <= banded.prefix_error(start, n) < n * (n + 1) / 2
+
+
+def test_banded_columns_b_apart_are_orthogonal_so_k_participations_cost_sqrt_k():
+    """Thm. 2 of Choquette-Choo et al.: a client in rounds at least b apart moves C x by sqrt(k) at most;
+    epsilon is one Gaussian of multiplier z / sqrt(k), k = ceil(rounds / floor(N / m))."""
+    n, b = 30, 5
+    c = banded.optimise(n, b)
+    full = np.zeros((n, n))
+    for s in range(n):
+        for i in range(min(b, n - s)):
+            full[s + i, s] = c[i]
+    assert np.max(np.linalg.norm(full, axis=0)) == pytest.approx(1, rel=1e-12)
+    for start in range(b):
+        rounds = list(range(start, n, b))  # the most a client can join, b apart
+        assert np.linalg.norm(full[:, rounds].sum(1)) <= math.sqrt(len(rounds)) * (1 + 1e-12)
+    z, delta = 3.0, 1e-5
+    for rounds, k in ((10, 1), (11, 2), (30, 3)):  # 50 clients, 5 a round: 10 rounds between participations
+        expected = rdp.RdpAccountant()
+        expected.compose(dp_accounting.GaussianDpEvent(z / math.sqrt(k)))
+        assert accountant.epsilon(z, rounds, delta, "sequential", 50, 5, "rdp", "banded_mf") == \
+            pytest.approx(expected.get_epsilon(delta), rel=1e-12)
+
+
+def test_banded_run_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path, small_config):
+    private = [*DP, "privacy.mechanism=banded_mf", "train.cohort=sequential", "train.clients_per_round=3",
+               "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3", "server.momentum=0.5", "train.rounds=7"]
+    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *private)
+    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *private, nproc=2)
+    train_ok(small_config, f"output.dir={tmp_path / 'resumed'}", *private, "checkpoint.every=3")
+    # Resume from round 3 of a 7-round run (its factorisation is of all 7 rounds).
+    _resume_copy(tmp_path / "resumed", tmp_path / "again", checkpoint.checkpoint_name("round", 3))
+    proc = run_cli(["train", "--resume", tmp_path / "again"])
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert one["model_sha256"] == two["model_sha256"] == again["model_sha256"]
+    assert one["privacy"]["bands"] == 4 and one["privacy"]["mechanism"] == "banded_mf"
+
+
 # ---- the accountant --------------------------------------------------------------------------------
 
 def test_logged_epsilon_is_the_library_called_directly(tmp_path, small_config):
@@ -634,6 +694,7 @@ REFUSED = [
     (["privacy.mechanism=dp_ftrl", "train.cohort=sequential", "privacy.accountant=pld"], "rdp accountant only"),
     (["privacy.mechanism=dp_ftrl", "train.cohort=sequential", "privacy.adaptive_clip=true",
       "privacy.count_noise_multiplier=5"], "adaptive_clip is built for"),
+    (["privacy.mechanism=banded_mf", "train.cohort=sequential", "privacy.bands=3"], "exceeds the 2 rounds"),
     (["train.cohort=random", "privacy.accountant=pld"], "Poisson sampling only"),
     (["algorithm.weighting=samples"], "sample counts"),
     (["data.normalize=mean_std"], "mean and std of every client's training inputs"),

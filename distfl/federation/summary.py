@@ -27,7 +27,9 @@ def privacy_guarantee(trainer, rounds) -> dict | None:
             # secret: noise and cohorts from a key only the checkpoints hold; keyed: from the config's seed
             "noise": trainer.privacy.key.mode,
             # dp_ftrl: the rounds of each tree (a restart after each), None for gaussian
-            "rounds_per_tree": trainer.privacy.tree.rounds_per_tree if trainer.privacy.tree else None}
+            "rounds_per_tree": trainer.privacy.tree.rounds_per_tree if trainer.privacy.tree else None,
+            # banded_mf: the bands of the factor C, None otherwise
+            "bands": trainer.privacy.banded.bands if trainer.privacy.banded else None}
 
 def build(trainer, status: str, error: str | None) -> dict:
     """summary.json: how the run ended, its accuracies, the final model's hash, the collectives, the

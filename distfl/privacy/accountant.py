@@ -64,6 +64,11 @@ def run_event(noise_multiplier: float, rounds: int, cohort: str, num_clients: in
               mechanism: str = "gaussian"):
     """The DpEvent of `rounds` rounds. dp_ftrl: one tree per floor(N / m) rounds (the last one partial),
     each client in at most one round of each (tree.py); the trees compose."""
+    if mechanism == "banded_mf":  # one Gaussian release of C x, sensitivity sqrt(k) C (banded.py)
+        from .banded import participations
+
+        k = participations(rounds, num_clients, clients_per_round)
+        return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(k))
     if mechanism == "dp_ftrl":
         from .tree import rounds_per_tree
 
@@ -80,7 +85,7 @@ def run_event(noise_multiplier: float, rounds: int, cohort: str, num_clients: in
 def make_accountant(kind: str, cohort: str, mechanism: str = "gaussian"):
     """dp_ftrl: zero-out adjacency (REPLACE_SPECIAL: one client's data replaced by a client that adds
     nothing), the relation tree aggregation is analysed under; the population size is public."""
-    relation = (dp_accounting.NeighboringRelation.REPLACE_SPECIAL if mechanism == "dp_ftrl"
+    relation = (dp_accounting.NeighboringRelation.REPLACE_SPECIAL if mechanism in ("dp_ftrl", "banded_mf")
                 else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if cohort == "poisson"
                 else dp_accounting.NeighboringRelation.REPLACE_ONE)
     if kind == "rdp":
@@ -114,7 +119,7 @@ class Ledger:
         self.delta, self.kind, self.cohort = delta, accountant, cohort
         # dp_ftrl: the RDP of the trees so far, in closed form (no one-round curve to keep).
         self.tree_args = ((noise_multiplier, delta, cohort, num_clients, clients_per_round, accountant, mechanism)
-                          if mechanism == "dp_ftrl" else None)
+                          if mechanism in ("dp_ftrl", "banded_mf") else None)
         self.event = (round_event(noise_multiplier, cohort, num_clients, clients_per_round)
                       if noise_multiplier > 0 and self.tree_args is None else None)
         self.one_round = None
@@ -213,6 +218,10 @@ def describe(cfg, noise_multiplier: float, update_multiplier: float) -> str:
         name, sampling = "DP-FTRL (tree aggregation)", (
             f"sequential cohorts, a new tree every {rounds_per_tree(cfg.partition.num_clients, t.clients_per_round)} "
             "rounds (each client at most once per tree)")
+    elif p.mechanism == "banded_mf":
+        from .banded import bands
+
+        name, sampling = f"DP-FTRL (banded matrix factorisation, {bands(cfg)} bands)", "sequential cohorts"
     else:
         name, sampling = "DP-FedAvg", f"{t.cohort} cohorts at rate {q:.4g}"
     return (f"privacy: user-level {name}, {clip}, noise multiplier {noise_multiplier:.4g} ({origin}"

@@ -28,6 +28,7 @@ import torch
 from ..errors import PluginError
 from . import secret
 from .adaptive import AdaptiveClip, count_noise_std, update_noise_multiplier
+from .banded import BandedFactorisation, bands
 from .tree import TreeAggregation, rounds_per_tree
 
 _NOISE_STREAM = 11  # beside population.py's streams: the round's noise never shifts a cohort or a client
@@ -73,6 +74,9 @@ class GaussianMechanism:
         # dp_ftrl: the noise of round t is the change in the tree's noise on the prefix sum (tree.py).
         self.tree = (TreeAggregation(rounds_per_tree(cfg.partition.num_clients, self.denominator))
                      if p.mechanism == "dp_ftrl" else None)
+        # banded_mf: the round's row of C^-1 Z for the factorisation of all train.rounds rounds (banded.py).
+        self.banded = (BandedFactorisation(cfg.train.rounds, bands(cfg)) if p.mechanism == "banded_mf" else None)
+        self.correlated = self.tree or self.banded
         self.update_multiplier = (update_noise_multiplier(noise_multiplier, self.clip.count_std)
                                   if self.clip else noise_multiplier)
         self.metrics: dict[str, float] = {}
@@ -129,7 +133,7 @@ class GaussianMechanism:
         clip_used = self.clip_norm
         noisy = {}
         if self.update_multiplier > 0:
-            noise = (self.tree.round_noise(self.key.value, round_idx, self.numel, self.device) if self.tree else
+            noise = (self.correlated.round_noise(self.key.value, round_idx, self.numel, self.device) if self.correlated else
                      standard_normal(self.key.value, round_idx, _UPDATE_NOISE, self.numel, self.device))
             std = self.update_multiplier * clip_used / self.denominator
             offset = 0

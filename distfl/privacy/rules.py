@@ -47,7 +47,7 @@ def check(v: dict, algorithm_class=None) -> None:
     if -1 < z < 0:
         raise ConfigError(f"privacy.noise_multiplier must be >= 0 (or -1: not set), got {z}")
     cohort = v["train.cohort"]
-    if v["privacy.mechanism"] == "dp_ftrl":
+    if v["privacy.mechanism"] in ("dp_ftrl", "banded_mf"):
         check_dp_ftrl(v, prefix)
     elif cohort == "sequential":
         raise ConfigError(f"{prefix}: train.cohort=sequential is a fixed schedule of clients, which no sampling "
@@ -100,7 +100,8 @@ def check(v: dict, algorithm_class=None) -> None:
 
 
 def check_dp_ftrl(v: dict, prefix: str) -> None:
-    """DP-FTRL's accounting (tree.py) holds for cyclic participation: each client at most once per tree."""
+    """DP-FTRL's accounting (tree.py, banded.py) holds for cyclic participation: each client at most once in any
+    floor(N / m) consecutive rounds."""
     if v["train.cohort"] != "sequential":
         raise ConfigError(f"{prefix} is accounted for train.cohort=sequential (each client once per "
                           f"floor(num_clients / clients_per_round) rounds); got train.cohort={v['train.cohort']}, "
@@ -109,8 +110,13 @@ def check_dp_ftrl(v: dict, prefix: str) -> None:
         raise ConfigError(f"{prefix}: train.clients_per_round={v['train.clients_per_round']} exceeds "
                           f"partition.num_clients={v['partition.num_clients']}, so a round would hold a client twice")
     if v["privacy.accountant"] != "rdp":
-        raise ConfigError(f"{prefix}: tree aggregation is accounted by the rdp accountant only "
-                          "(dp-accounting's SingleEpochTreeAggregationDpEvent); set privacy.accountant=rdp")
+        raise ConfigError(f"{prefix} is accounted by the rdp accountant only (tree aggregation: dp-accounting's "
+                          "SingleEpochTreeAggregationDpEvent); set privacy.accountant=rdp")
+    separation = v["partition.num_clients"] // v["train.clients_per_round"]
+    if v["privacy.mechanism"] == "banded_mf" and v["privacy.bands"] > separation:
+        raise ConfigError(f"privacy.bands={v['privacy.bands']} exceeds the {separation} rounds between a client's "
+                          "participations (floor(num_clients / clients_per_round)), past which banded noise would "
+                          f"correlate two of them; set privacy.bands <= {separation} (0: {separation})")
     if v["privacy.adaptive_clip"]:
         raise ConfigError(f"{prefix}: privacy.adaptive_clip is built for privacy.mechanism=gaussian only "
                           "(its clipped count is noised once per round, not by the tree); set adaptive_clip=false")
