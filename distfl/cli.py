@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import launcher
 from .errors import ConfigError, DistflError, Interrupted
 from .faults import Failure, RunFailed, debug_enabled
 
@@ -40,7 +41,9 @@ def cmd_train(args) -> int:
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a distfl run directory?")
-        base = _saved_config(saved)
+        from .resume_rules import with_previous_defaults
+
+        base = with_previous_defaults(_saved_config(saved))
         base.setdefault("output", {})["dir"] = str(run_dir)
         cfg = config_from_dict(base, args.overrides, source=str(saved))
     else:
@@ -93,7 +96,10 @@ def _print_result(summary: dict, cfg) -> None:
             how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
             how += f", the model after {' + '.join(phases)}" if phases else ""
             print(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
-                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
+                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%"
+                  + (f", sample-weighted mean {100 * clients['weighted_mean']:.2f}%" if "weighted_mean" in clients else "")
+                  + (f"; {summary['clients_never_sampled']} client(s) never sampled"
+                     if summary.get("clients_never_sampled") else ""))
         privacy = summary.get("privacy")
         if privacy:
             print(guarantee_line(privacy))
@@ -306,6 +312,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plain_config_warnings() -> None:
+    """A ConfigWarning (a key set that the run ignores) reaches the user as `distfl: warning: ...`: a
+    line about their config, not a source file and line of distfl. Other warnings show as before."""
+    import warnings
+
+    from .config import ConfigWarning
+
+    show = warnings.showwarning
+    if getattr(show, "distfl_plain", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning):
+            if _is_main_process():
+                print(f"distfl: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+            return
+        show(message, category, filename, lineno, file, line)
+
+    showwarning.distfl_plain = True
+    warnings.showwarning = showwarning
+
+
 def main(argv=None) -> int:
     """`distfl ARGV` (the command line when `argv` is None)."""
     if argv is None:
@@ -328,8 +356,13 @@ def main(argv=None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()
+    _plain_config_warnings()
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except Exception:
+            launcher.exit_if_orphaned()  # a rendezvous broken by a dead torchrun: one line, not its error
+            raise
     except RunFailed as exc:
         if debug:
             traceback.print_exception(exc.original)
@@ -344,7 +377,11 @@ def main(argv=None) -> int:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if _is_main_process():
+            from .federation.stopping import interrupted_line
+
+            print(f"distfl: {interrupted_line(exc)}", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:
         if debug:

@@ -526,6 +526,8 @@ def _check_personalised(v: dict) -> None:
     if name in HEAD_SPLIT and v["calibration.method"] != "none":
         raise ConfigError(f"algorithm.name={name} keeps the head per client; calibration.method="
                           f"{v['calibration.method']} would replace it by one global head: set calibration.method=none")
+    if name == "ditto":
+        _check_ditto_step(v)
     if name == "fedrep":
         if v["train.local_steps"] or v["train.local_epochs"] != 1:
             raise ConfigError("algorithm.name=fedrep trains algorithm.head_epochs epochs of the head, then "
@@ -533,6 +535,24 @@ def _check_personalised(v: dict) -> None:
         if v["algorithm.head_epochs"] + v["algorithm.body_epochs"] == 0:
             raise ConfigError("algorithm.name=fedrep with algorithm.head_epochs=0 and algorithm.body_epochs=0 trains "
                               "nothing; set one of them >= 1")
+
+
+def _check_ditto_step(v: dict) -> None:
+    """Ditto's personal pass steps v <- v - lr (grad F(v) + (lambda + wd) v - lambda w): its quadratic part
+    alone multiplies v - w by 1 - lr (lambda + wd), which diverges once lr (lambda + wd) >= 2."""
+    from types import SimpleNamespace
+
+    from .federation.schedule import round_lr
+
+    train = SimpleNamespace(**{key.split(".", 1)[1]: value for key, value in v.items() if key.startswith("train.")})
+    rounds = v["train.rounds"]
+    lr = max(round_lr(train, t, rounds) for t in range(1, rounds + 1))
+    lam, wd = v["algorithm.ditto_lambda"], v["train.weight_decay"]
+    if lr * (lam + wd) >= 2:
+        raise ConfigError(f"algorithm.ditto_lambda={lam} with train.lr={lr} (the largest lr of the schedule) and "
+                          f"train.weight_decay={wd}: the personal pass's proximal step diverges once lr x (ditto_lambda "
+                          f"+ weight_decay) >= 2 (here {lr * (lam + wd):g}); lower train.lr or algorithm.ditto_lambda "
+                          "so that their product is below 2")
 
 
 def _check_finetune(v: dict) -> None:

@@ -26,6 +26,8 @@ TB_TAGS = {
     "client_acc_std": "test/client_acc_std",
     "client_acc_min": "test/client_acc_min",
     "client_acc_p10": "test/client_acc_p10",
+    "client_acc_weighted_mean": "test/client_acc_weighted_mean",
+    "clients_never_sampled": "test/clients_never_sampled",
     "train_loss": "train/loss",
     "round_s": "time/round_s",
     "samples_per_s": "time/samples_per_s",

@@ -22,13 +22,29 @@ HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
 # Keys whose default changed after they were added: the value a saved config that lacks the key ran with
 # (it predates the key), where that differs from today's default.
 # privacy.secure_noise: a private run from before the key drew its noise from the seed.
-PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "privacy.secure_noise": False}
+PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "eval.finetune_optimizer": "train",
+                     "privacy.secure_noise": False}
 
 
 def saved_values(saved: dict) -> dict:
     """A saved run's config (nested, as in its config.yaml or checkpoint), flat, with every key it
     predates at the value it ran with: today's default, or its `PREVIOUS_DEFAULTS` entry."""
     return {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS, **flatten_dict(saved)}
+
+
+def with_previous_defaults(saved: dict) -> dict:
+    """A saved nested config with each key it predates that may change on resume (so no blocker would
+    name it) set to the value it ran with: a resumed run goes on as it ran (eval.finetune_optimizer)."""
+    flat = flatten_dict(saved)
+    for key, value in PREVIOUS_DEFAULTS.items():
+        if key not in flat and key.startswith(RESUMABLE_KEYS):
+            *path, last = key.split(".")
+            section = saved
+            for part in path:
+                section = section.setdefault(part, {}) if isinstance(section, dict) else None
+            if isinstance(section, dict):  # else not a config: loading it says what is wrong
+                section[last] = value
+    return saved
 
 
 def predated_keys_hint(changed: list[str]) -> str:

@@ -56,7 +56,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md) | methods shipped in the plugin form, with algorithm.options: local | fedlc | fedntd | lgfedavg | perfedavg | fedrod | pfedme (docs/algorithms/README.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
@@ -75,7 +75,7 @@ class AlgorithmConfig:
     fedexp_eps: float = 1.0e-3  # fedexp: epsilon of the server step size max(1, sum_i p_i ||Delta_i||^2 / (2 (||sum_i p_i Delta_i||^2 + eps))) (the authors' code: 1e-3 for CIFAR-10/100 and CINIC-10, 0.1 for EMNIST)
     head_epochs: int = 10  # fedrep: local epochs of the personal head (body frozen) each round, before the body's (paper: 10)
     body_epochs: int = 1  # fedrep: local epochs of the shared body (head frozen) after the head's (paper: 1); fedrep takes its epochs from these two keys, not train.local_epochs
-    finetune_epochs: int = 5  # fedbabu: epochs each client fine-tunes the whole global model on its training data before it is scored (eval.clients; paper: 5)
+    finetune_epochs: int = 5  # fedbabu: epochs each client fine-tunes the whole global model on its training data before it is scored (eval.clients; paper: 5), with the optimizer of eval.finetune_optimizer
     ditto_lambda: float = 0.1  # ditto: lambda of the personal objective F_k(v) + lambda/2 ||v - w_global||^2 (paper: tuned from {0.01, 0.1, 1, 2})
     apfl_alpha: float = 0.5  # apfl: mixing weight alpha of the personalised model alpha v + (1 - alpha) w (the initial value when apfl_adaptive)
     apfl_adaptive: bool = True  # apfl: learn each client's alpha by a gradient step per local step (the paper's adaptive alpha), clipped to [0, 1]
@@ -162,7 +162,10 @@ class EvalConfig:
     clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm; tct: stage 2's linear model on eNTK features, in its stage-2 evaluations) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
     client_split: str = "test"  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
     client_test_size: int = 0  # eval.clients, client_split=test: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
-    finetune_epochs: int = 0  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, momentum, weight_decay, the lr of the last round; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.finetune_epochs) and tct (its clients are scored with stage 2's linear model)
+    finetune_epochs: int = 0  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, the optimizer of eval.finetune_optimizer; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.finetune_epochs) and tct (its clients are scored with stage 2's linear model)
+    finetune_optimizer: str = "own"  # the optimizer of every fine-tuning before per-client scoring (eval.finetune_epochs, fedbabu's algorithm.finetune_epochs): own (SGD at eval.finetune_lr with eval.finetune_momentum, no weight decay: FedBABU's protocol) | train (the lr of the last round trained with train.momentum and train.weight_decay: the only behaviour before this key, kept to reproduce earlier runs; a saved config without the key resumes with it)
+    finetune_lr: float = 0.001  # eval.finetune_optimizer=own: the fine-tuning's lr (FedBABU's paper: 1e-3)
+    finetune_momentum: float = 0.9  # eval.finetune_optimizer=own: the fine-tuning's momentum, restarted for each client (FedBABU's paper: 0.9)
     client_holdout: float = 0.1  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 
 
@@ -244,6 +247,7 @@ CHOICES = {
     "model.mse_reduction": ["mean", "sum"],
     "calibration.method": ["none", "ffc"],
     "calibration.clients": ["all", "last_cohort"],
+    "eval.finetune_optimizer": ["own", "train"],
     "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "moon", "fedexp",
                        "tct", "fedper", "fedrep", "fedbabu", "ditto", "apfl"],
     "tct.stage1": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
@@ -406,6 +410,8 @@ RANGES = {
     "eval.client_test_size": ">= 0",
     "eval.client_holdout": "(0, 1)",
     "eval.finetune_epochs": ">= 0",
+    "eval.finetune_lr": "> 0",
+    "eval.finetune_momentum": "[0, 1)",
     "checkpoint.every": ">= 0",
     "checkpoint.keep": ">= 1",
     "runtime.threads": ">= 1",

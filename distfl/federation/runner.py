@@ -37,7 +37,7 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, reduced_client_statistics
+from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
@@ -141,7 +141,7 @@ class Trainer:
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
-        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
+        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
         if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
             self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
@@ -458,7 +458,7 @@ class Trainer:
         loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
         metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
         if clients:
-            metrics.update(reduced_client_statistics(reduced))
+            metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self))
         return metrics
 
     # ---- the run -------------------------------------------------------------------------------

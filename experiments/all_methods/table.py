@@ -21,11 +21,13 @@ GROUPS = [
     ("FedAvg family", ["fedavg", "fedprox", "scaffold", "feddyn", "fednova"]),
     ("the five papers", ["fedadc", "slowmo", "fedfor", "gma", "spherefed", "tct"]),
     ("global-model baselines", ["moon", "fedexp"]),
-    ("personalised", ["fedavg_ft", "fedper", "fedrep", "fedbabu", "ditto", "apfl"]),
+    ("label skew", ["fedlc", "fedntd"]),
+    ("personalised", ["local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl"]),
 ]
-PERSONALISED = {"fedavg_ft", "fedper", "fedrep", "fedbabu", "ditto", "apfl"}
+PERSONALISED = {"local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl"}
 LABELS = {"slowmo": "slowmo (FedADC's baseline)", "gma": "fedavg + GMA", "spherefed": "SphereFed + FFC",
-          "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)"}
+          "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)",
+          "local": "local only"}
 SPLITS = {"dir01": "Dir(0.1)", "c2": "#C=2"}
 
 
