@@ -11,6 +11,11 @@ One round of DP-FedAvg is a subsampled Gaussian mechanism on the sum of clipped 
 With adaptive clipping, z is the total noise multiplier of the update and the clipped count together
 (Andrew et al. 2021, Thm 1), so the same event describes a round.
 T rounds are the T-fold self-composition.
+
+DP-FTRL (train.cohort=sequential, each client in at most one of any floor(N / m) consecutive rounds),
+under zero-out adjacency (REPLACE_SPECIAL: one client's data replaced by nothing):
+  - dp_ftrl: one SingleEpochTreeAggregationDpEvent(z, L) per tree of L = floor(N / m) rounds (tree.py);
+  - banded_mf: the whole run is one Gaussian of multiplier z / sqrt(k), k participations (banded.py).
 """
 from __future__ import annotations
 
