@@ -172,8 +172,12 @@ class EvalConfig:
 @dataclass
 class OutputConfig:
     dir: str = "runs/example"  # run directory: config, metrics.jsonl, summary.json, TensorBoard, checkpoints
-    tensorboard: bool = True  # write TensorBoard event files (rank 0)
+    tensorboard: bool = True  # write TensorBoard event files (rank 0); false leaves tensorboard out of output.trackers
     progress: str = "auto"  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
+    trackers: list = field(default_factory=lambda: ["tensorboard"])  # where rank 0 logs the round's scalars, the config and the final metrics, besides metrics.jsonl: any of tensorboard (RUN_DIR/tb), mlflow (pip install distfl[mlflow]; output.mlflow_uri), wandb (pip install distfl[wandb]; output.wandb_mode). A YAML list, or tensorboard,mlflow in an override; [] for none
+    experiment: str = "distfl"  # output.trackers: the MLflow experiment and the W&B project the run is logged under
+    mlflow_uri: str = ""  # output.trackers has mlflow: its tracking URI; "" = file:./mlruns (a local file store in the working directory; view it with `mlflow ui --backend-store-uri ./mlruns`)
+    wandb_mode: str = "offline"  # output.trackers has wandb: offline (written to RUN_DIR/wandb, no network; upload later with `wandb sync`) | online (needs `wandb login`)
 
 
 @dataclass
@@ -269,6 +273,7 @@ CHOICES = {
     "server.lr_schedule": ["constant", "cosine", "step"],
     "train.lr_schedule": ["constant", "cosine", "step"],
     "output.progress": ["auto", "bar", "log", "none"],
+    "output.wandb_mode": ["offline", "online"],
     "runtime.device": ["auto", "cpu", "cuda"],
     "runtime.client_state": ["memory", "disk"],
     "runtime.placement": ["auto", "balanced", "sticky"],
@@ -281,6 +286,7 @@ FEATURE_DIM_MODELS = ["simplecnn"]
 
 # Keys that only mean something for some choices of another key: setting one explicitly (to a
 # non-default value) for a choice that ignores it gives a warning (sweeps vary the controlling key).
+TRACKERS = ["tensorboard", "mlflow", "wandb"]  # output.trackers: the names it may list
 APPLIES_ONLY_TO = {
     "algorithm.mu": ("algorithm.name", ["fedprox"]),
     "algorithm.alpha": ("algorithm.name", ["feddyn"]),

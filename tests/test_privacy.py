@@ -17,7 +17,7 @@ import dp_accounting
 from dp_accounting import pld, rdp
 
 from conftest import metrics, run_cli, train_ok
-from distfl import checkpoint, dist, logging as logging_
+from distfl import checkpoint, dist, trackers as tracking
 from distfl.config import load_config
 from distfl.federation import runner
 from distfl.federation.aggregate import Segment, StatBuffer
@@ -409,7 +409,7 @@ def test_a_run_keeps_its_noise_mode_on_resume(tmp_path, small_config):
 # from them alone (test metrics on the server's test set, the adaptive clip from its noised count), and
 # the wall-clock times (documented as not covered).
 COVERED = {"model_sha256", "final_test_acc", "final_test_loss", "best_test_acc", "best_round", "test_acc", "test_loss",
-           "privacy_clip_norm", "privacy_unclipped_fraction", "privacy.final_clip_norm"}
+           "privacy_clip_norm", "privacy_unclipped_fraction", "privacy.final_clip_norm", "update_norm"}
 TIMING = {"wall_s", "round_s", "eval_s"}
 
 
@@ -447,9 +447,12 @@ def test_a_private_run_releases_no_unnoised_statistic_of_the_clients_data(tmp_pa
     assert len(rows[0]) == len(rows[1]) == 6
     for a, b in zip(*rows):
         assert _differing(a, b) - allowed == set()
-    tags = {logging_.TB_TAGS.get(key, key) for key in allowed} | {f"hparams/{key}" for key in allowed}
+    tags = {tracking.tag(key) for key in allowed} | {f"hparams/{key}" for key in allowed}
     boards = [_tensorboard(run) for run in runs]
     assert boards[0] and _differing(*boards) - tags == set()
+    # Nor what is the same here only because both runs have the same seed and population size: a Poisson
+    # cohort's size counts whether a client took part.
+    assert not any("cohort_size" in tag or "samples_per_s" in tag or "train/loss" in tag for tag in boards[0])
     # The data differed, and the covered values show it (the walk compared something).
     assert summaries[0]["model_sha256"] != summaries[1]["model_sha256"]
     assert not any(key in row for row in rows[0] for key in mechanism.WITHHELD)
@@ -751,3 +754,5 @@ def test_a_calibrated_run_cannot_resume_with_more_rounds(tmp_path, small_config)
              "train.rounds=2")
     proc = run_cli(["train", "--resume", str(run), "train.rounds=4"])
     assert proc.returncode != 0 and "train.rounds" in proc.stderr
+    # The message says why: the noise was calibrated to the rounds the run was started with.
+    assert "train.rounds is fixed in this run: privacy.target_epsilon=5 calibrated the noise to 2 rounds" in proc.stderr

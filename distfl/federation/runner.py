@@ -465,7 +465,7 @@ class Trainer:
     def run(self) -> dict:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
-                           resume_step=self.step)
+                           resume_step=self.step, params=self.global_params)
         for name, why in self.skipped:
             logger.info(f"skipped checkpoint {name}: {why}")
         if self.skipped:
@@ -507,7 +507,7 @@ class Trainer:
                         self.progress["best_test_acc"], self.progress["best_round"] = acc, t
                 self.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.progress["wall_s"]
-                logger.log_round(metrics)
+                logger.log_round(metrics, trainer=self)  # with the round's cohort size and update norm
                 self.step = t
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
                         or self.stop_agreed:
