@@ -6,7 +6,7 @@ saved config that predates a key is read at the value it ran with (PREVIOUS_DEFA
 """
 from __future__ import annotations
 
-from .config import config_to_dict, flatten_dict
+from .config import config_to_dict, flatten_dict, key_applies
 from .schema import Config
 
 # Keys that may change when a run is resumed: they do not alter what the finished model will be.
@@ -22,7 +22,9 @@ RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "ou
 HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
 # Keys whose default changed after they were added: the value a saved config that lacks the key ran with
 # (it predates the key), where that differs from today's default.
-PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "eval.finetune_optimizer": "train"}
+# privacy.secure_noise: a private run from before the key drew its noise from the seed.
+PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "eval.finetune_optimizer": "train",
+                     "privacy.secure_noise": False}
 
 
 def saved_values(saved: dict) -> dict:
@@ -64,7 +66,12 @@ def predated_keys_hint(changed: list[str]) -> str:
     if not keys:
         return text
     return text + (f" (the run predates {', '.join(keys)}; add "
-                   f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
+                   f"{' '.join(f'{k}={_text(PREVIOUS_DEFAULTS[k])}' for k in keys)} to resume it as it ran)")
+
+
+def _text(value) -> str:
+    """A value as an override writes it (booleans in YAML's spelling)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def resume_blockers(saved: dict, now: dict) -> list[str]:
@@ -84,6 +91,12 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
                                "noise; more rounds would spend more privacy than the target. Start a new run with "
                                "the rounds you want (a run given privacy.noise_multiplier instead of a target may "
                                "be resumed with more rounds: its epsilon grows with them)")
+    if now.get("privacy.mechanism") == "banded_mf":
+        why["train.rounds"] = (f"privacy.mechanism=banded_mf factored the noise for all {saved.get('train.rounds')} "
+                               "rounds, and the rounds already trained used that factorisation; start a new run "
+                               "with the rounds you want")
     fixed = (*why, *HOLDOUT_KEYS)
+    # A key that neither the saved run nor this one reads (APPLIES_ONLY_TO) cannot change the model.
     return Blockers([k for k in now if k != "output.dir" and saved.get(k) != now[k]
-                     and (k in fixed or not k.startswith(RESUMABLE_KEYS))], why)
+                     and (k in fixed or not k.startswith(RESUMABLE_KEYS))
+                     and (key_applies(k, saved) or key_applies(k, now))], why)
