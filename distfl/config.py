@@ -13,12 +13,11 @@ import struct
 import sys
 import typing
 import warnings
-from pathlib import Path
 
 import yaml
 
 from distfl.errors import ConfigError
-from distfl.schema import (APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
+from distfl.schema import (APPLIES_ONLY_TO, CHOICES, TRACKERS, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
                            PLUGIN_KEYS, RANGES, SEED_MAX, Config)
 from distfl.validate import check_numbers, float_error, number_from_text
 from distfl.yaml_loader import ConfigLoader, read_yaml
@@ -151,6 +150,14 @@ def _convert(key: str, value, typ: type, text: bool = True):
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key} must be a string, {got}")
+    if typ is list:  # a list of names: a YAML list, or "a,b" (an override)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if value is None:
+            return []
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{key} must be a list of names, e.g. [tensorboard, mlflow], {got}")
     if typ is dict:
         if value is None:
             return {}
@@ -421,30 +428,6 @@ def _plugin_in_range(name: str, option: str, value, spec) -> bool:
                           "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\", \"(0, 1)\"") from None
 
 
-def _check_files(v: dict) -> None:
-    """data.path and partition.path exist when their choice needs them (read when the run loads data)."""
-    needs = {"data.path": (v["data.dataset"] in ("files", "leaf", "tff", "prepared"), f"data.dataset={v['data.dataset']}",
-                           "a LEAF dataset's data/ folder (train/ and test/, or all_data/)" if v["data.dataset"] == "leaf"
-                           else "the folder `distfl data prepare` wrote" if v["data.dataset"] == "prepared"
-                           else "the folder with TFF's PREFIX_train.h5 and PREFIX_test.h5" if v["data.dataset"] == "tff"
-                           else "an .npz with x_train, y_train, x_test, y_test, or a folder with train/ and test/ "
-                           "ImageFolder trees"),
-             "partition.path": (v["partition.scheme"] == "file", "partition.scheme=file",
-                                "an .npz with one index array per client, client_0 .. client_{N-1}")}
-    for key, (needed, choice, what) in needs.items():
-        if needed and not v[key]:
-            raise ConfigError(f"{choice} needs {key}: {what}")
-        if needed and not Path(v[key]).exists():
-            raise ConfigError(f"{key}: {v[key]} does not exist (expected {what})")
-    if v["partition.scheme"] == "file":
-        from distfl.data.partition import file_client_count
-
-        count = file_client_count(v["partition.path"])
-        if count != v["partition.num_clients"]:
-            raise ConfigError(f"partition.path {v['partition.path']} holds {count} clients but partition.num_clients="
-                              f"{v['partition.num_clients']}; set partition.num_clients={count}")
-
-
 def validate(cfg: Config) -> None:
     """Raise ConfigError for a wrong type, unknown choice, out-of-range value or impossible combination."""
     v = _values(cfg)
@@ -454,6 +437,14 @@ def validate(cfg: Config) -> None:
             _plugin(key, v[key])
         elif v[key] not in valid:
             raise _choice_error(key, v[key])
+    for name in v["output.trackers"]:
+        if name not in TRACKERS:
+            raise _choice_error("output.trackers", name, TRACKERS)
+        if v["output.trackers"].count(name) > 1:
+            raise ConfigError(f"output.trackers lists {name} twice; list each of {', '.join(TRACKERS)} at most once")
+    from .trackers import check_installed
+
+    check_installed(v["output.trackers"])
     for key, spec in RANGES.items():
         if not _in_range(v[key], spec):
             raise _range_error(key, v[key], spec)
@@ -467,10 +458,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"server.eps={v['server.eps']!r}: its square, the optimizer's initial second moment, "
                           "is 0 or inf in float32; use a value between 1e-22 and 1e19")
     cfg.algorithm.options = _algorithm_options(v["algorithm.name"], v[OPTIONS_KEY])
-    _check_files(v)
-    from distfl.data.natural import check_natural
+    from distfl.data.paths import check_data_files
 
-    check_natural(v)
+    check_data_files(v)
 
     if v["train.clients_per_round"] > v["partition.num_clients"]:
         raise ConfigError(
@@ -514,9 +504,9 @@ def validate(cfg: Config) -> None:
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
 
     from distfl.privacy import rules as privacy_rules
-
-    name = v["algorithm.name"]
-    privacy_rules.check(v, None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name))
+    from distfl.system import rules as system_rules
+    privacy_rules.check(v, None if v["algorithm.name"] in CHOICES["algorithm.name"] else _plugin("algorithm.name", v["algorithm.name"]))
+    system_rules.check(v)
 
 
 def _check_personalised(v: dict) -> None:

@@ -177,8 +177,12 @@ class EvalConfig:
 @dataclass
 class OutputConfig:
     dir: str = "runs/example"  # run directory: config, metrics.jsonl, summary.json, TensorBoard, checkpoints
-    tensorboard: bool = True  # write TensorBoard event files (rank 0)
+    tensorboard: bool = True  # write TensorBoard event files (rank 0); false leaves tensorboard out of output.trackers
     progress: str = "auto"  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
+    trackers: list = field(default_factory=lambda: ["tensorboard"])  # where rank 0 logs the round's scalars, the config and the final metrics, besides metrics.jsonl: any of tensorboard (RUN_DIR/tb), mlflow (pip install distfl[mlflow]; output.mlflow_uri), wandb (pip install distfl[wandb]; output.wandb_mode). A YAML list, or tensorboard,mlflow in an override; [] for none
+    experiment: str = "distfl"  # output.trackers: the MLflow experiment and the W&B project the run is logged under
+    mlflow_uri: str = ""  # output.trackers has mlflow: its tracking URI; "" = file:./mlruns (a local file store in the working directory; view it with `mlflow ui --backend-store-uri ./mlruns`)
+    wandb_mode: str = "offline"  # output.trackers has wandb: offline (written to RUN_DIR/wandb, no network; upload later with `wandb sync`) | online (needs `wandb login`)
 
 
 @dataclass
@@ -200,7 +204,7 @@ class RuntimeConfig:
 
 @dataclass
 class PrivacyConfig:
-    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md)
+    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md) | dp_ftrl: DP-FTRL (Kairouz et al. 2021), the same clipping with tree-aggregated noise correlated across rounds, for train.cohort=sequential (each client once per floor(num_clients / clients_per_round) rounds; no sampling needed) | banded_mf: DP-FTRL with banded matrix factorisation noise (Choquette-Choo et al. 2023), the same participation
     clip_norm: float = 1.0  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
     noise_multiplier: float = -1.0  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
     target_epsilon: float = 0.0  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
@@ -209,7 +213,37 @@ class PrivacyConfig:
     adaptive_clip: bool = False  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
     target_quantile: float = 0.5  # adaptive_clip: fraction gamma of clients whose update should fit within the clip
     clip_lr: float = 0.2  # adaptive_clip: geometric learning rate eta_C of C <- C * exp(-eta_C (b - gamma)), b the noised unclipped fraction
+    bands: int = 0  # banded_mf: b, the bands of the factor C (its noise is correlated over b rounds); at most floor(num_clients / clients_per_round), the rounds between a client's participations; 0: that many (capped at train.rounds)
+    secure_noise: bool = True  # gaussian: true: the noise and the cohorts come from a 128-bit key drawn from the operating system's secure source at start, kept only in the checkpoints (owner-only noise_key file), so nobody with the config can regenerate and subtract the noise (for models you release) | false: from seed, reproducible from the config (simulation studies; the noise offers no protection against whoever has the config)
     count_noise_multiplier: float = 0.0  # adaptive_clip: std sigma_b of the noise on the count of unclipped clients; 0: expected cohort / 20 (the paper's choice); must exceed noise_multiplier / 2
+
+
+@dataclass
+class SystemConfig:
+    speed: str = "constant:1"  # each client's compute time per training sample's forward pass in ms (FedScale's `computation`), keyed by (seed, client): constant:V | uniform:LO,HI | lognormal:MU,SIGMA (exp(MU + SIGMA N(0,1))) | list:V1,V2,... (each client one value, drawn uniformly). The whole system section is off (today's rounds, no virtual clock) while every key holds its default (docs/system.md)
+    reference_flops: float = 0.0  # > 0: system.speed (or the capacity file) was measured on a model of this many forward FLOPs per sample; every client's compute time is scaled by this model's FLOPs / this (counted on one sample at start by torch's FlopCounterMode). 0: no scaling
+    compute_factor: float = 3.0  # a sample's training time is this many times its forward pass (FedScale's 3: the backward pass takes about 2x)
+    bandwidth: str = "constant:inf"  # each client's download bandwidth in kbit/s (FedScale's `communication`; 1 kbit = 1024 bits), a spec as system.speed; inf: transfers take no time
+    upload_bandwidth: str = "same"  # each client's upload bandwidth in kbit/s: same (its download bandwidth, FedScale's one figure) | a spec as system.speed, drawn independently
+    capacity_file: str = ""  # FedScale's client_device_capacity (a pickle, or the JSON `python -m distfl.system.traces convert` writes): id -> {computation: ms per sample, communication: kbit/s}, client k taking the entry with key (k + 1) mod the file's length, as FedScale maps its 1-based ids; replaces system.speed and both bandwidths
+    availability: str = "always"  # always | trace (FedScale's client_behave_trace in system.trace_file) | diurnal (each client online system.diurnal_online of every system.diurnal_period_s, from a phase keyed by (seed, client))
+    trace_file: str = ""  # availability=trace: FedScale's client_behave_trace (a pickle, or its JSON conversion): id -> {active: [s], inactive: [s], finish_time: s, ...}; client k takes the entry at position (k + 1) mod the file's length, as FedScale; online while active[i] <= (t mod finish_time) <= inactive[i] for some i
+    diurnal_period_s: float = 86400.0  # availability=diurnal: the length of a day in virtual seconds
+    diurnal_online: float = 0.5  # availability=diurnal: the fraction of each period a client is online
+    unavailable: str = "skip"  # availability: skip (a round samples only clients online when it starts) | fail (it samples from all; an offline client fails, counted as dropped)
+    dropout: float = 0.0  # probability that a sampled client drops out (starts and never reports), keyed by (seed, round, client); also a client whose availability ends before it finishes is dropped
+    round: str = "wait_all"  # synchronous rounds: wait_all (the slowest reporting client sets the round's length) | deadline (clients not done by system.deadline_s are late and dropped, or send partial work with system.partial_work) | overselect (sample ceil(system.overselect x clients_per_round), keep the first clients_per_round to finish)
+    deadline_s: float = 0.0  # round=deadline: the round's length in virtual seconds (> 0)
+    partial_work: bool = False  # round=deadline: a late client sends the local steps it finished by the deadline (FedProx's variable local work) instead of being dropped; one with no finished step is dropped
+    overselect: float = 1.3  # round=overselect: clients sampled per client kept (Bonawitz et al. 2019, FedScale: 1.3)
+    async_mode: str = "none"  # asynchronous aggregation (the issue's system.async; `async` is a Python keyword): none | fedbuff (Nguyen et al. 2022) | fedasync (Xie et al. 2019). train.rounds counts server steps
+    buffer_size: int = 10  # fedbuff: K, client updates per server step
+    concurrency: int = 0  # fedbuff, fedasync: C, clients training at once (0: train.clients_per_round)
+    max_staleness: int = -1  # fedbuff, fedasync: updates staler than this many server steps are discarded (-1: none)
+    staleness: str = "constant"  # fedbuff, fedasync: weight of an update s server steps stale: constant (1) | polynomial ((1 + s)^-a) | hinge (1 for s <= b, else 1 / (a (s - b) + 1))
+    staleness_a: float = 0.5  # staleness=polynomial, hinge: a
+    staleness_b: float = 4.0  # staleness=hinge: b
+    async_alpha: float = 0.6  # fedasync: mixing weight alpha, w <- (1 - alpha_t) w + alpha_t w_client with alpha_t = alpha x the staleness weight
 
 
 @dataclass
@@ -229,6 +263,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
 
 
 # Valid values of the string keys that name a choice. config.py validates against these and suggests
@@ -241,7 +276,7 @@ CHOICES = {
     "data.normalize": ["auto", "none", "mean_std"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file", "natural"],
     "train.cohort": ["random", "sequential", "poisson"],
-    "privacy.mechanism": ["none", "gaussian"],
+    "privacy.mechanism": ["none", "gaussian", "dp_ftrl", "banded_mf"],
     "privacy.accountant": ["rdp", "pld"],
     "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm"],
     "model.norm": ["bn", "gn"],
@@ -273,11 +308,17 @@ CHOICES = {
     "server.lr_schedule": ["constant", "cosine", "step"],
     "train.lr_schedule": ["constant", "cosine", "step"],
     "output.progress": ["auto", "bar", "log", "none"],
+    "output.wandb_mode": ["offline", "online"],
     "runtime.device": ["auto", "cpu", "cuda"],
     "runtime.client_state": ["memory", "disk"],
     "runtime.placement": ["auto", "balanced", "sticky"],
     "runtime.channels_last": ["auto", "on", "off"],
     "eval.client_split": ["test", "holdout"],
+    "system.availability": ["always", "trace", "diurnal"],
+    "system.unavailable": ["skip", "fail"],
+    "system.round": ["wait_all", "deadline", "overselect"],
+    "system.async_mode": ["none", "fedbuff", "fedasync"],
+    "system.staleness": ["constant", "polynomial", "hinge"],
 }
 
 # The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.
@@ -285,6 +326,7 @@ FEATURE_DIM_MODELS = ["simplecnn"]
 
 # Keys that only mean something for some choices of another key: setting one explicitly (to a
 # non-default value) for a choice that ignores it gives a warning (sweeps vary the controlling key).
+TRACKERS = ["tensorboard", "mlflow", "wandb"]  # output.trackers: the names it may list
 APPLIES_ONLY_TO = {
     "algorithm.mu": ("algorithm.name", ["fedprox"]),
     "algorithm.alpha": ("algorithm.name", ["feddyn"]),
@@ -338,8 +380,20 @@ APPLIES_ONLY_TO = {
     **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
        for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
-    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian"]) for key in (
-        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip")},
+    "system.trace_file": ("system.availability", ["trace"]),
+    "system.diurnal_period_s": ("system.availability", ["diurnal"]),
+    "system.diurnal_online": ("system.availability", ["diurnal"]),
+    "system.deadline_s": ("system.round", ["deadline"]),
+    "system.partial_work": ("system.round", ["deadline"]),
+    **{f"system.{key}": ("system.async_mode", ["fedbuff", "fedasync"]) for key in (
+        "concurrency", "max_staleness", "staleness")},
+    "system.buffer_size": ("system.async_mode", ["fedbuff"]),
+    "system.async_alpha": ("system.async_mode", ["fedasync"]),
+    "system.staleness_a": ("system.staleness", ["polynomial", "hinge"]),
+    "system.staleness_b": ("system.staleness", ["hinge"]),
+    "privacy.bands": ("privacy.mechanism", ["banded_mf"]),
+    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]) for key in (
+        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip", "secure_noise")},
 }
 
 PLUGIN_KEYS = ("algorithm.name", "model.name")
@@ -433,6 +487,7 @@ RANGES = {
     "privacy.target_quantile": "(0, 1)",
     "privacy.clip_lr": ">= 0",
     "privacy.count_noise_multiplier": ">= 0",
+    "privacy.bands": ">= 0",
     "model.projection_dim": ">= 0",
     "algorithm.moon_mu": ">= 0",
     "algorithm.moon_tau": "> 0",
@@ -443,6 +498,19 @@ RANGES = {
     "algorithm.ditto_lambda": ">= 0",
     "algorithm.apfl_alpha": "[0, 1]",
     "algorithm.apfl_alpha_lr": ">= 0",
+    "system.compute_factor": "> 0",
+    "system.reference_flops": ">= 0",
+    "system.diurnal_period_s": "> 0",
+    "system.diurnal_online": "(0, 1]",
+    "system.dropout": "[0, 1)",
+    "system.deadline_s": ">= 0",
+    "system.overselect": ">= 1",
+    "system.buffer_size": ">= 1",
+    "system.concurrency": ">= 0",
+    "system.max_staleness": ">= -1",
+    "system.staleness_a": ">= 0",
+    "system.staleness_b": ">= 0",
+    "system.async_alpha": "(0, 1]",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

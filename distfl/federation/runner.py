@@ -35,8 +35,8 @@ from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError
                       RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
-from ..privacy.mechanism import GaussianMechanism
-from ..privacy.rules import check_model_buffers
+from ..privacy import mechanism as dp, rules as dp_rules
+from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
@@ -47,7 +47,6 @@ from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
 from . import run_dir, stopping, summary
-
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
@@ -138,15 +137,14 @@ class Trainer:
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
         self.privacy, self.ledger = None, None
         if cfg.privacy.mechanism != "none":
-            check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
-            self.privacy = GaussianMechanism(cfg, self.algorithm.all_segments(), self.noise_multiplier, self.device)
-            self.ledger = _accountant().Ledger(self.noise_multiplier, cfg.privacy.delta, cfg.train.cohort,
-                                                    len(self.population), cfg.train.clients_per_round,
-                                                    cfg.privacy.accountant)
+            dp_rules.check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
+            self.privacy = dp.GaussianMechanism(cfg, self.algorithm.all_segments(), self.noise_multiplier, self.device, ctx)
+            self.ledger = _accountant().Ledger.of(cfg, self.noise_multiplier, len(self.population))
         self.sticky = self._sticky_placement()
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
+        self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
@@ -218,7 +216,9 @@ class Trainer:
         self.worker._int_snapshot = [t.to(self.device) for t in state["int_buffers"]]
         self.algorithm.load_server_state(state["server"])
         if self.privacy is not None:
-            self.privacy.load_state_dict(state["privacy"])
+            self.privacy.load_state_dict(state["privacy"], path)
+        if self.system is not None:
+            self.system.load_state_dict(state["system"])
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
         self.last_round = state["round"]
@@ -303,13 +303,15 @@ class Trainer:
                 "step": step,
                 "phases_done": list(self.phases_done),
                 "phase_results": dict(self.phase_results),
-                "phase_state": _to_cpu(self.phase_state),
+                "phase_state": checkpoint.to_cpu(self.phase_state),
                 "frozen": [t.cpu() for t in self.worker.frozen],
                 "params": self.global_params.cpu(),
                 "buffers": self.global_buffers.cpu(),
                 "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
-                "server": _to_cpu(self.algorithm.server_state()),
-                "privacy": self.privacy.state_dict() if self.privacy is not None else {},
+                "server": checkpoint.to_cpu(self.algorithm.server_state()),
+                # privacy: the mechanism's state; a secret noise key goes beside state.pt, owner-only
+                "privacy": self.privacy.checkpoint(checkpoint.staging_dir(self.run_dir, name)) if self.privacy else {},
+                **({"system": self.system.state_dict()} if self.system is not None else {}),
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "data": self.data_sources,
@@ -342,7 +344,10 @@ class Trainer:
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
         self.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
-        cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        plan = self.system.plan_round(round_idx) if self.system is not None else None  # who reports, on the clock
+        cohort = plan.kept if plan else self.population.cohort(
+            cfg.seed if self.privacy is None else self.privacy.sampling_seed,  # DP: secret
+            round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         if self.pack_size == 1:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
         else:
@@ -363,8 +368,14 @@ class Trainer:
             run = runs[0]
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
-            train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
+            train_client(self.worker, self.data, self.client_indices[run.client_id], run,
+                         self._train_cfg(run.client_id), self.algorithm)
             self._contribute(run, stats)
+        return self.finish_round(round_idx, cohort, stats, plan.metrics() if plan else {})
+
+    def finish_round(self, round_idx: int, cohort: list[int], stats: StatBuffer, extra: dict) -> dict:
+        """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row."""
+        cfg, ctx = self.cfg, self.ctx
         stats.add("stop", int(self.stop_requested))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = stats.reduce(ctx)
@@ -399,18 +410,21 @@ class Trainer:
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
-                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy}
+                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy, **extra}
+
+    def _train_cfg(self, client_id: int):  # train.* as the client trains this round (system.partial_work)
+        return self.cfg.train if self.system is None else self.system.train_cfg(client_id, self.cfg.train)
 
     def _samples_trained(self, client_id: int) -> int:
-        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self.cfg.train)
+        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self._train_cfg(client_id))
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
         run = ClientRun(
             client_id=client_id, round_idx=round_idx, num_samples=n,
             weight=self.algorithm.client_weight(client_id, cohort),
-            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps,
-                              self.worker.fold_single),
+            steps=local_steps(n, self.cfg.train.batch_size, self._train_cfg(client_id).local_epochs,
+                              self._train_cfg(client_id).local_steps, self.worker.fold_single),
             global_params=self.global_params)
         if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
@@ -462,7 +476,7 @@ class Trainer:
     def run(self) -> dict:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
-                           resume_step=self.step)
+                           resume_step=self.step, params=self.global_params)
         for name, why in self.skipped:
             logger.info(f"skipped checkpoint {name}: {why}")
         if self.skipped:
@@ -488,10 +502,12 @@ class Trainer:
                 t0 = time.perf_counter()
                 stopping.check_launcher(self, logger)
                 self.where = f"round {t}"
-                row = self.run_round(t)
+                row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
+                    else self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
-                metrics.pop("samples", None)
+                for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic
+                    metrics.pop(key, None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"
@@ -503,7 +519,7 @@ class Trainer:
                         self.progress["best_test_acc"], self.progress["best_round"] = acc, t
                 self.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.progress["wall_s"]
-                logger.log_round(metrics)
+                logger.log_round(metrics, trainer=self)  # with the round's cohort size and update norm
                 self.step = t
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
                         or self.stop_agreed:
@@ -537,7 +553,7 @@ class Trainer:
                                           self.started)
             status, error = "failed", self.failure.line
         finally:
-            closed = _attempt(logger.close)
+            closed = faults.attempt(logger.close)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
         if closed is not None and status == "completed":  # e.g. TensorBoard's last flush on a full disk
@@ -547,7 +563,7 @@ class Trainer:
         if status == "failed":
             # Where the disk allows: the run's summary must not keep an earlier run's "completed".
             if self.ctx.is_main:
-                _attempt(lambda: checkpoint.atomic_write_text(
+                faults.attempt(lambda: checkpoint.atomic_write_text(
                     json.dumps(summary.build(self, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
         result = summary.build(self, status, error)
@@ -627,20 +643,3 @@ def _accountant():
     from ..privacy import accountant
 
     return accountant
-
-
-def _attempt(action) -> Exception | None:
-    """Run `action`; return the exception it raised instead of raising it (cleanup on a failing run)."""
-    try:
-        action()
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
