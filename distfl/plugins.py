@@ -24,6 +24,7 @@ BUILTIN_METHODS = {
     "perfedavg": "distfl.algorithms.perfedavg:PerFedAvg",
     "fedrod": "distfl.algorithms.fedrod:FedRoD",
     "pfedme": "distfl.algorithms.pfedme:PFedMe",
+    "fedproto": "distfl.algorithms.fedproto:FedProto",
 }
 
 
