@@ -12,6 +12,12 @@ import os
 # can happen (a notebook, pytest or code embedding the trainer may call cuBLAS before dist.init).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
+# A torchrun worker watches its launcher from its first moment (distfl/launcher.py): a rank orphaned
+# while it is still starting stops at once instead of waiting on, or joining, a dead launch's store.
+from . import launcher as _launcher  # noqa: E402
+
+_launcher.start_watch()
+
 __version__ = "0.1.0"
 __all__ = ["Algorithm", "Classifier", "Segment", "__version__"]
 

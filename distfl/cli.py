@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import launcher
 from .errors import ConfigError, DistflError, Interrupted
 from .faults import Failure, RunFailed, debug_enabled
 
@@ -305,6 +306,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plain_config_warnings() -> None:
+    """A ConfigWarning (a key set that the run ignores) reaches the user as `distfl: warning: ...`: a
+    line about their config, not a source file and line of distfl. Other warnings show as before."""
+    import warnings
+
+    from .config import ConfigWarning
+
+    show = warnings.showwarning
+    if getattr(show, "distfl_plain", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning):
+            if _is_main_process():
+                print(f"distfl: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+            return
+        show(message, category, filename, lineno, file, line)
+
+    showwarning.distfl_plain = True
+    warnings.showwarning = showwarning
+
+
 def main(argv=None) -> int:
     """`distfl ARGV` (the command line when `argv` is None)."""
     if argv is None:
@@ -327,8 +350,13 @@ def main(argv=None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()
+    _plain_config_warnings()
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except Exception:
+            launcher.exit_if_orphaned()  # a rendezvous broken by a dead torchrun: one line, not its error
+            raise
     except RunFailed as exc:
         if debug:
             traceback.print_exception(exc.original)
@@ -343,7 +371,11 @@ def main(argv=None) -> int:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if _is_main_process():
+            from .federation.stopping import interrupted_line
+
+            print(f"distfl: {interrupted_line(exc)}", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:
         if debug:

@@ -318,17 +318,14 @@ def test_reference_mentions_every_key():
 
 # --- hostile or surprising YAML -----------------------------------------------------------------------
 
-def test_alias_bomb_is_refused_fast(tmp_path):
+def test_alias_bomb_is_refused(tmp_path):
     """Ten levels of aliases under a known key expand to 10^10 nodes (and their repr in an error
-    message would never end); the error must come at once, naming the file and the line."""
-    import time
-
+    message would never end); aliases are refused before anything is expanded, naming the file and
+    the line (were they expanded, this test would not finish)."""
     lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
     bomb = write(tmp_path, "train:\n  lr:\n" + "".join(f"    {line}\n" for line in lines), "bomb.yaml")
-    t0 = time.perf_counter()
     msg = error(load_config, bomb)
-    assert time.perf_counter() - t0 < 2
     assert "aliases are not accepted" in msg and "line 4" in msg and bomb in msg
 
 

@@ -144,7 +144,7 @@ class Trainer:
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
-        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
+        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
         if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
             self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
