@@ -25,6 +25,7 @@ BUILTIN_METHODS = {
     "fedrod": "distfl.algorithms.fedrod:FedRoD",
     "pfedme": "distfl.algorithms.pfedme:PFedMe",
     "fedproto": "distfl.algorithms.fedproto:FedProto",
+    "fedala": "distfl.algorithms.fedala:FedALA",
 }
 
 

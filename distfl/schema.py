@@ -56,7 +56,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md) | methods shipped in the plugin form, with algorithm.options: local | fedlc | fedntd | lgfedavg | perfedavg | fedrod | pfedme | fedproto (docs/algorithms/README.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md) | methods shipped in the plugin form, with algorithm.options: local | fedlc | fedntd | lgfedavg | perfedavg | fedrod | pfedme | fedproto | fedala (docs/algorithms/README.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
