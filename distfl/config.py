@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from distfl.errors import ConfigError
-from distfl.schema import (APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
+from distfl.schema import (APPLIES_ONLY_TO, CHOICES, TRACKERS, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
                            PLUGIN_KEYS, RANGES, SEED_MAX, Config)
 from distfl.validate import check_numbers, float_error, number_from_text
 from distfl.yaml_loader import ConfigLoader, read_yaml
@@ -151,6 +151,14 @@ def _convert(key: str, value, typ: type, text: bool = True):
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key} must be a string, {got}")
+    if typ is list:  # a list of names: a YAML list, or "a,b" (an override)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if value is None:
+            return []
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{key} must be a list of names, e.g. [tensorboard, mlflow], {got}")
     if typ is dict:
         if value is None:
             return {}
@@ -450,6 +458,14 @@ def validate(cfg: Config) -> None:
             _plugin(key, v[key])
         elif v[key] not in valid:
             raise _choice_error(key, v[key])
+    for name in v["output.trackers"]:
+        if name not in TRACKERS:
+            raise _choice_error("output.trackers", name, TRACKERS)
+        if v["output.trackers"].count(name) > 1:
+            raise ConfigError(f"output.trackers lists {name} twice; list each of {', '.join(TRACKERS)} at most once")
+    from .trackers import check_installed
+
+    check_installed(v["output.trackers"])
     for key, spec in RANGES.items():
         if not _in_range(v[key], spec):
             raise _range_error(key, v[key], spec)

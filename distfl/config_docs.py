@@ -34,6 +34,8 @@ def _field_comments() -> dict[str, str]:
 def _default_text(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
     return str(value)
 
 

@@ -6,7 +6,7 @@ saved config that predates a key is read at the value it ran with (PREVIOUS_DEFA
 """
 from __future__ import annotations
 
-from .config import config_to_dict, flatten_dict
+from .config import config_to_dict, flatten_dict, key_applies
 from .schema import Config
 
 # Keys that may change when a run is resumed: they do not alter what the finished model will be.
@@ -14,14 +14,17 @@ from .schema import Config
 # calibrate a finished run (`distfl calibrate RUN_DIR`), or try other stage-2 settings on a copy of a
 # TCT run directory whose stage 1 is done. The runner refuses them once the phase has begun.
 PHASE_KEYS = ("calibration.", "tct.")
-RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard",
+RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "output.tensorboard", "output.trackers",
+                  "output.experiment", "output.mlflow_uri", "output.wandb_mode",
                   "runtime.device", "runtime.threads", "runtime.deterministic", "runtime.pack_size",
                   *PHASE_KEYS)
 # eval.* keys that may not change on resume: a holdout split removes samples from the clients' training data.
 HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
 # Keys whose default changed after they were added: the value a saved config that lacks the key ran with
 # (it predates the key), where that differs from today's default.
-PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "eval.finetune_optimizer": "train"}
+# privacy.secure_noise: a private run from before the key drew its noise from the seed.
+PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "eval.finetune_optimizer": "train",
+                     "privacy.secure_noise": False}
 
 
 def saved_values(saved: dict) -> dict:
@@ -45,13 +48,30 @@ def with_previous_defaults(saved: dict) -> dict:
     return saved
 
 
+class Blockers(list):
+    """The keys that block a resume (a list), with `why`: key -> the reason, for keys that may change on
+    resume in other runs but not in this one (train.rounds of a private or cosine-schedule run)."""
+
+    def __init__(self, keys=(), why: dict | None = None):
+        super().__init__(keys)
+        self.why = why or {}
+
+
 def predated_keys_hint(changed: list[str]) -> str:
-    """For blockers that the saved run predates: the overrides that resume it as it ran ('' if none)."""
+    """Why the blockers block where the reason is particular to this run (`Blockers.why`), and, for
+    blockers that the saved run predates, the overrides that resume it as it ran ('' if neither)."""
+    why = getattr(changed, "why", {})
+    text = "".join(f" ({k} is fixed in this run: {why[k]})" for k in changed if k in why)
     keys = [k for k in changed if k in PREVIOUS_DEFAULTS]
     if not keys:
-        return ""
-    return (f" (the run predates {', '.join(keys)}; add "
-            f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
+        return text
+    return text + (f" (the run predates {', '.join(keys)}; add "
+                   f"{' '.join(f'{k}={_text(PREVIOUS_DEFAULTS[k])}' for k in keys)} to resume it as it ran)")
+
+
+def _text(value) -> str:
+    """A value as an override writes it (booleans in YAML's spelling)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def resume_blockers(saved: dict, now: dict) -> list[str]:
@@ -59,9 +79,24 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
     saved, now = saved_values(saved), flatten_dict(now)
     # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
     # eval.client_split and eval.client_holdout decide which samples the clients train on.
-    fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
+    why = {}
+    if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]):
+        why["train.rounds"] = (f"the cosine lr schedule is a function of train.rounds "
+                               f"({saved.get('train.rounds')}), so more rounds would change the lr of the rounds "
+                               "already trained; start a new run with the rounds you want")
     # privacy.target_epsilon calibrates the noise for train.rounds rounds: more rounds, other noise.
-    fixed += ("train.rounds",) if now.get("privacy.target_epsilon", 0) > 0 else ()
-    fixed += HOLDOUT_KEYS
-    return [k for k in now if k != "output.dir" and saved.get(k) != now[k]
-            and (k in fixed or not k.startswith(RESUMABLE_KEYS))]
+    if now.get("privacy.target_epsilon", 0) > 0:
+        why["train.rounds"] = (f"privacy.target_epsilon={now['privacy.target_epsilon']:g} calibrated the noise "
+                               f"to {saved.get('train.rounds')} rounds, and the rounds already trained used that "
+                               "noise; more rounds would spend more privacy than the target. Start a new run with "
+                               "the rounds you want (a run given privacy.noise_multiplier instead of a target may "
+                               "be resumed with more rounds: its epsilon grows with them)")
+    if now.get("privacy.mechanism") == "banded_mf":
+        why["train.rounds"] = (f"privacy.mechanism=banded_mf factored the noise for all {saved.get('train.rounds')} "
+                               "rounds, and the rounds already trained used that factorisation; start a new run "
+                               "with the rounds you want")
+    fixed = (*why, *HOLDOUT_KEYS)
+    # A key that neither the saved run nor this one reads (APPLIES_ONLY_TO) cannot change the model.
+    return Blockers([k for k in now if k != "output.dir" and saved.get(k) != now[k]
+                     and (k in fixed or not k.startswith(RESUMABLE_KEYS))
+                     and (key_applies(k, saved) or key_applies(k, now))], why)

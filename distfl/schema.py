@@ -172,8 +172,12 @@ class EvalConfig:
 @dataclass
 class OutputConfig:
     dir: str = "runs/example"  # run directory: config, metrics.jsonl, summary.json, TensorBoard, checkpoints
-    tensorboard: bool = True  # write TensorBoard event files (rank 0)
+    tensorboard: bool = True  # write TensorBoard event files (rank 0); false leaves tensorboard out of output.trackers
     progress: str = "auto"  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
+    trackers: list = field(default_factory=lambda: ["tensorboard"])  # where rank 0 logs the round's scalars, the config and the final metrics, besides metrics.jsonl: any of tensorboard (RUN_DIR/tb), mlflow (pip install distfl[mlflow]; output.mlflow_uri), wandb (pip install distfl[wandb]; output.wandb_mode). A YAML list, or tensorboard,mlflow in an override; [] for none
+    experiment: str = "distfl"  # output.trackers: the MLflow experiment and the W&B project the run is logged under
+    mlflow_uri: str = ""  # output.trackers has mlflow: its tracking URI; "" = file:./mlruns (a local file store in the working directory; view it with `mlflow ui --backend-store-uri ./mlruns`)
+    wandb_mode: str = "offline"  # output.trackers has wandb: offline (written to RUN_DIR/wandb, no network; upload later with `wandb sync`) | online (needs `wandb login`)
 
 
 @dataclass
@@ -195,7 +199,7 @@ class RuntimeConfig:
 
 @dataclass
 class PrivacyConfig:
-    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md)
+    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md) | dp_ftrl: DP-FTRL (Kairouz et al. 2021), the same clipping with tree-aggregated noise correlated across rounds, for train.cohort=sequential (each client once per floor(num_clients / clients_per_round) rounds; no sampling needed) | banded_mf: DP-FTRL with banded matrix factorisation noise (Choquette-Choo et al. 2023), the same participation
     clip_norm: float = 1.0  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
     noise_multiplier: float = -1.0  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
     target_epsilon: float = 0.0  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
@@ -204,6 +208,8 @@ class PrivacyConfig:
     adaptive_clip: bool = False  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
     target_quantile: float = 0.5  # adaptive_clip: fraction gamma of clients whose update should fit within the clip
     clip_lr: float = 0.2  # adaptive_clip: geometric learning rate eta_C of C <- C * exp(-eta_C (b - gamma)), b the noised unclipped fraction
+    bands: int = 0  # banded_mf: b, the bands of the factor C (its noise is correlated over b rounds); at most floor(num_clients / clients_per_round), the rounds between a client's participations; 0: that many (capped at train.rounds)
+    secure_noise: bool = True  # gaussian: true: the noise and the cohorts come from a 128-bit key drawn from the operating system's secure source at start, kept only in the checkpoints (owner-only noise_key file), so nobody with the config can regenerate and subtract the noise (for models you release) | false: from seed, reproducible from the config (simulation studies; the noise offers no protection against whoever has the config)
     count_noise_multiplier: float = 0.0  # adaptive_clip: std sigma_b of the noise on the count of unclipped clients; 0: expected cohort / 20 (the paper's choice); must exceed noise_multiplier / 2
 
 
@@ -235,7 +241,7 @@ CHOICES = {
     "data.normalize": ["auto", "none", "mean_std"],
     "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
     "train.cohort": ["random", "sequential", "poisson"],
-    "privacy.mechanism": ["none", "gaussian"],
+    "privacy.mechanism": ["none", "gaussian", "dp_ftrl", "banded_mf"],
     "privacy.accountant": ["rdp", "pld"],
     "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],
     "model.norm": ["bn", "gn"],
@@ -267,6 +273,7 @@ CHOICES = {
     "server.lr_schedule": ["constant", "cosine", "step"],
     "train.lr_schedule": ["constant", "cosine", "step"],
     "output.progress": ["auto", "bar", "log", "none"],
+    "output.wandb_mode": ["offline", "online"],
     "runtime.device": ["auto", "cpu", "cuda"],
     "runtime.client_state": ["memory", "disk"],
     "runtime.placement": ["auto", "balanced", "sticky"],
@@ -279,6 +286,7 @@ FEATURE_DIM_MODELS = ["simplecnn"]
 
 # Keys that only mean something for some choices of another key: setting one explicitly (to a
 # non-default value) for a choice that ignores it gives a warning (sweeps vary the controlling key).
+TRACKERS = ["tensorboard", "mlflow", "wandb"]  # output.trackers: the names it may list
 APPLIES_ONLY_TO = {
     "algorithm.mu": ("algorithm.name", ["fedprox"]),
     "algorithm.alpha": ("algorithm.name", ["feddyn"]),
@@ -328,8 +336,9 @@ APPLIES_ONLY_TO = {
     **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
        for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
-    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian"]) for key in (
-        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip")},
+    "privacy.bands": ("privacy.mechanism", ["banded_mf"]),
+    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]) for key in (
+        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip", "secure_noise")},
 }
 
 PLUGIN_KEYS = ("algorithm.name", "model.name")
@@ -421,6 +430,7 @@ RANGES = {
     "privacy.target_quantile": "(0, 1)",
     "privacy.clip_lr": ">= 0",
     "privacy.count_noise_multiplier": ">= 0",
+    "privacy.bands": ">= 0",
     "model.projection_dim": ">= 0",
     "algorithm.moon_mu": ">= 0",
     "algorithm.moon_tau": "> 0",

@@ -44,7 +44,7 @@ def prepare(trainer, resume: bool) -> None:
     clear = claim(trainer, resume)
     if trainer.ctx.is_main:
         if clear:  # --overwrite was given
-            for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
+            for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state", "trackers.json", "wandb"):
                 path = trainer.run_dir / name
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         faults.remove_leftovers(trainer.run_dir)

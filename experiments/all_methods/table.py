@@ -1,4 +1,4 @@
-"""The all-methods table of issue 21 (experiments/all_methods/run.sh): per split and method, over the
+"""The all-methods table (experiments/all_methods/run.sh): per split and method, over the
 seeds that finished, mean ± sample std of the last evaluation (round 100; a run that diverged is
 counted in "seeds", left out of the statistics, and listed per seed with its last evaluation): the global model's test
 accuracy (pooled test set) and the per-client statistics of eval.clients (each client's local test split;
