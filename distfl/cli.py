@@ -41,14 +41,9 @@ def cmd_train(args) -> int:
     if args.resume:
         if args.config is not None:
             raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
-        run_dir = Path(args.resume)
-        saved = run_dir / "config.yaml"
-        if not saved.exists():
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a distfl run directory?")
-        from .resume_rules import with_previous_defaults
+        from .resume_rules import saved_run_config
 
-        base = with_previous_defaults(_saved_config(saved))
-        base.setdefault("output", {})["dir"] = str(run_dir)
+        base, saved = saved_run_config(args.resume, "--resume")
         cfg = config_from_dict(base, args.overrides, source=str(saved))
     else:
         if args.config is None:
@@ -63,24 +58,6 @@ def cmd_train(args) -> int:
     summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     _print_result(summary, cfg)
     return 0
-
-
-def _saved_config(saved: Path) -> dict:
-    import yaml
-
-    try:
-        base = yaml.safe_load(saved.read_text())
-    except RecursionError:
-        raise ConfigError(f"--resume: cannot read {saved}: it is nested too deeply to be a distfl config; it is "
-                          "the run's config as distfl wrote it: restore it (every checkpoint's state.pt holds it too)") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--resume: cannot read {saved}: {str(exc).splitlines()[0]}; it is the run's config "
-                          "as distfl wrote it: restore it (every checkpoint's state.pt holds it too)") from None
-    if not isinstance(base, dict):
-        raise ConfigError(f"--resume: {saved} is {'empty' if base is None else 'not a mapping of config keys'}; "
-                          "it is the run's config as distfl wrote it: restore it (every checkpoint's state.pt "
-                          "holds it too)")
-    return base
 
 
 def _train_under_torchrun(args) -> int:
