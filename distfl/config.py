@@ -13,7 +13,6 @@ import struct
 import sys
 import typing
 import warnings
-from pathlib import Path
 
 import yaml
 
@@ -429,26 +428,6 @@ def _plugin_in_range(name: str, option: str, value, spec) -> bool:
                           "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\", \"(0, 1)\"") from None
 
 
-def _check_files(v: dict) -> None:
-    """data.path and partition.path exist when their choice needs them (read when the run loads data)."""
-    needs = {"data.path": (v["data.dataset"] == "files", "data.dataset=files",
-                           "an .npz with x_train, y_train, x_test, y_test, or a folder with train/ and test/ ImageFolder trees"),
-             "partition.path": (v["partition.scheme"] == "file", "partition.scheme=file",
-                                "an .npz with one index array per client, client_0 .. client_{N-1}")}
-    for key, (needed, choice, what) in needs.items():
-        if needed and not v[key]:
-            raise ConfigError(f"{choice} needs {key}: {what}")
-        if needed and not Path(v[key]).exists():
-            raise ConfigError(f"{key}: {v[key]} does not exist (expected {what})")
-    if v["partition.scheme"] == "file":
-        from distfl.data.partition import file_client_count
-
-        count = file_client_count(v["partition.path"])
-        if count != v["partition.num_clients"]:
-            raise ConfigError(f"partition.path {v['partition.path']} holds {count} clients but partition.num_clients="
-                              f"{v['partition.num_clients']}; set partition.num_clients={count}")
-
-
 def validate(cfg: Config) -> None:
     """Raise ConfigError for a wrong type, unknown choice, out-of-range value or impossible combination."""
     v = _values(cfg)
@@ -479,7 +458,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"server.eps={v['server.eps']!r}: its square, the optimizer's initial second moment, "
                           "is 0 or inf in float32; use a value between 1e-22 and 1e19")
     cfg.algorithm.options = _algorithm_options(v["algorithm.name"], v[OPTIONS_KEY])
-    _check_files(v)
+    from distfl.data.paths import check_data_files
+
+    check_data_files(v)
 
     if v["train.clients_per_round"] > v["partition.num_clients"]:
         raise ConfigError(
@@ -523,9 +504,9 @@ def validate(cfg: Config) -> None:
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
 
     from distfl.privacy import rules as privacy_rules
-
-    name = v["algorithm.name"]
-    privacy_rules.check(v, None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name))
+    from distfl.system import rules as system_rules
+    privacy_rules.check(v, None if v["algorithm.name"] in CHOICES["algorithm.name"] else _plugin("algorithm.name", v["algorithm.name"]))
+    system_rules.check(v)
 
 
 def _check_personalised(v: dict) -> None:

@@ -6,7 +6,10 @@ saved config that predates a key is read at the value it ran with (PREVIOUS_DEFA
 """
 from __future__ import annotations
 
-from .config import config_to_dict, flatten_dict
+from pathlib import Path
+
+from .config import config_to_dict, flatten_dict, key_applies
+from .errors import ConfigError
 from .schema import Config
 
 # Keys that may change when a run is resumed: they do not alter what the finished model will be.
@@ -22,7 +25,9 @@ RESUMABLE_KEYS = ("train.rounds", "eval.", "checkpoint.", "output.progress", "ou
 HOLDOUT_KEYS = ("eval.client_split", "eval.client_holdout")
 # Keys whose default changed after they were added: the value a saved config that lacks the key ran with
 # (it predates the key), where that differs from today's default.
-PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "eval.finetune_optimizer": "train"}
+# privacy.secure_noise: a private run from before the key drew its noise from the seed.
+PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "off", "eval.finetune_optimizer": "train",
+                     "privacy.secure_noise": False}
 
 
 def saved_values(saved: dict) -> dict:
@@ -46,6 +51,33 @@ def with_previous_defaults(saved: dict) -> dict:
     return saved
 
 
+def saved_run_config(run_dir, flag: str) -> tuple[dict, Path]:
+    """RUN_DIR/config.yaml as a resume reads it (`distfl train --resume`, `distfl.train(resume=...)`):
+    nested, each key it predates at the value it ran with, output.dir the run directory; and its path.
+    `flag` names the option in the error lines ("--resume" or "resume=")."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{run_dir}: no config.yaml there; is it a "
+                          "distfl run directory?")
+    restore = "it is the run's config as distfl wrote it: restore it (every checkpoint's state.pt holds it too)"
+    try:
+        base = yaml.safe_load(saved.read_text())
+    except RecursionError:
+        raise ConfigError(f"{flag.rstrip('=')}: cannot read {saved}: it is nested too deeply to be a distfl config; "
+                          f"{restore}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{flag.rstrip('=')}: cannot read {saved}: {str(exc).splitlines()[0]}; {restore}") from None
+    if not isinstance(base, dict):
+        raise ConfigError(f"{flag.rstrip('=')}: {saved} is {'empty' if base is None else 'not a mapping of config keys'}; "
+                          f"{restore}")
+    base = with_previous_defaults(base)
+    base.setdefault("output", {})["dir"] = str(run_dir)
+    return base, saved
+
+
 class Blockers(list):
     """The keys that block a resume (a list), with `why`: key -> the reason, for keys that may change on
     resume in other runs but not in this one (train.rounds of a private or cosine-schedule run)."""
@@ -64,7 +96,12 @@ def predated_keys_hint(changed: list[str]) -> str:
     if not keys:
         return text
     return text + (f" (the run predates {', '.join(keys)}; add "
-                   f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
+                   f"{' '.join(f'{k}={_text(PREVIOUS_DEFAULTS[k])}' for k in keys)} to resume it as it ran)")
+
+
+def _text(value) -> str:
+    """A value as an override writes it (booleans in YAML's spelling)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def resume_blockers(saved: dict, now: dict) -> list[str]:
@@ -84,6 +121,12 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
                                "noise; more rounds would spend more privacy than the target. Start a new run with "
                                "the rounds you want (a run given privacy.noise_multiplier instead of a target may "
                                "be resumed with more rounds: its epsilon grows with them)")
+    if now.get("privacy.mechanism") == "banded_mf":
+        why["train.rounds"] = (f"privacy.mechanism=banded_mf factored the noise for all {saved.get('train.rounds')} "
+                               "rounds, and the rounds already trained used that factorisation; start a new run "
+                               "with the rounds you want")
     fixed = (*why, *HOLDOUT_KEYS)
+    # A key that neither the saved run nor this one reads (APPLIES_ONLY_TO) cannot change the model.
     return Blockers([k for k in now if k != "output.dir" and saved.get(k) != now[k]
-                     and (k in fixed or not k.startswith(RESUMABLE_KEYS))], why)
+                     and (k in fixed or not k.startswith(RESUMABLE_KEYS))
+                     and (key_applies(k, saved) or key_applies(k, now))], why)

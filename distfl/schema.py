@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DataConfig:
-    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path)
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path) | fedprox_synthetic (FedProx's Synthetic(alpha, beta) / Synthetic-IID federation: 30 devices, 60 features, 10 classes, generated from the data seed; partition.scheme=natural, docs/datasets.md) | leaf (LEAF's JSON files at data.path: FEMNIST, Shakespeare, vectors; docs/datasets.md) | tff (TFF's HDF5 files at data.path: fed_emnist, fed_emnist_digitsonly, fed_cifar100) | prepared (the memory-mapped folder `distfl data prepare` wrote, at data.path)
     root: str = "./data"  # where to look for (and download) the dataset files
-    path: str = ""  # files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
+    path: str = ""  # leaf: a LEAF dataset's data/ folder (train/ and test/, or all_data/). tff: the folder with PREFIX_train.h5 and PREFIX_test.h5. prepared: the folder `distfl data prepare` wrote. files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
     augment: str = "auto"  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
     normalize: str = "auto"  # input scaling after pixels / 255: auto (CIFAR: (x - mean) / std with the fixed per-channel stats in distfl/data/datasets.py CIFAR_STATS; fmnist, synthetic, files: none) | none (the [0, 1] pixels; files and synthetic: as read or generated) | mean_std ((x - mean) / std per channel, both splits, with the mean and population std of the training split computed in float64; FMNIST: 0.2860 / 0.3530)
@@ -22,11 +22,15 @@ class DataConfig:
     synthetic_classes: int = 10  # synthetic: number of classes
     synthetic_image_size: int = 8  # synthetic: images are channels x size x size
     synthetic_channels: int = 1  # synthetic: image channels
+    synthetic_alpha: float = 0.0  # fedprox_synthetic: alpha, the spread of the devices' models (u_k ~ N(0, alpha); paper: 0, 0.5, 1)
+    synthetic_beta: float = 0.0  # fedprox_synthetic: beta, the spread of the devices' feature means (B_k ~ N(0, beta); paper: 0, 0.5, 1)
+    leaf_split: str = "sample"  # leaf, when data.path holds only all_data/: split it as LEAF's split_data.py does, 90% to training, keyed by the data seed: sample (each user's samples) | user (whole users; the test users form the test split only)
+    synthetic_iid: bool = False  # fedprox_synthetic: Synthetic-IID instead (one model and zero-mean features for all devices; alpha and beta unused)
 
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path)
+    scheme: str = "dirichlet"  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path) | natural (the clients the dataset comes with, each with its own training samples; data.dataset=fedprox_synthetic, leaf, tff or prepared; num_clients must equal their count)
     num_clients: int = 100  # total clients in the population
     path: str = ""  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = 0.5  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
@@ -41,7 +45,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
+    name: str = "simplecnn"  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model) | femnist_cnn (LEAF's FEMNIST CNN) | char_lstm (LEAF's Shakespeare LSTM: 8-d embedding, 2 LSTM layers of 256), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = "bn"  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = 2  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = 64  # mlp: hidden width (two hidden layers)
@@ -56,7 +60,7 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md) | methods shipped in the plugin form, with algorithm.options: local | fedlc | fedntd | lgfedavg | perfedavg | fedrod | pfedme (docs/algorithms/README.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md) | methods shipped in the plugin form, with algorithm.options: local | fedlc | fedntd | lgfedavg | perfedavg | fedrod | pfedme | fedproto | fedala (docs/algorithms/README.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
     mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
@@ -159,13 +163,14 @@ class TrainConfig:
 class EvalConfig:
     every: int = 5  # evaluate the global model every this many rounds (and after the last)
     batch_size: int = 1000  # evaluation batch size
-    clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm; tct: stage 2's linear model on eNTK features, in its stage-2 evaluations) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
-    client_split: str = "test"  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
+    clients: bool = False  # also score every client's own model (FedBN: with its own BatchNorm; tct: stage 2's linear model on eNTK features, in its stage-2 evaluations) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10 (each client counted once), client_acc_weighted_mean (every client's test samples pooled) and clients_never_sampled
+    client_split: str = "test"  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution; with partition.scheme=natural, the client's own test samples from the source) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
     client_test_size: int = 0  # eval.clients, client_split=test: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
     finetune_epochs: int = 0  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, the optimizer of eval.finetune_optimizer; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.finetune_epochs) and tct (its clients are scored with stage 2's linear model)
     finetune_optimizer: str = "own"  # the optimizer of every fine-tuning before per-client scoring (eval.finetune_epochs, fedbabu's algorithm.finetune_epochs): own (SGD at eval.finetune_lr with eval.finetune_momentum, no weight decay: FedBABU's protocol) | train (the lr of the last round trained with train.momentum and train.weight_decay: the only behaviour before this key, kept to reproduce earlier runs; a saved config without the key resumes with it)
     finetune_lr: float = 0.001  # eval.finetune_optimizer=own: the fine-tuning's lr (FedBABU's paper: 1e-3)
     finetune_momentum: float = 0.9  # eval.finetune_optimizer=own: the fine-tuning's momentum, restarted for each client (FedBABU's paper: 0.9)
+    train_metrics: bool = False  # also score the global model on the whole training split at each evaluation: global_train_loss and global_train_acc (FedProx's "training loss": the global model's loss on every client's training data, weighted by samples)
     client_holdout: float = 0.1  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 
 
@@ -199,7 +204,7 @@ class RuntimeConfig:
 
 @dataclass
 class PrivacyConfig:
-    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md)
+    mechanism: str = "none"  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md) | dp_ftrl: DP-FTRL (Kairouz et al. 2021), the same clipping with tree-aggregated noise correlated across rounds, for train.cohort=sequential (each client once per floor(num_clients / clients_per_round) rounds; no sampling needed) | banded_mf: DP-FTRL with banded matrix factorisation noise (Choquette-Choo et al. 2023), the same participation
     clip_norm: float = 1.0  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
     noise_multiplier: float = -1.0  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
     target_epsilon: float = 0.0  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
@@ -208,7 +213,37 @@ class PrivacyConfig:
     adaptive_clip: bool = False  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
     target_quantile: float = 0.5  # adaptive_clip: fraction gamma of clients whose update should fit within the clip
     clip_lr: float = 0.2  # adaptive_clip: geometric learning rate eta_C of C <- C * exp(-eta_C (b - gamma)), b the noised unclipped fraction
+    bands: int = 0  # banded_mf: b, the bands of the factor C (its noise is correlated over b rounds); at most floor(num_clients / clients_per_round), the rounds between a client's participations; 0: that many (capped at train.rounds)
+    secure_noise: bool = True  # gaussian: true: the noise and the cohorts come from a 128-bit key drawn from the operating system's secure source at start, kept only in the checkpoints (owner-only noise_key file), so nobody with the config can regenerate and subtract the noise (for models you release) | false: from seed, reproducible from the config (simulation studies; the noise offers no protection against whoever has the config)
     count_noise_multiplier: float = 0.0  # adaptive_clip: std sigma_b of the noise on the count of unclipped clients; 0: expected cohort / 20 (the paper's choice); must exceed noise_multiplier / 2
+
+
+@dataclass
+class SystemConfig:
+    speed: str = "constant:1"  # each client's compute time per training sample's forward pass in ms (FedScale's `computation`), keyed by (seed, client): constant:V | uniform:LO,HI | lognormal:MU,SIGMA (exp(MU + SIGMA N(0,1))) | list:V1,V2,... (each client one value, drawn uniformly). The whole system section is off (today's rounds, no virtual clock) while every key holds its default (docs/system.md)
+    reference_flops: float = 0.0  # > 0: system.speed (or the capacity file) was measured on a model of this many forward FLOPs per sample; every client's compute time is scaled by this model's FLOPs / this (counted on one sample at start by torch's FlopCounterMode). 0: no scaling
+    compute_factor: float = 3.0  # a sample's training time is this many times its forward pass (FedScale's 3: the backward pass takes about 2x)
+    bandwidth: str = "constant:inf"  # each client's download bandwidth in kbit/s (FedScale's `communication`; 1 kbit = 1024 bits), a spec as system.speed; inf: transfers take no time
+    upload_bandwidth: str = "same"  # each client's upload bandwidth in kbit/s: same (its download bandwidth, FedScale's one figure) | a spec as system.speed, drawn independently
+    capacity_file: str = ""  # FedScale's client_device_capacity (a pickle, or the JSON `python -m distfl.system.traces convert` writes): id -> {computation: ms per sample, communication: kbit/s}, client k taking the entry with key (k + 1) mod the file's length, as FedScale maps its 1-based ids; replaces system.speed and both bandwidths
+    availability: str = "always"  # always | trace (FedScale's client_behave_trace in system.trace_file) | diurnal (each client online system.diurnal_online of every system.diurnal_period_s, from a phase keyed by (seed, client))
+    trace_file: str = ""  # availability=trace: FedScale's client_behave_trace (a pickle, or its JSON conversion): id -> {active: [s], inactive: [s], finish_time: s, ...}; client k takes the entry at position (k + 1) mod the file's length, as FedScale; online while active[i] <= (t mod finish_time) <= inactive[i] for some i
+    diurnal_period_s: float = 86400.0  # availability=diurnal: the length of a day in virtual seconds
+    diurnal_online: float = 0.5  # availability=diurnal: the fraction of each period a client is online
+    unavailable: str = "skip"  # availability: skip (a round samples only clients online when it starts) | fail (it samples from all; an offline client fails, counted as dropped)
+    dropout: float = 0.0  # probability that a sampled client drops out (starts and never reports), keyed by (seed, round, client); also a client whose availability ends before it finishes is dropped
+    round: str = "wait_all"  # synchronous rounds: wait_all (the slowest reporting client sets the round's length) | deadline (clients not done by system.deadline_s are late and dropped, or send partial work with system.partial_work) | overselect (sample ceil(system.overselect x clients_per_round), keep the first clients_per_round to finish)
+    deadline_s: float = 0.0  # round=deadline: the round's length in virtual seconds (> 0)
+    partial_work: bool = False  # round=deadline: a late client sends the local steps it finished by the deadline (FedProx's variable local work) instead of being dropped; one with no finished step is dropped
+    overselect: float = 1.3  # round=overselect: clients sampled per client kept (Bonawitz et al. 2019, FedScale: 1.3)
+    async_mode: str = "none"  # asynchronous aggregation (the issue's system.async; `async` is a Python keyword): none | fedbuff (Nguyen et al. 2022) | fedasync (Xie et al. 2019). train.rounds counts server steps
+    buffer_size: int = 10  # fedbuff: K, client updates per server step
+    concurrency: int = 0  # fedbuff, fedasync: C, clients training at once (0: train.clients_per_round)
+    max_staleness: int = -1  # fedbuff, fedasync: updates staler than this many server steps are discarded (-1: none)
+    staleness: str = "constant"  # fedbuff, fedasync: weight of an update s server steps stale: constant (1) | polynomial ((1 + s)^-a) | hinge (1 for s <= b, else 1 / (a (s - b) + 1))
+    staleness_a: float = 0.5  # staleness=polynomial, hinge: a
+    staleness_b: float = 4.0  # staleness=hinge: b
+    async_alpha: float = 0.6  # fedasync: mixing weight alpha, w <- (1 - alpha_t) w + alpha_t w_client with alpha_t = alpha x the staleness weight
 
 
 @dataclass
@@ -228,20 +263,22 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
 
 
 # Valid values of the string keys that name a choice. config.py validates against these and suggests
 # the closest one for a typo; the modules that implement the choices check they cover them in tests.
 # algorithm.name and model.name also take plugins (PLUGIN_KEYS): an import path or an entry-point name.
 CHOICES = {
-    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files"],
+    "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files", "fedprox_synthetic", "leaf", "tff", "prepared"],
+    "data.leaf_split": ["sample", "user"],
     "data.augment": ["auto", "none", "crop_flip"],
     "data.normalize": ["auto", "none", "mean_std"],
-    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"],
+    "partition.scheme": ["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file", "natural"],
     "train.cohort": ["random", "sequential", "poisson"],
-    "privacy.mechanism": ["none", "gaussian"],
+    "privacy.mechanism": ["none", "gaussian", "dp_ftrl", "banded_mf"],
     "privacy.accountant": ["rdp", "pld"],
-    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"],
+    "model.name": ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm"],
     "model.norm": ["bn", "gn"],
     "model.head": ["linear", "sphere", "fixed_random"],
     "model.loss": ["auto", "ce", "mse"],
@@ -277,6 +314,11 @@ CHOICES = {
     "runtime.placement": ["auto", "balanced", "sticky"],
     "runtime.channels_last": ["auto", "on", "off"],
     "eval.client_split": ["test", "holdout"],
+    "system.availability": ["always", "trace", "diurnal"],
+    "system.unavailable": ["skip", "fail"],
+    "system.round": ["wait_all", "deadline", "overselect"],
+    "system.async_mode": ["none", "fedbuff", "fedasync"],
+    "system.staleness": ["constant", "polynomial", "hinge"],
 }
 
 # The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.
@@ -312,7 +354,11 @@ APPLIES_ONLY_TO = {
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
     "partition.path": ("partition.scheme", ["file"]),
-    "data.path": ("data.dataset", ["files"]),
+    "data.path": ("data.dataset", ["files", "leaf", "tff", "prepared"]),
+    "data.leaf_split": ("data.dataset", ["leaf"]),
+    "data.synthetic_alpha": ("data.dataset", ["fedprox_synthetic"]),
+    "data.synthetic_beta": ("data.dataset", ["fedprox_synthetic"]),
+    "data.synthetic_iid": ("data.dataset", ["fedprox_synthetic"]),
     "partition.classes_per_client": ("partition.scheme", ["n_classes"]),
     "partition.shards_per_client": ("partition.scheme", ["shards"]),
     "partition.imbalance_ratio": ("partition.scheme", ["longtail"]),
@@ -334,8 +380,20 @@ APPLIES_ONLY_TO = {
     **{f"{section}.{key}": (f"{section}.lr_schedule", schedules) for section in ("train", "server")
        for key, schedules in (("lr_min", ["cosine"]), ("lr_step_every", ["step"]), ("lr_gamma", ["step"]))},
     "calibration.batch_size": ("calibration.method", ["ffc"]),
-    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian"]) for key in (
-        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip")},
+    "system.trace_file": ("system.availability", ["trace"]),
+    "system.diurnal_period_s": ("system.availability", ["diurnal"]),
+    "system.diurnal_online": ("system.availability", ["diurnal"]),
+    "system.deadline_s": ("system.round", ["deadline"]),
+    "system.partial_work": ("system.round", ["deadline"]),
+    **{f"system.{key}": ("system.async_mode", ["fedbuff", "fedasync"]) for key in (
+        "concurrency", "max_staleness", "staleness")},
+    "system.buffer_size": ("system.async_mode", ["fedbuff"]),
+    "system.async_alpha": ("system.async_mode", ["fedasync"]),
+    "system.staleness_a": ("system.staleness", ["polynomial", "hinge"]),
+    "system.staleness_b": ("system.staleness", ["hinge"]),
+    "privacy.bands": ("privacy.mechanism", ["banded_mf"]),
+    **{f"privacy.{key}": ("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]) for key in (
+        "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip", "secure_noise")},
 }
 
 PLUGIN_KEYS = ("algorithm.name", "model.name")
@@ -345,7 +403,7 @@ PERSONALISED = ["fedper", "fedrep", "fedbabu", "ditto", "apfl"]
 # Of them, those that split the model into a shared body and the classifier head (model.head=linear).
 HEAD_SPLIT = ["fedper", "fedrep", "fedbabu"]
 
-NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}
+NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100, "fedprox_synthetic": 10}
 
 # Valid ranges: ">= x", "> x", "[0, 1)", "[0, 1]", "(0, 1]" or "(0, 1)".
 RANGES = {
@@ -355,6 +413,8 @@ RANGES = {
     "data.synthetic_classes": ">= 2",
     "data.synthetic_image_size": ">= 1",
     "data.synthetic_channels": ">= 1",
+    "data.synthetic_alpha": ">= 0",
+    "data.synthetic_beta": ">= 0",
     "partition.num_clients": ">= 1",
     "partition.alpha": "> 0",
     "partition.classes_per_client": ">= 1",
@@ -427,6 +487,7 @@ RANGES = {
     "privacy.target_quantile": "(0, 1)",
     "privacy.clip_lr": ">= 0",
     "privacy.count_noise_multiplier": ">= 0",
+    "privacy.bands": ">= 0",
     "model.projection_dim": ">= 0",
     "algorithm.moon_mu": ">= 0",
     "algorithm.moon_tau": "> 0",
@@ -437,6 +498,19 @@ RANGES = {
     "algorithm.ditto_lambda": ">= 0",
     "algorithm.apfl_alpha": "[0, 1]",
     "algorithm.apfl_alpha_lr": ">= 0",
+    "system.compute_factor": "> 0",
+    "system.reference_flops": ">= 0",
+    "system.diurnal_period_s": "> 0",
+    "system.diurnal_online": "(0, 1]",
+    "system.dropout": "[0, 1)",
+    "system.deadline_s": ">= 0",
+    "system.overselect": ">= 1",
+    "system.buffer_size": ">= 1",
+    "system.concurrency": ">= 0",
+    "system.max_staleness": ">= -1",
+    "system.staleness_a": ">= 0",
+    "system.staleness_b": ">= 0",
+    "system.async_alpha": "(0, 1]",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

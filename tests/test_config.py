@@ -113,7 +113,7 @@ def test_config_keys():
     assert set(CHOICES) <= set(keys)
     assert set(APPLIES_ONLY_TO) <= set(keys)
     assert {c for c, _ in APPLIES_ONLY_TO.values()} <= set(CHOICES)
-    assert set(CHOICES["data.dataset"]) == set(NUM_CLASSES) | {"synthetic", "files"}
+    assert set(CHOICES["data.dataset"]) == set(NUM_CLASSES) | {"synthetic", "files", "leaf", "tff", "prepared"}
     assert set(RANGES) <= set(keys)
 
 

@@ -32,7 +32,8 @@ def algorithm_class(name: str) -> type:
     return ALGORITHMS[name] if name in ALGORITHMS else load_plugin("algorithm.name", name)
 
 
-def build_algorithm(cfg, population, worker, device, model_factory=None, noise_multiplier: float | None = None):
+def build_algorithm(cfg, population, worker, device, model_factory=None, noise_multiplier: float | None = None,
+                    ctx=None):
     """The training algorithm (for TCT, its stage-1 algorithm: its later stages are phases), wrapped in
     the run's cross-cutting features: GMA, FedBN, then DP outermost (with `noise_multiplier`)."""
     name = cfg.tct.stage1 if cfg.algorithm.name == "tct" else cfg.algorithm.name
@@ -44,7 +45,7 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
     if cfg.privacy.mechanism != "none":
         from ..privacy.mechanism import GaussianMechanism
 
-        method = Private(method, GaussianMechanism(cfg, method.segments(), noise_multiplier, device))
+        method = Private(method, GaussianMechanism(cfg, method.segments(), noise_multiplier, device, ctx))
     return method
 
 

@@ -91,17 +91,33 @@ class MethodState:
 
 
 class PrivacyState:
-    """The privacy mechanism's state (the adaptive clip); {} without one."""
+    """The privacy mechanism's state (the adaptive clip, the noise's mode); {} without one. A secret noise
+    key is written beside state.pt, owner-only, in `directory`: the checkpoint being written or read."""
 
     def __init__(self, mechanism):
         self.mechanism = mechanism
+        self.directory = None
 
     def state_dict(self) -> dict:
-        return {"privacy": self.mechanism.state_dict() if self.mechanism is not None else {}}
+        return {"privacy": self.mechanism.checkpoint(self.directory) if self.mechanism is not None else {}}
 
     def load_state_dict(self, state: dict) -> None:
         if self.mechanism is not None:
-            self.mechanism.load_state_dict(state["privacy"])
+            self.mechanism.load_state_dict(state["privacy"], self.directory)
+
+
+class SystemState:
+    """The virtual clock's state (system.*: distfl/system), under the key "system"; nothing without one."""
+
+    def __init__(self, system):
+        self.system = system
+
+    def state_dict(self) -> dict:
+        return {"system": self.system.state_dict()} if self.system is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.system is not None:
+            self.system.load_state_dict(state["system"])
 
 
 class RunRecord:
@@ -149,6 +165,7 @@ class RunContext:
     global_buffers: torch.Tensor
     sticky: bool
     pack_size: int
+    system: object | None  # the virtual clock (system.*: distfl/system), None while every system.* key is default
     privacy: object | None  # the Gaussian mechanism, under privacy.mechanism=gaussian
     ledger: object | None
     noise_multiplier: float | None

@@ -14,7 +14,6 @@ README, Reproducibility). Why it holds:
 from __future__ import annotations
 
 import json
-import math
 import signal
 import sys
 import time
@@ -30,23 +29,26 @@ from ..resume_rules import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_k
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
+from ..data.natural import natural_test_sets
 from ..data.partition import partition
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
-from ..privacy.rules import check_model_buffers
-from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
+from ..privacy import mechanism as dp, rules as dp_rules
+from ..system import build as build_system
+from .aggregate import StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
+from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size
-from .population import Population, place, place_packs
-from .run_state import GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags
+from .population import DeviceIndices, Population, place, place_packs
+from .run_state import (GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
+                        SystemState)
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
 from . import run_dir, stopping, summary
-
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
@@ -84,7 +86,7 @@ class Trainer:
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
-        parts = partition(labels, cfg.partition, self.data.num_classes, seed)
+        parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
         self.data_sources = {role: {"path": path, "sha256": digest}
                              for role, (path, digest) in self.data.sources.items()}
@@ -96,12 +98,15 @@ class Trainer:
         if holdout:
             parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, seed)
         self.population = Population(parts, labels, self.data.num_classes)
-        self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
+        self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
             if holdout:
                 sets = held
                 self.client_test_x, self.client_test_y = self.data.train_x, self.data.train_y
+            elif cfg.partition.scheme == "natural":  # each client's own test samples, as the source splits them
+                sets = natural_test_sets(self.data.test_offsets)
+                self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
             else:
                 sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
                                         cfg.eval.client_test_size, seed)
@@ -131,20 +136,19 @@ class Trainer:
         for tensor in self.worker.frozen:
             dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed classifier head")
         if cfg.privacy.mechanism != "none":
-            check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
+            dp_rules.check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
         # The method, wrapped in the run's features (GMA, FedBN, DP: algorithms/__init__.py).
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory,
-                                         self.noise_multiplier)
+                                         self.noise_multiplier, ctx)
         self.privacy, self.ledger = None, None
         if cfg.privacy.mechanism != "none":
             self.privacy = self.algorithm.mechanism
-            self.ledger = _accountant().Ledger(self.noise_multiplier, cfg.privacy.delta, cfg.train.cohort,
-                                                    len(self.population), cfg.train.clients_per_round,
-                                                    cfg.privacy.accountant)
+            self.ledger = _accountant().Ledger.of(cfg, self.noise_multiplier, len(self.population))
         self.sticky = self._sticky_placement()
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
+        self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
         # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
                       if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
@@ -158,7 +162,10 @@ class Trainer:
         self.phases = build_phases(cfg)
         self.state = RunProgress(cfg.train.rounds)
         # What a checkpoint holds: these parts' state_dicts (federation/run_state.py).
-        self.checkpointed = [self.state, self.model, MethodState(self.algorithm), PrivacyState(self.privacy),
+        self.plan = None  # the virtual clock's plan of the round (system.*)
+        self.privacy_state = PrivacyState(self.privacy)
+        self.checkpointed = [self.state, self.model, MethodState(self.algorithm), self.privacy_state,
+                             SystemState(self.system),
                              RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity())]
         self.context = RunContext(
             cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
@@ -166,7 +173,7 @@ class Trainer:
             client_test_x=getattr(self, "client_test_x", None), client_test_y=getattr(self, "client_test_y", None),
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
             global_buffers=self.model.buffers, sticky=self.sticky,
-            pack_size=self.pack_size, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
+            pack_size=self.pack_size, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
             state=self.state, stop=self.stop, hosts=self._hosts, evaluate_round=self.evaluate_round,
             save_phase_checkpoint=self.save_phase_checkpoint)
         self.resume_warnings: list[str] = []
@@ -215,6 +222,7 @@ class Trainer:
                 "they decide the clients' training data)")
         self._check_phases_on_resume(state)
         self.resume_warnings = run_dir.lost_guarantees(state.get("runtime"), self.runtime_identity())
+        self.privacy_state.directory = path  # where a secret noise key was written
         checkpoint.load_state(self.checkpointed, state)
         if self.resume_warnings:
             self.state.runtime_changes.append({"after_round": int(state["round"]), "was": state["runtime"],
@@ -291,6 +299,7 @@ class Trainer:
                 "keeps state computed from something other than the reduced sums (docs/extending.md, \"What the "
                 "exactness guarantee asks of a method\"). The checkpoint was not written")
         if self.ctx.is_main:
+            self.privacy_state.directory = checkpoint.staging_dir(self.run_dir, name)  # a secret key goes beside
             state = checkpoint.state_of(self.checkpointed)
             # With phases after training, the last training round's checkpoint is never pruned: a phase
             # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
@@ -317,6 +326,12 @@ class Trainer:
         -> one all_reduce -> server step. (Evaluation and the checkpoint follow in `run`.)"""
         cohort, packs = self._cohort(round_idx)
         stats = self._train_cohort(round_idx, cohort, packs)
+        return self.finish_round(round_idx, cohort, stats, self.plan.metrics() if self.plan else {})
+
+    def finish_round(self, round_idx: int, cohort: list[int], stats: StatBuffer, extra: dict) -> dict:
+        """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
+        (with `extra`: the virtual clock's). The asynchronous server step (distfl/system) ends here too."""
+        stats.add("stop", int(self.stop.requested))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = self._reduce(round_idx, stats)
         if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
@@ -329,13 +344,16 @@ class Trainer:
                 "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
                 "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
                 **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
-                   if self.privacy is not None and self.ctx.is_main else {})}
+                   if self.privacy is not None and self.ctx.is_main else {}), **extra}
 
     def _cohort(self, round_idx: int) -> tuple[list[int], list[list[int]]]:
         """The round's cohort, and this rank's share of it as packs (of one client each at pack_size 1)."""
         cfg, ctx = self.cfg, self.ctx
         self.state.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
-        cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        self.plan = self.system.plan_round(round_idx) if self.system is not None else None  # who reports, on the clock
+        cohort = self.plan.kept if self.plan else self.population.cohort(
+            cfg.seed if self.privacy is None else self.privacy.sampling_seed,  # DP: secret
+            round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         self.algorithm.begin_round(round_idx)
         if self.pack_size == 1:
             return cohort, [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
@@ -351,7 +369,6 @@ class Trainer:
             for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
                                     self.cfg.train, self.algorithm, self.global_buffers, self.pack_step):
                 self._contribute(run, stats)
-        stats.add("stop", int(self.stop.requested))
         return stats
 
     def _reduce(self, round_idx: int, stats: StatBuffer):
@@ -375,18 +392,22 @@ class Trainer:
                                   "lower train.lr or server.lr")
         return reduced
 
+    def _train_cfg(self, client_id: int):  # train.* as the client trains this round (system.partial_work)
+        return self.cfg.train if self.system is None else self.system.train_cfg(client_id, self.cfg.train)
+
     def _samples_trained(self, client_id: int) -> int:
-        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self.cfg.train)
+        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self._train_cfg(client_id))
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
         run = ClientRun(
             client_id=client_id, round_idx=round_idx, num_samples=n,
             weight=self.algorithm.client_weight(client_id, cohort),
-            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps,
-                              self.worker.fold_single),
+            steps=local_steps(n, self.cfg.train.batch_size, self._train_cfg(client_id).local_epochs,
+                              self._train_cfg(client_id).local_steps, self.worker.fold_single),
             global_params=self.global_params,
-            sgd=LocalSGD(self.worker, self.data, self.client_indices[client_id], self.cfg.train, self.algorithm))
+            sgd=LocalSGD(self.worker, self.data, self.client_indices[client_id], self._train_cfg(client_id),
+                         self.algorithm))
         if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
         return run
@@ -418,22 +439,14 @@ class Trainer:
         self.worker.load(*self.algorithm.evaluation_model(self.global_params, self.global_buffers))
         model = self.worker.module
         model.eval()
-        x, y = self.data.test_x, self.data.test_y
-        starts = list(range(0, len(y), self.cfg.eval.batch_size))
-        batch = self.cfg.eval.batch_size
-        segments = [Segment("loss_sum", 1, bound=LOSS_BOUND * batch), Segment("correct", 1, kind="int")]
-        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []),
-                           self.device, len(starts))
-        for start in starts[self.ctx.rank :: self.ctx.world_size]:
-            end = start + self.cfg.eval.batch_size
-            logits = model(x[start:end])
-            stats.add("correct", (logits.argmax(1) == y[start:end]).sum())
-            stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
+        splits = eval_splits(self.data, self.cfg.eval.train_metrics)
+        segments, terms = split_segments(splits, self.cfg.eval.batch_size)
+        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []), self.device, terms)
+        add_split_counts(model, stats, splits, self.cfg.eval.batch_size, self.ctx)
         if clients:
             add_client_counts(self.context, stats)
         reduced = stats.reduce(self.ctx, name="eval")
-        loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
-        metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
+        metrics = split_metrics(reduced, splits)
         if clients:
             metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self.context))
         return metrics
@@ -468,10 +481,12 @@ class Trainer:
                 t0 = time.perf_counter()
                 stopping.check_launcher(self, logger)
                 self.where = f"round {t}"
-                row = self.run_round(t)
+                row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
+                    else self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
-                metrics.pop("samples", None)
+                for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic
+                    metrics.pop(key, None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"
@@ -517,7 +532,7 @@ class Trainer:
                                           self.started)
             status, error = "failed", self.failure.line
         finally:
-            closed = _attempt(logger.close)
+            closed = faults.attempt(logger.close)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
         if closed is not None and status == "completed":  # e.g. TensorBoard's last flush on a full disk
@@ -527,7 +542,7 @@ class Trainer:
         if status == "failed":
             # Where the disk allows: the run's summary must not keep an earlier run's "completed".
             if self.ctx.is_main:
-                _attempt(lambda: checkpoint.atomic_write_text(
+                faults.attempt(lambda: checkpoint.atomic_write_text(
                     json.dumps(summary.build(self.context, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
         result = summary.build(self.context, status, error)
@@ -601,12 +616,3 @@ def _accountant():
     from ..privacy import accountant
 
     return accountant
-
-
-def _attempt(action) -> Exception | None:
-    """Run `action`; return the exception it raised instead of raising it (cleanup on a failing run)."""
-    try:
-        action()
-    except Exception as exc:
-        return exc
-    return None

@@ -23,7 +23,13 @@ def privacy_guarantee(context, rounds) -> dict | None:
             "final_clip_norm": context.privacy.clip_norm, "adaptive_clip": p.adaptive_clip,
             "accountant": p.accountant, "cohort": context.cfg.train.cohort,
             "sampling_rate": context.cfg.train.clients_per_round / len(context.population),
-            "level": "user", "model": "central"}
+            "level": "user", "model": "central",
+            # secret: noise and cohorts from a key only the checkpoints hold; keyed: from the config's seed
+            "noise": context.privacy.key.mode,
+            # dp_ftrl: the rounds of each tree (a restart after each), None for gaussian
+            "rounds_per_tree": context.privacy.tree.rounds_per_tree if context.privacy.tree else None,
+            # banded_mf: the bands of the factor C, None otherwise
+            "bands": context.privacy.banded.bands if context.privacy.banded else None}
 
 def build(context, status: str, error: str | None) -> dict:
     """summary.json: how the run ended, its accuracies, the final model's hash, the collectives, the
@@ -59,7 +65,8 @@ def build(context, status: str, error: str | None) -> dict:
         "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else context.cfg.train.rounds),
         "dataset": context.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
-        "data_files": context.data_sources,
+        # (withheld under DP, None: a hash of the clients' data is an un-noised statistic of it; the checkpoints keep it)
+        "data_files": context.data_sources if context.privacy is None else None,
         # data.normalize: the per-channel [mean, std] applied to the inputs, or None
         "input_normalization": context.data.normalization and [list(v) for v in context.data.normalization],
         "distfl_version": __version__,
@@ -67,4 +74,6 @@ def build(context, status: str, error: str | None) -> dict:
         # Resumes on another device, thread count, determinism or torch build ([{after_round, was, now}]);
         # empty: one runtime throughout, so the run is reproducible from its config on that runtime
         "runtime_changes": context.state.runtime_changes,
+        # system.*: the virtual clock's time at the end of the last round, in seconds
+        **({"virtual_time_s": context.system.now_s} if context.system is not None else {}),
     }
