@@ -54,7 +54,7 @@ def _record(trainer) -> list:
     inner = trainer.algorithm.client_statistics
 
     def recording(run, worker, stats):
-        seen.append((trainer.last_round, run.round_idx, run.client_id, worker.params.detach().clone(),
+        seen.append((trainer.state.last_round, run.round_idx, run.client_id, worker.params.detach().clone(),
                      run.global_params.clone(), run.weight))
         inner(run, worker, stats)
 
