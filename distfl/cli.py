@@ -107,7 +107,7 @@ def cmd_calibrate(args) -> int:
             raise ConfigError(f"distfl calibrate takes only the FFC settings {', '.join(settings)}; got {item}. To "
                               f"change other keys, continue the run: `distfl train --resume {run_dir} "
                               "calibration.method=ffc KEY=VALUE`")
-    args.resume, args.config, args.print_config, args.overwrite = str(run_dir), None, False, False
+    args.resume, args.config, args.print_config, args.overwrite, args.nproc = str(run_dir), None, False, False, None
     args.overrides = ["calibration.method=ffc", *args.overrides]
     return cmd_train(args)
 
