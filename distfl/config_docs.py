@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import io
+import textwrap
 import tokenize
+import typing
 from pathlib import Path
 
 from distfl import schema
@@ -29,6 +33,39 @@ def _field_comments() -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and node.target.id not in _SECTIONS:
             line_of[node.target.id] = node.lineno
     return {key: comments.get(line, "") for key, line in line_of.items()}
+
+
+def options_comments(options: type) -> dict[str, str]:
+    """Field name -> the trailing comment on its line in a method's `Options` dataclass."""
+    source = textwrap.dedent(inspect.getsource(options))
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    body = ast.parse(source).body[0].body
+    return {node.target.id: comments.get(node.lineno, "") for node in body if isinstance(node, ast.AnnAssign)}
+
+
+def _method_options_markdown() -> list[str]:
+    """One table per built-in method with options: `algorithm.options.KEY`, from its Options dataclass."""
+    from distfl.algorithms import ALGORITHMS
+
+    lines = ["## Method options (`algorithm.options`)", "",
+             "Each method declares its own options (its `Options` dataclass, docs/extending.md); set them as",
+             "`algorithm.options.KEY=VALUE` for the method `algorithm.name` names (TCT: its `tct.stage1` method).",
+             "The old flat names (`algorithm.moon_mu`, ...) still work and say their new name "
+             "(distfl/config/renamed.py).", ""]
+    for name, cls in ALGORITHMS.items():
+        if cls.Options is None or "Options" not in vars(cls):
+            continue
+        comments, types = options_comments(cls.Options), typing.get_type_hints(cls.Options)
+        lines += [f"### {name}", "", "| key | type | default | valid | description |", "|---|---|---|---|---|"]
+        for f in dataclasses.fields(cls.Options):
+            valid = (", ".join(f.metadata["choices"]) if "choices" in f.metadata
+                     else _range_text(f.metadata["range"]) if "range" in f.metadata else "")
+            row = [f"`algorithm.options.{f.name}`", types[f.name].__name__, f"`{_default_text(f.default)}`", valid,
+                   comments[f.name]]
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        lines.append("")
+    return lines
 
 
 def _default_text(value) -> str:
@@ -56,7 +93,7 @@ def config_reference_markdown() -> str:
         "and `section.key=value` overrides applied after it, e.g. `train.rounds=50 algorithm.name=fedprox`.",
         "Unknown keys, wrong types, unknown choices, out-of-range values and impossible combinations",
         "are errors reported before any work starts. Setting a key to a non-default value that the",
-        "current choice of another key ignores (e.g. `algorithm.mu=0.1` with `algorithm.name=fedavg`)",
+        "current choice of another key ignores (e.g. `partition.alpha=0.1` with `partition.scheme=iid`)",
         "is a warning, not an error, since sweeps vary the controlling key.",
         "",
         rules_markdown(),
@@ -68,7 +105,11 @@ def config_reference_markdown() -> str:
         lines += [f"## {title}", "",
                   "| key | type | default | valid | description |", "|---|---|---|---|---|"]
         for key in keys:
-            if key in CHOICES:
+            if key == "algorithm.name":
+                from distfl.algorithms import ALGORITHMS
+
+                valid = ", ".join(ALGORITHMS) + ", or a plugin"
+            elif key in CHOICES:
                 valid = ", ".join(CHOICES[key])
             elif key in RANGES:
                 largest = SEED_MAX.get(key, INT_LIMITS.get(key))
@@ -82,6 +123,8 @@ def config_reference_markdown() -> str:
             row = [f"`{key}`", _TYPES[key].__name__, f"`{_default_text(defaults[key])}`", valid, description]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
         lines.append("")
+        if title == "`algorithm`":
+            lines += _method_options_markdown()
     return "\n".join(lines)
 
 

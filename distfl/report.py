@@ -4,7 +4,7 @@ Runs are grouped by the keys given with --by, or else the swept keys (from SWEEP
 else every config key whose value differs between the runs, leaving out seed, output.*, checkpoint.*,
 runtime.* and keys no run reads; where a method option (algorithm.options.*) is one of them and the
 runs' methods differ, algorithm.name too. A run whose method does not read a grouping key (a method
-option it does not declare; algorithm.mu of a fedavg run: schema.APPLIES_ONLY_TO) shows "-" for it and
+option it does not declare; partition.alpha of an iid split: schema.APPLIES_ONLY_TO) shows "-" for it and
 groups as if the key were absent. Per group, over
 its completed runs (one per seed): final and best test accuracy, mean and sample standard deviation
 (n-1; empty for a single run). Written to OUT/report.md, OUT/report.csv (fractions, not percent),
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import OPTIONS_KEY, key_applies
+from .config.renamed import current_key
 from .resume_rules import saved_values
 from .errors import DistflError
 
@@ -129,7 +130,7 @@ def summarise(runs: list[Run], keys: list[str]) -> list[dict]:
     """One row per group of runs with equal values of `keys`, in order of first appearance."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
-        # A key the run's method does not read (algorithm.mu of a fedavg run) groups as absent, shown "-".
+        # A key the run does not read (a method option of another method) groups as absent, shown "-".
         groups.setdefault(tuple(run.config.get(k) if key_applies(k, run.config) else None for k in keys),
                           []).append(run)
     rows = []
@@ -288,11 +289,12 @@ def main(paths, out_dir=None, stdout=None, by=None) -> int:
     run_dirs = find_runs(paths)
     runs = [load_run(d) for d in run_dirs]
     if by:
+        by = [current_key(k) for k in by]  # an old name (algorithm.moon_mu) is the option it became
         unknown = [k for k in by if not any(k in r.config for r in runs)]
         if unknown:
             raise DistflError(f"--by {', '.join(unknown)}: no run's config.yaml has this key "
                               "(keys are dotted, e.g. algorithm.name)")
-    keys = list(by) if by else grouping_keys(runs, swept_keys(runs, paths))
+    keys = list(by) if by else grouping_keys(runs, [current_key(k) for k in swept_keys(runs, paths)])
     rows = summarise(runs, keys)
     if out_dir is None:
         out_dir = Path(paths[0]) / "report" if len(paths) == 1 else Path("report")

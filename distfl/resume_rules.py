@@ -7,6 +7,7 @@ saved config that predates a key is read at the value it ran with (PREVIOUS_DEFA
 from __future__ import annotations
 
 from .config import config_to_dict, flatten_dict
+from .config.renamed import upgraded
 from .schema import Config
 
 # Keys that may change when a run is resumed: they do not alter what the finished model will be.
@@ -25,9 +26,10 @@ PREVIOUS_DEFAULTS = {"tct.coordinate_order": "drawn", "runtime.channels_last": "
 
 
 def saved_values(saved: dict) -> dict:
-    """A saved run's config (nested, as in its config.yaml or checkpoint), flat, with every key it
-    predates at the value it ran with: today's default, or its `PREVIOUS_DEFAULTS` entry."""
-    return {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS, **flatten_dict(saved)}
+    """A saved run's config (nested, as in its config.yaml or checkpoint), flat, in today's keys (old
+    names read as their new ones), with every key it predates at the value it ran with: today's
+    default, or its `PREVIOUS_DEFAULTS` entry."""
+    return {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS, **flatten_dict(upgraded(saved))}
 
 
 def predated_keys_hint(changed: list[str]) -> str:

@@ -56,31 +56,9 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # fedavg | fedprox | scaffold | feddyn | fednova | fedadc | slowmo | fedfor | moon | fedexp | tct (stage 1 by tct.stage1, then TCT's stages) | personalised, scored by eval.clients: fedper | fedrep | fedbabu | ditto | apfl (docs/algorithms/NAME.md), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
-    options: dict = field(default_factory=dict)  # your method's own options, validated against its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable)
+    name: str = "fedavg"  # a built-in method (docs/algorithms/NAME.md; tct: stage 1 by tct.stage1, then TCT's stages; personalised methods are scored by eval.clients), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
+    options: dict = field(default_factory=dict)  # the method's own options, declared by its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable; the table below lists the built-in methods')
     weighting: str = "samples"  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
-    mu: float = 0.01  # fedprox: proximal weight, loss + mu/2 ||w - w_global||^2
-    scaffold_correction: str = "gradient"  # scaffold: where c - c_i acts. gradient (Algorithm 1: added to every local step's gradient, so train.momentum and train.weight_decay act on it) | weights (NIID-Bench's code: the optimizer steps on the loss gradient, then w <- w - lr (c - c_i) after every step, outside momentum and weight decay). The same without momentum and weight decay (docs/algorithms/scaffold.md)
-    alpha: float = 0.01  # feddyn: dynamic regulariser weight
-    beta_local: float = 0.9  # fedadc: share of the server momentum embedded in every local step
-    beta_global: float = 0.9  # fedadc, slowmo: server momentum coefficient
-    server_alpha: float = 1.0  # fedadc, slowmo: server step scale (the papers' alpha)
-    variant: str = "nesterov"  # fedadc: nesterov (shift, then gradient at the shifted point) | heavy_ball
-    kd_lambda: float = 0.0  # fedadc: FedADC+ self-confidence distillation weight (0 = plain FedADC; paper: 0.35)
-    kd_temperature: float = 1.0  # fedadc with kd_lambda > 0: softmax temperature of teacher and student
-    fedfor_alpha: float = 5.0  # fedfor: penalty weight alpha; the loss term is alpha / train.lr * U(...)
-    fedfor_boundary: str = "ge"  # fedfor: penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
-    moon_mu: float = 1.0  # moon: weight mu of the model-contrastive loss, loss + mu * l_con (the released code's default; the paper's tuned values: 5 for CIFAR-10, 1 for CIFAR-100 and Tiny-ImageNet)
-    moon_tau: float = 0.5  # moon: temperature tau of l_con (paper: 0.5)
-    fedexp_eps: float = 1.0e-3  # fedexp: epsilon of the server step size max(1, sum_i p_i ||Delta_i||^2 / (2 (||sum_i p_i Delta_i||^2 + eps))) (the authors' code: 1e-3 for CIFAR-10/100 and CINIC-10, 0.1 for EMNIST)
-    head_epochs: int = 10  # fedrep: local epochs of the personal head (body frozen) each round, before the body's (paper: 10)
-    body_epochs: int = 1  # fedrep: local epochs of the shared body (head frozen) after the head's (paper: 1); fedrep takes its epochs from these two keys, not train.local_epochs
-    finetune_epochs: int = 5  # fedbabu: epochs each client fine-tunes the whole global model on its training data before it is scored (eval.clients; paper: 5)
-    ditto_lambda: float = 0.1  # ditto: lambda of the personal objective F_k(v) + lambda/2 ||v - w_global||^2 (paper: tuned from {0.01, 0.1, 1, 2})
-    apfl_alpha: float = 0.5  # apfl: mixing weight alpha of the personalised model alpha v + (1 - alpha) w (the initial value when apfl_adaptive)
-    apfl_adaptive: bool = True  # apfl: learn each client's alpha by a gradient step per local step (the paper's adaptive alpha), clipped to [0, 1]
-    apfl_alpha_lr: float = 0.01  # apfl with apfl_adaptive: step size of alpha's gradient step
-    fedfor_normalize: str = "steps"  # fedfor: steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
 
 
 @dataclass
@@ -101,7 +79,7 @@ class CalibrationConfig:
 
 @dataclass
 class TCTConfig:
-    stage1: str = "fedavg"  # the stage-1 algorithm (train.rounds rounds of it; its options are the algorithm.* keys)
+    stage1: str = "fedavg"  # the stage-1 algorithm (train.rounds rounds of it; its options are algorithm.options)
     p: int = 100000  # eNTK feature dimension: random coordinates of each per-sample gradient (paper: 100,000); all of them if the model has fewer
     coordinate_seed: int = 123  # seed of the coordinate subset (Algorithm 3: 123)
     coordinate_order: str = "parameter"  # parameter (Algorithm 3's coordinates stored in parameter order: whole layers are written directly, faster) | drawn (in randperm's order, as the released code); stage 2 is the same up to float round-off (docs/algorithms/tct.md)
@@ -225,7 +203,8 @@ class Config:
 
 # Valid values of the string keys that name a choice. config.py validates against these and suggests
 # the closest one for a typo; the modules that implement the choices check they cover them in tests.
-# algorithm.name and model.name also take plugins (PLUGIN_KEYS): an import path or an entry-point name.
+# model.name also takes plugins (PLUGIN_KEYS): an import path or an entry-point name; algorithm.name is
+# a method's name (a built-in one: distfl.algorithms.ALGORITHMS) or a plugin's.
 CHOICES = {
     "data.dataset": ["fmnist", "cifar10", "cifar100", "synthetic", "files"],
     "data.augment": ["auto", "none", "crop_flip"],
@@ -242,8 +221,6 @@ CHOICES = {
     "model.mse_reduction": ["mean", "sum"],
     "calibration.method": ["none", "ffc"],
     "calibration.clients": ["all", "last_cohort"],
-    "algorithm.name": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor", "moon", "fedexp",
-                       "tct", "fedper", "fedrep", "fedbabu", "ditto", "apfl"],
     "tct.stage1": ["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"],
     "tct.gradient_of": ["all", "extractor"],
     "tct.coordinate_order": ["parameter", "drawn"],
@@ -252,10 +229,6 @@ CHOICES = {
     "tct.solver": ["scaffold", "fedavg", "gd"],
     "tct.local_solver": ["closed_form", "iterative"],
     "tct.compute_dtype": ["float64", "float32"],
-    "algorithm.variant": ["nesterov", "heavy_ball"],
-    "algorithm.scaffold_correction": ["gradient", "weights"],
-    "algorithm.fedfor_boundary": ["ge", "gt"],
-    "algorithm.fedfor_normalize": ["steps", "none"],
     "aggregation.mask": ["none", "gma"],
     "aggregation.mask_applies_to": ["step", "update"],
     "algorithm.weighting": ["samples", "uniform"],
@@ -276,28 +249,6 @@ FEATURE_DIM_MODELS = ["simplecnn"]
 # Keys that only mean something for some choices of another key: setting one explicitly (to a
 # non-default value) for a choice that ignores it gives a warning (sweeps vary the controlling key).
 APPLIES_ONLY_TO = {
-    "algorithm.mu": ("algorithm.name", ["fedprox"]),
-    "algorithm.alpha": ("algorithm.name", ["feddyn"]),
-    "algorithm.scaffold_correction": ("algorithm.name", ["scaffold"]),
-    "algorithm.beta_local": ("algorithm.name", ["fedadc"]),
-    "algorithm.beta_global": ("algorithm.name", ["fedadc", "slowmo"]),
-    "algorithm.server_alpha": ("algorithm.name", ["fedadc", "slowmo"]),
-    "algorithm.variant": ("algorithm.name", ["fedadc"]),
-    "algorithm.kd_lambda": ("algorithm.name", ["fedadc"]),
-    "algorithm.kd_temperature": ("algorithm.name", ["fedadc"]),
-    "algorithm.fedfor_alpha": ("algorithm.name", ["fedfor"]),
-    "algorithm.fedfor_boundary": ("algorithm.name", ["fedfor"]),
-    "algorithm.fedfor_normalize": ("algorithm.name", ["fedfor"]),
-    "algorithm.moon_mu": ("algorithm.name", ["moon"]),
-    "algorithm.moon_tau": ("algorithm.name", ["moon"]),
-    "algorithm.fedexp_eps": ("algorithm.name", ["fedexp"]),
-    "algorithm.head_epochs": ("algorithm.name", ["fedrep"]),
-    "algorithm.body_epochs": ("algorithm.name", ["fedrep"]),
-    "algorithm.finetune_epochs": ("algorithm.name", ["fedbabu"]),
-    "algorithm.ditto_lambda": ("algorithm.name", ["ditto"]),
-    "algorithm.apfl_alpha": ("algorithm.name", ["apfl"]),
-    "algorithm.apfl_adaptive": ("algorithm.name", ["apfl"]),
-    "algorithm.apfl_alpha_lr": ("algorithm.name", ["apfl"]),
     "aggregation.tau": ("aggregation.mask", ["gma"]),
     "aggregation.mask_applies_to": ("aggregation.mask", ["gma"]),
     "partition.alpha": ("partition.scheme", ["dirichlet", "quantity"]),
@@ -328,12 +279,7 @@ APPLIES_ONLY_TO = {
         "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant", "adaptive_clip")},
 }
 
-PLUGIN_KEYS = ("algorithm.name", "model.name")
-
-# Methods that keep a personal model (or head) per client and are scored by eval.clients.
-PERSONALISED = ["fedper", "fedrep", "fedbabu", "ditto", "apfl"]
-# Of them, those that split the model into a shared body and the classifier head (model.head=linear).
-HEAD_SPLIT = ["fedper", "fedrep", "fedbabu"]
+PLUGIN_KEYS = ("model.name",)
 
 NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}
 
@@ -368,14 +314,6 @@ RANGES = {
     "tct.chunk_size": ">= 1",
     "tct.memory_limit_gb": ">= 0",
     "calibration.batch_size": ">= 1",
-    "algorithm.mu": ">= 0",
-    "algorithm.alpha": "> 0",
-    "algorithm.beta_local": "[0, 1)",
-    "algorithm.beta_global": "[0, 1)",
-    "algorithm.server_alpha": "> 0",
-    "algorithm.kd_lambda": "[0, 1]",
-    "algorithm.kd_temperature": "> 0",
-    "algorithm.fedfor_alpha": ">= 0",
     "aggregation.tau": "[0, 1]",
     "server.lr": "> 0",
     "server.momentum": "[0, 1)",
@@ -416,15 +354,6 @@ RANGES = {
     "privacy.clip_lr": ">= 0",
     "privacy.count_noise_multiplier": ">= 0",
     "model.projection_dim": ">= 0",
-    "algorithm.moon_mu": ">= 0",
-    "algorithm.moon_tau": "> 0",
-    "algorithm.fedexp_eps": "> 0",
-    "algorithm.head_epochs": ">= 0",
-    "algorithm.body_epochs": ">= 0",
-    "algorithm.finetune_epochs": ">= 0",
-    "algorithm.ditto_lambda": ">= 0",
-    "algorithm.apfl_alpha": "[0, 1]",
-    "algorithm.apfl_alpha_lr": ">= 0",
 }
 
 # The largest seed each key's consumer accepts: the partition's numpy RandomState takes 32 bits,

@@ -1,11 +1,12 @@
 """Bounds on the numbers a config may hold, checked with the rest of `config.validate` before any work.
 
 The ranges of `schema.RANGES` say what a key means (a probability in [0, 1), a positive step size);
-the rules here say what a run can compute with:
+the rules here say what a run can compute with (a method checks what it forms from its options,
+`check_derived`, in its `check_config`):
 
 - every float key is finite in float32, the dtype a run's tensors are scaled in (|x| <= 3.4e38), and a
   non-zero value does not round to 0 there (|x| >= 1.4e-45); the quantities the maths forms from
-  them (1 / algorithm.alpha in FedDyn's server step, ...) must be finite in float32 too;
+  them (1 / alpha in FedDyn's server step, ...) must be finite in float32 too;
 - every int key is below 2^31 (the seeds have their own limits, `schema.SEED_MAX`), and a key that
   sizes a tensor, a loop or a thread pool has a tighter limit, `INT_LIMITS`;
 - a synthetic dataset fits in `SYNTHETIC_MAX_ELEMENTS` float32 values.
@@ -51,19 +52,6 @@ INT_LIMITS = {
 # generation holds a few times that).
 SYNTHETIC_MAX_ELEMENTS = 2**28
 
-# Quantities a run computes in float32 from float keys, which must be finite even when each key is:
-# (text, the keys it is formed from, when it is formed, its value from the keys' values).
-DERIVED = [
-    ("1 / algorithm.alpha (FedDyn's server step)", ("algorithm.alpha",),
-     lambda v: v["algorithm.name"] == "feddyn", lambda v: 1 / v["algorithm.alpha"]),
-    ("1 / algorithm.kd_temperature (FedADC+'s logits / T)", ("algorithm.kd_temperature",),
-     lambda v: v["algorithm.name"] == "fedadc" and v["algorithm.kd_lambda"] > 0,
-     lambda v: 1 / v["algorithm.kd_temperature"]),
-    ("algorithm.fedfor_alpha / train.lr (FedFOR's penalty weight)", ("algorithm.fedfor_alpha", "train.lr"),
-     lambda v: v["algorithm.name"] == "fedfor", lambda v: v["algorithm.fedfor_alpha"] / v["train.lr"]),
-]
-
-
 def in_float32(x: float) -> bool:
     """Whether `x` is finite in float32 and, unless 0, does not round to 0 there."""
     return math.isfinite(x) and abs(x) <= FLOAT32_MAX and (x == 0 or abs(x) >= FLOAT32_SMALLEST)
@@ -83,9 +71,22 @@ def int_limit(key: str) -> int:
     return INT_LIMITS.get(key, INT_MAX)
 
 
+def check_derived(text: str, settings: dict, derive) -> None:
+    """ConfigError unless `derive()`, a quantity a run forms in float32 from the keys in `settings`
+    (key -> value; `text` names it), is finite there: methods call it from their `check_config`."""
+    try:
+        x = derive()
+    except (OverflowError, ZeroDivisionError):
+        x = math.inf
+    if not in_float32(x) and x != 0:
+        shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        raise ConfigError(f"{shown}: {text} = {x:.3g} is beyond float32, the dtype of the run's tensors; keep it "
+                          "within 1.4e-45 .. 3.4e38")
+
+
 def check_numbers(types: dict[str, type], values: dict[str, object], own_limits: dict[str, int]) -> None:
     """ConfigError for the first float key beyond float32, int key above its limit (keys in
-    `own_limits` are checked there), derived quantity beyond float32 or synthetic dataset too large."""
+    `own_limits` are checked there) or synthetic dataset too large."""
     for key, typ in types.items():
         value = values[key]
         if typ is float:
@@ -95,16 +96,6 @@ def check_numbers(types: dict[str, type], values: dict[str, object], own_limits:
         elif typ is int and key not in own_limits and value > int_limit(key):  # lower bounds: schema.RANGES
             why = "" if key in INT_LIMITS else " (an int key must fit in 32 bits)"
             raise ConfigError(f"{key} must be at most {int_limit(key)}, got {value}{why}")
-    for text, keys, formed, derive in DERIVED:
-        if formed(values):
-            try:
-                x = derive(values)
-            except (OverflowError, ZeroDivisionError):
-                x = math.inf
-            if not in_float32(x) and x != 0:
-                settings = ", ".join(f"{k}={values[k]!r}" for k in keys)
-                raise ConfigError(f"{settings}: {text} = {x:.3g} is beyond float32, the dtype of the run's "
-                                  "tensors; keep it within 1.4e-45 .. 3.4e38")
     if values["data.dataset"] == "synthetic":
         elements = ((values["data.synthetic_train"] + values["data.synthetic_test"]) * values["data.synthetic_channels"]
                     * values["data.synthetic_image_size"] ** 2)
@@ -134,8 +125,8 @@ def rules_markdown() -> str:
     return "\n".join([
         "Numbers are bounded by what a run can compute with: every float key must be finite in float32, the",
         f"dtype of the run's tensors (at most {FLOAT32_MAX:.4g} in magnitude; a non-zero value at least",
-        f"{FLOAT32_SMALLEST:.2g}), and so must what the maths forms from them (1 / `algorithm.alpha` for FedDyn,",
-        "1 / `algorithm.kd_temperature` for FedADC+, `algorithm.fedfor_alpha` / `train.lr` for FedFOR); every int",
+        f"{FLOAT32_SMALLEST:.2g}), and so must what the maths forms from them (1 / `algorithm.options.alpha` for",
+        "FedDyn, 1 / `algorithm.options.kd_temperature` for FedADC+, `alpha` / `train.lr` for FedFOR); every int",
         f"key must be at most {INT_MAX} (2^31 - 1), or the tighter limit in its row (the seeds: what numpy and",
         "torch accept); a synthetic dataset holds at most 2^28 float32 values (1 GiB). A quoted number",
         "(`\"0.05\"`, `\"6\"`, `\"true\"`) means what it means unquoted: `train.rounds: \"6\"` is 6,",

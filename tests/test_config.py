@@ -50,10 +50,10 @@ def test_yaml_then_overrides(tmp_path):
     assert cfg.train.rounds == 50  # the override wins over the YAML
     assert cfg.train.lr == 0.1
     assert cfg.algorithm.name == "fedprox"
-    assert cfg.algorithm.mu == 0.5
+    assert cfg.algorithm.options == {"mu": 0.5}
     assert cfg.data.download is False
     assert cfg.train.batch_size == Config().train.batch_size
-    assert cfg._explicit == {"seed", "train.rounds", "train.lr", "algorithm.name", "algorithm.mu",
+    assert cfg._explicit == {"seed", "train.rounds", "train.lr", "algorithm.name", "algorithm.options",
                              "data.download"}
 
 
@@ -112,7 +112,7 @@ def test_config_keys():
     assert len(keys) == len(set(keys))
     assert set(CHOICES) <= set(keys)
     assert set(APPLIES_ONLY_TO) <= set(keys)
-    assert {c for c, _ in APPLIES_ONLY_TO.values()} <= set(CHOICES)
+    assert {c for c, _ in APPLIES_ONLY_TO.values()} <= set(CHOICES) | {"algorithm.name"}
     assert set(CHOICES["data.dataset"]) == set(NUM_CLASSES) | {"synthetic", "files"}
     assert set(RANGES) <= set(keys)
 
@@ -182,7 +182,7 @@ def test_unknown_choice():
     assert "model.name: unknown choice 'resnet19'; did you mean 'resnet18'?" in msg
     assert "valid: simplecnn, tct_cnn, lenet5, cifar_cnn, resnet18, resnet20, mlp" in msg
     msg = error(load_config, None, ["algorithm.name=xyz"])
-    assert "did you mean" not in msg and "valid: fedavg, fedprox" in msg
+    assert "did you mean" not in msg and "valid: apfl, ditto, fedadc, fedavg, fedbabu" in msg
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -265,7 +265,7 @@ def test_warning_for_inapplicable_key():
     with pytest.warns(ConfigWarning, match=r"algorithm.mu is set but only used by algorithm.name "
                                            r"in \[fedprox\]; it is ignored for fedavg"):
         cfg = load_config(None, ["algorithm.mu=0.1"])
-    assert cfg.algorithm.mu == 0.1
+    assert cfg.algorithm.options == {}
     with pytest.warns(ConfigWarning, match=r"algorithm.mu is set .* it is ignored for tct"):
         load_config(None, ["algorithm.name=tct", "tct.stage1=fedavg", "algorithm.mu=0.1"])
 
@@ -273,20 +273,23 @@ def test_warning_for_inapplicable_key():
 def test_no_warning_when_applicable_or_default(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(None, ["algorithm.name=fedprox", "algorithm.mu=0.1"])
+        load_config(None, ["algorithm.name=fedprox", "algorithm.options.mu=0.1"])
         load_config(None, ["algorithm.name=scaffold"])  # mu left at its default
-        # TCT's stage 1 reads the algorithm.* keys of the method tct.stage1 names.
-        load_config(None, ["algorithm.name=tct", "tct.stage1=fedprox", "algorithm.mu=0.1"])
-        load_config(None, ["algorithm.name=tct", "tct.stage1=scaffold", "algorithm.scaffold_correction=weights"])
+        # TCT's stage 1 reads the options of the method tct.stage1 names.
+        load_config(None, ["algorithm.name=tct", "tct.stage1=fedprox", "algorithm.options.mu=0.1"])
+        load_config(None, ["algorithm.name=tct", "tct.stage1=scaffold", "algorithm.options.correction=weights"])
         load_config(write(tmp_path, "server:\n  optimizer: adam\n  beta2: 0.8\n"))
         load_config(write(tmp_path, "algorithm:\n  mu: 0.01\n"))  # explicit but equal to the default
         load_config(write(tmp_path, dump_config(load_config(None))))  # a dumped config sets every key
 
 
 def test_every_inapplicable_key_warns():
+    from distfl.algorithms import ALGORITHMS
+
     cfg = Config()
     for key, (controller, used_by) in APPLIES_ONLY_TO.items():
-        ignored_by = next(c for c in CHOICES[controller] if c not in used_by)
+        ignored_by = next(c for c in (list(ALGORITHMS) if controller == "algorithm.name" else CHOICES[controller])
+                          if c not in used_by)
         section, leaf = key.split(".")
         default = getattr(getattr(cfg, section), leaf)
         # A valid value that differs from the default.

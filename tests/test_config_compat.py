@@ -57,3 +57,52 @@ def test_every_committed_config_loads():
                     load_config(str(REPO / path))
             else:
                 load_config(str(REPO / path))
+
+
+def test_every_committed_config_gives_its_method_the_values_it_ran_with():
+    """The method keys each committed config ran with (pinned in fixtures/committed_method_options.json by
+    the release that read them as flat keys) are exactly its method's options now."""
+    import json
+    import warnings
+
+    from distfl.algorithms import method_class
+    from distfl.config import load_config
+    from distfl.config.renamed import RENAMED
+
+    pinned = json.loads((REPO / "tests" / "fixtures" / "committed_method_options.json").read_text())
+    assert len(pinned) > 300
+    for path, keys in pinned.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = load_config(str(REPO / path))
+        expected = {RENAMED[old][0]: value for old, value in keys.items() if old != "name"}
+        assert method_class(cfg).name == keys["name"], path
+        assert cfg.algorithm.options == expected, path
+
+
+@pytest.mark.parametrize("old, new, name", [
+    ("algorithm.mu=0.3", "algorithm.options.mu=0.3", "fedprox"),
+    ("algorithm.moon_mu=4", "algorithm.options.mu=4", "moon"),
+    ("algorithm.ditto_lambda=2", "algorithm.options.lam=2", "ditto"),
+    ("algorithm.beta_global=0.5", "algorithm.options.beta_global=0.5", "slowmo"),
+])
+def test_an_old_key_is_its_new_option_and_says_so(old, new, name):
+    from distfl.config import load_config
+    from distfl.config.renamed import RenamedKeyWarning
+
+    extra = ["model.projection_dim=8"] if name == "moon" else []
+    with pytest.warns(RenamedKeyWarning, match=f"{old.split('=')[0]} is now {new.split('=')[0]} "):
+        via_old = load_config(None, [f"algorithm.name={name}", old, *extra])
+    assert via_old == load_config(None, [f"algorithm.name={name}", new, *extra])
+
+
+def test_an_old_key_another_method_reads_is_ignored_with_a_warning_and_a_conflict_is_refused():
+    from distfl.config import ConfigWarning, load_config
+    from distfl.errors import ConfigError
+
+    with pytest.warns(ConfigWarning, match=r"algorithm.moon_mu is set but only used by algorithm.name in \[moon\]; "
+                                           "it is ignored for fedprox"):
+        cfg = load_config(None, ["algorithm.name=fedprox", "algorithm.moon_mu=3"])
+    assert cfg.algorithm.options == {"mu": 0.01}
+    with pytest.raises(ConfigError, match="algorithm.mu=0.3 .* is the old name of algorithm.options.mu, also set to 0.2"):
+        load_config(None, ["algorithm.name=fedprox", "algorithm.mu=0.3", "algorithm.options.mu=0.2"])

@@ -341,7 +341,7 @@ def test_client_eval_scores_each_clients_own_model(tmp_path, name, split):
         # Without fine-tuning a client's model is the global one; with it, each client's own.
         for key in STATISTICS:
             assert got[key] == pytest.approx(global_stats[key], rel=1e-12, abs=1e-15)
-        trainer.cfg.algorithm.finetune_epochs = 2
+        trainer.algorithm.options.finetune_epochs = 2
         got = trainer.evaluate_round(clients=True)
         assert got["client_acc_mean"] != global_stats["client_acc_mean"]
         return
@@ -428,10 +428,10 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config, name):
     (["algorithm.name=fedrep", "model.head=sphere"], "model.head=linear"),
     (["algorithm.name=fedbabu", "model.head=fixed_random"], "model.head=linear"),
     (["algorithm.name=fedper", "model.head=sphere", "calibration.method=ffc"], "model.head=linear"),
-    (["algorithm.name=fedrep", "train.local_epochs=2"], "algorithm.body_epochs"),
-    (["algorithm.name=fedrep", "algorithm.head_epochs=0", "algorithm.body_epochs=0"], "trains nothing"),
-    (["algorithm.name=apfl", "algorithm.apfl_alpha=1.5"], "algorithm.apfl_alpha"),
-    (["algorithm.name=ditto", "algorithm.ditto_lambda=-1"], "algorithm.ditto_lambda"),
+    (["algorithm.name=fedrep", "train.local_epochs=2"], "algorithm.options.body_epochs"),
+    (["algorithm.name=fedrep", "algorithm.options.head_epochs=0", "algorithm.options.body_epochs=0"], "trains nothing"),
+    (["algorithm.name=apfl", "algorithm.options.alpha=1.5"], "algorithm.options.alpha must be in [0, 1]"),
+    (["algorithm.name=ditto", "algorithm.options.lam=-1"], "algorithm.options.lam must be >= 0"),
     (["algorithm.name=apfl", "model.name=resnet20", "data.synthetic_channels=3"], "BatchNorm"),
     (["algorithm.name=ditto", "runtime.pack_size=2", "runtime.client_state=disk"], "local_training"),
     (["algorithm.name=fedbabu", "runtime.pack_size=2"], "local_training"),

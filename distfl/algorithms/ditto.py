@@ -10,6 +10,7 @@ Round t, client k:  1. w_k = local SGD from w^t (FedAvg's pass, the only one agg
 v_k starts from the initial model w^0 and lives in the client-state store; eval.clients scores v_k
 (a client never sampled has none yet and is scored with the global model).
 """
+from dataclasses import dataclass, field
 
 from .base import Algorithm
 
@@ -19,12 +20,16 @@ class Ditto(Algorithm):
     stateful = True
     personalised = True
 
+    @dataclass
+    class Options:
+        lam: float = field(default=0.1, metadata={"range": ">= 0"})  # lambda of the personal objective F_k(v) + lambda/2 ||v - w_global||^2 (paper: tuned from {0.01, 0.1, 1, 2})
+
     def evaluated_finetune_epochs(self) -> int:
         return 0
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        self.lam = cfg.algorithm.ditto_lambda
+        self.lam = self.options.lam
         # The worker holds the initial model w^0 while the algorithm is built (also on resume).
         self.initial_params = worker.params.detach().clone()
         self.initial_buffers = worker.buffers.detach().clone()

@@ -142,15 +142,13 @@ def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, execut
 
 
 def _declared_options(name: str) -> set[str] | None:
-    """The option names algorithm `name` declares (none for a built-in); None if it does not load
-    (the point's own config check then says why)."""
+    """The option names method `name` declares; None if it does not load (the point's own config check
+    then says why)."""
     from .. import plugins
-    from ..schema import CHOICES
+    from ..algorithms import algorithm_class
 
-    if name in CHOICES["algorithm.name"]:
-        return set()
     try:
-        return {f.name for f in plugins.options_fields(plugins.load_plugin("algorithm.name", name))}
+        return {f.name for f in plugins.options_fields(algorithm_class(name))}
     except (DistflError, KeyError):
         return None
 

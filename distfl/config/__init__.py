@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 
 from distfl.errors import ConfigError
-from distfl.schema import (APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, HEAD_SPLIT, NUM_CLASSES, PERSONALISED,
-                           PLUGIN_KEYS, RANGES, SEED_MAX, Config)
+from distfl.config.renamed import RENAMED, caller_stacklevel, options_from_renamed, pop_renamed, renamed_hint
+from distfl.schema import APPLIES_ONLY_TO, CHOICES, FEATURE_DIM_MODELS, NUM_CLASSES, PLUGIN_KEYS, RANGES, SEED_MAX, Config
 from distfl.validate import check_numbers, float_error, number_from_text
 from distfl.yaml_loader import ConfigLoader, read_yaml
 
@@ -198,7 +198,7 @@ def apply_overrides(d: dict, overrides) -> dict:
             raise ConfigError(f"{where}: {key!r} is a section, not a key; set one of its keys, "
                               f"e.g. {key}.{first}=...")
         option = key[len(OPTIONS_KEY) + 1:] if key.startswith(OPTIONS_KEY + ".") else None
-        if key not in _TYPES and not option:
+        if key not in _TYPES and key not in RENAMED and not option:
             raise _unknown_key_error(key, where)
         value = _parse_override_value(key, text)
         if option:  # one option of a plugin method, checked against its Options dataclass in `validate`
@@ -233,7 +233,7 @@ def _check_shape(d: dict, where: str) -> None:
             raise ConfigError(f"section {name!r} in {where} must be a mapping of keys, "
                               f"got {sub!r} ({type(sub).__name__})")
         for key in sub:
-            if f"{name}.{key}" not in _TYPES:
+            if f"{name}.{key}" not in _TYPES and f"{name}.{key}" not in RENAMED:
                 raise _unknown_key_error(f"{name}.{key}", where)
 
 
@@ -276,9 +276,19 @@ def config_from_dict(d: dict, overrides=(), source: str = "<dict>") -> Config:
     _check_shape(d, source)
     merged = apply_overrides(d, overrides)
     origin = {_split_override(item)[0]: f"override {_shown(item)}" for item in overrides}
+    renamed = pop_renamed(merged)
     cfg = _build(merged, origin, source)
-    validate(cfg)
-    explicit = _explicit_keys(merged)
+    if renamed:
+        def ignored(key, methods):
+            warnings.warn(f"{key} is set but only used by algorithm.name in [{', '.join(methods)}]; it is ignored "
+                          f"for {cfg.algorithm.name}", ConfigWarning, stacklevel=caller_stacklevel())
+
+        cfg.algorithm.options = options_from_renamed(renamed, _method(cfg), cfg.algorithm.options, origin, ignored)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(renamed_hint(str(e), renamed)) from None
+    explicit = _explicit_keys(merged) | ({OPTIONS_KEY} if renamed else set())
     _warn_inapplicable(cfg, explicit)
     object.__setattr__(cfg, "_explicit", explicit)
     return cfg
@@ -366,24 +376,40 @@ def _plugin(key: str, name: str):
         return plugins.load_plugin(key, name)
     except KeyError:
         what = "ClassName (a distfl.Algorithm subclass)" if key == "algorithm.name" else "build (a model builder)"
-        raise _choice_error(key, name, CHOICES[key] + plugins.entry_point_names(key),
+        raise _choice_error(key, name, _built_in(key) + plugins.entry_point_names(key),
                             f", or an import path package.module:{what}") from None
 
 
-def _algorithm_options(name: str, options: dict) -> dict:
-    """A plugin method's `algorithm.options`, complete (defaults filled in) and converted to the types
-    its `Options` dataclass declares, with ranges (`metadata={"range": "[0, 1)"}`) and choices
-    (`metadata={"choices": [...]}`) checked like the built-in keys'."""
+def _built_in(key: str) -> list[str]:
+    if key == "algorithm.name":
+        from distfl.algorithms import ALGORITHMS
+
+        return list(ALGORITHMS)
+    return CHOICES[key]
+
+
+def _method(cfg: Config) -> type:
+    """The class that trains the run's model (TCT: its stage 1), whose Options `algorithm.options` holds."""
+    declared = _plugin_or_built_in(cfg.algorithm.name)
+    try:
+        return declared.trained_method(cfg)
+    except KeyError:  # TCT's stage 1 is not a method
+        raise _choice_error("tct.stage1", cfg.tct.stage1) from None
+
+
+def _algorithm_options(cls: type, name: str, options: dict) -> dict:
+    """`algorithm.options` of method `cls`, complete (defaults filled in) and converted to the types its
+    `Options` dataclass declares, with ranges (`metadata={"range": "[0, 1)"}`) and choices
+    (`metadata={"choices": [...]}`) checked like the other keys'."""
     from distfl import plugins
 
-    cls = None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name)
-    fields = plugins.options_fields(cls) if cls is not None else []
+    fields = plugins.options_fields(cls)
     names = [f.name for f in fields]
     for option in options:
         if option not in names:
             key = f"{OPTIONS_KEY}.{option}"
             if not names:
-                raise ConfigError(f"{key}: algorithm.name={name} declares no options (a plugin method "
+                raise ConfigError(f"{key}: algorithm.name={name} declares no options (a method "
                                   "declares them as a dataclass `Options` on its class)")
             close = difflib.get_close_matches(str(option), names, n=1)
             hint = f"; did you mean '{OPTIONS_KEY}.{close[0]}'?" if close else ";"
@@ -393,7 +419,7 @@ def _algorithm_options(name: str, options: dict) -> dict:
     for f in fields:
         key = f"{OPTIONS_KEY}.{f.name}"
         if types[f.name] not in (bool, int, float, str):
-            raise ConfigError(f"{name}: Options.{f.name} is declared as {types[f.name]!r}; plugin options "
+            raise ConfigError(f"{name}: Options.{f.name} is declared as {types[f.name]!r}; method options "
                               "must be bool, int, float or str")
         if f.name in options:
             value = _convert(key, options[f.name], types[f.name])
@@ -462,7 +488,9 @@ def validate(cfg: Config) -> None:
     if not 0 < _float32(v["server.eps"] ** 2) < math.inf:
         raise ConfigError(f"server.eps={v['server.eps']!r}: its square, the optimizer's initial second moment, "
                           "is 0 or inf in float32; use a value between 1e-22 and 1e19")
-    cfg.algorithm.options = _algorithm_options(v["algorithm.name"], v[OPTIONS_KEY])
+    method = _method(cfg)
+    declared = _plugin_or_built_in(v["algorithm.name"])
+    cfg.algorithm.options = _algorithm_options(method, v["algorithm.name"], v[OPTIONS_KEY])
     _check_files(v)
 
     if v["train.clients_per_round"] > v["partition.num_clients"]:
@@ -481,20 +509,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("eval.client_split=holdout holds out part of every client's training data for per-client "
                           "evaluation, which is off: set eval.clients=true (or eval.client_split=test)")
 
-    if v["algorithm.name"] == "tct":
-        if v["calibration.method"] != "none":
-            raise ConfigError("algorithm.name=tct replaces the network by a linear model on eNTK features; "
-                              "calibration.method=ffc does not apply to it: set calibration.method=none")
-        if v["model.head"] != "linear":
-            raise ConfigError(f"algorithm.name=tct re-initialises a learnable linear head; model.head="
-                              f"{v['model.head']} is fixed: use model.head=linear")
-        if v["eval.finetune_epochs"]:
-            raise ConfigError(f"eval.finetune_epochs={v['eval.finetune_epochs']} fine-tunes a network before per-client "
-                              "evaluation, but algorithm.name=tct scores each client with stage 2's linear model: set "
-                              "eval.finetune_epochs=0")
-
-    _check_personalised(v)
-    _check_finetune(v)
+    declared.check_config(cfg)
+    _check_personalised(v, method)
+    _check_finetune(v, method)
 
     dataset = v["data.dataset"]
     classes = v["data.synthetic_classes"] if dataset == "synthetic" else NUM_CLASSES.get(dataset)
@@ -508,34 +525,33 @@ def validate(cfg: Config) -> None:
 
     from distfl.privacy import rules as privacy_rules
 
-    name = v["algorithm.name"]
-    privacy_rules.check(v, None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name))
+    privacy_rules.check(v, declared)
 
 
-def _check_personalised(v: dict) -> None:
-    """The compositions of a personalised method (fedper, fedrep, fedbabu, ditto, apfl) that make no sense."""
+def _plugin_or_built_in(name: str) -> type:
+    """The class that declares method `name`."""
+    from distfl.algorithms import ALGORITHMS
+
+    return ALGORITHMS[name] if name in ALGORITHMS else _plugin("algorithm.name", name)
+
+
+def _check_personalised(v: dict, method: type) -> None:
+    """The compositions of a personalised method (its own model part per client) that make no sense."""
     name = v["algorithm.name"]
-    if name not in PERSONALISED:
+    if not method.personalised:
         return
     if v["aggregation.fedbn"]:
         raise ConfigError(f"algorithm.name={name} keeps a personal model part per client already; aggregation.fedbn "
                           "(personal BatchNorm) does not compose with it: set aggregation.fedbn=false")
-    if name in HEAD_SPLIT and v["model.head"] != "linear":
+    if method.head_split and v["model.head"] != "linear":
         raise ConfigError(f"algorithm.name={name} splits the model into a shared body and a learnable classifier head; "
                           f"model.head={v['model.head']} is fixed: use model.head=linear")
-    if name in HEAD_SPLIT and v["calibration.method"] != "none":
+    if method.head_split and v["calibration.method"] != "none":
         raise ConfigError(f"algorithm.name={name} keeps the head per client; calibration.method="
                           f"{v['calibration.method']} would replace it by one global head: set calibration.method=none")
-    if name == "fedrep":
-        if v["train.local_steps"] or v["train.local_epochs"] != 1:
-            raise ConfigError("algorithm.name=fedrep trains algorithm.head_epochs epochs of the head, then "
-                              "algorithm.body_epochs of the body; set those (and train.local_epochs=1, train.local_steps=0)")
-        if v["algorithm.head_epochs"] + v["algorithm.body_epochs"] == 0:
-            raise ConfigError("algorithm.name=fedrep with algorithm.head_epochs=0 and algorithm.body_epochs=0 trains "
-                              "nothing; set one of them >= 1")
 
 
-def _check_finetune(v: dict) -> None:
+def _check_finetune(v: dict, method: type) -> None:
     """eval.finetune_epochs fine-tunes the global model of a method that has one model for all clients."""
     epochs, name = v["eval.finetune_epochs"], v["algorithm.name"]
     if not epochs:
@@ -543,11 +559,9 @@ def _check_finetune(v: dict) -> None:
     if not v["eval.clients"]:
         raise ConfigError(f"eval.finetune_epochs={epochs} fine-tunes each client's model before per-client "
                           "evaluation, which is off: set eval.clients=true (or eval.finetune_epochs=0)")
-    plugin = None if name in CHOICES["algorithm.name"] else _plugin("algorithm.name", name)
-    if name in PERSONALISED or getattr(plugin, "personalised", False):
-        own = " (its own fine-tuning: algorithm.finetune_epochs)" if name == "fedbabu" else ""
+    if method.personalised:
         raise ConfigError(f"eval.finetune_epochs={epochs} fine-tunes the global model, but algorithm.name={name} "
-                          f"is personalised: each client is scored with its own model{own}; set eval.finetune_epochs=0")
+                          f"is personalised: each client is scored with its own model; set eval.finetune_epochs=0")
 
 
 def check_feature_dim(model_name: str, feature_dim: int) -> None:
@@ -575,26 +589,15 @@ def _warn_inapplicable(cfg: Config, explicit: frozenset[str]) -> None:
         if key in explicit and v[key] != defaults[key] and not key_applies(key, v):
             warnings.warn(f"{key} is set but only used by {controller} in [{', '.join(used_by)}]; "
                           f"it is ignored for {v[controller]}", ConfigWarning,
-                          stacklevel=_caller_stacklevel())
+                          stacklevel=caller_stacklevel())
 
 
 def key_applies(key: str, values: dict) -> bool:
-    """Whether a run with these flat config values reads `key` (APPLIES_ONLY_TO; TCT's stage 1 is the
-    algorithm tct.stage1 names, with its algorithm.* keys)."""
+    """Whether a run with these flat config values reads `key` (APPLIES_ONLY_TO)."""
     if key not in APPLIES_ONLY_TO:
         return True
     controller, used_by = APPLIES_ONLY_TO[key]
-    if controller == "algorithm.name" and values.get(controller) == "tct" and values.get("tct.stage1") in used_by:
-        return True
     return values.get(controller) in used_by
-
-
-def _caller_stacklevel() -> int:
-    """The warnings stacklevel of the first frame outside this module, so the warning points there."""
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename == __file__:
-        level, frame = level + 1, frame.f_back
-    return level
 
 
 # --- output -----------------------------------------------------------------------------------------
