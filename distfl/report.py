@@ -4,7 +4,7 @@ Runs are grouped by the keys given with --by, or else the swept keys (from SWEEP
 else every config key whose value differs between the runs, leaving out seed, output.*, checkpoint.*,
 runtime.* and keys no run reads; where a method option (algorithm.options.*) is one of them and the
 runs' methods differ, algorithm.name too. A run whose method does not read a grouping key (a method
-option it does not declare; partition.alpha of an iid split: schema.APPLIES_ONLY_TO) shows "-" for it and
+option it does not declare; partition.alpha of an iid split: its declared `applies`) shows "-" for it and
 groups as if the key were absent. Per group, over
 its completed runs (one per seed): final and best test accuracy, mean and sample standard deviation
 (n-1; empty for a single run). Written to OUT/report.md, OUT/report.csv (fractions, not percent),
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .config import OPTIONS_KEY, key_applies
 from .config.renamed import current_key
-from .resume_rules import saved_values
+from .config.resume import saved_values
 from .errors import DistflError
 
 IGNORED_PREFIXES = ("seed", "output.", "checkpoint.", "runtime.")
@@ -168,7 +168,7 @@ def grouping_keys(runs: list[Run], keys: list[str]) -> list[str]:
 
 def _cell(row: dict, key: str) -> str:
     """A group's value of `key`; "-" for a key its runs do not read (a method option their method does
-    not declare, a key APPLIES_ONLY_TO gives to other choices)."""
+    not declare, a key whose declared `applies` gives it to other choices)."""
     return "-" if row[key] is None else str(row[key])
 
 

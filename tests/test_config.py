@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distfl.algorithms import ALGORITHMS
 from distfl.config import (
-    RANGES,
     ConfigWarning,
     apply_overrides,
     config_from_dict,
@@ -16,9 +16,10 @@ from distfl.config import (
     load_config,
     validate,
 )
+from distfl.config.schema import KEYS, NUM_CLASSES, Config
+from distfl.config.values import in_range
 from distfl.config_docs import config_reference_markdown
 from distfl.errors import ConfigError
-from distfl.schema import APPLIES_ONLY_TO, CHOICES, NUM_CLASSES, Config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -110,11 +111,18 @@ def test_config_keys():
     assert "train.rounds" in keys and "seed" in keys and "data.dataset" in keys
     assert "train" not in keys
     assert len(keys) == len(set(keys))
-    assert set(CHOICES) <= set(keys)
-    assert set(APPLIES_ONLY_TO) <= set(keys)
-    assert {c for c, _ in APPLIES_ONLY_TO.values()} <= set(CHOICES) | {"algorithm.name"}
-    assert set(CHOICES["data.dataset"]) == set(NUM_CLASSES) | {"synthetic", "files"}
-    assert set(RANGES) <= set(keys)
+    assert list(KEYS) == keys
+    # Every applies-to names a key with choices (or the method), and only those choices.
+    for key in KEYS.values():
+        if key.applies:
+            controller, used_by = key.applies
+            valid = KEYS[controller].choices or list(ALGORITHMS)
+            assert set(used_by) <= set(valid), key.name
+    assert set(KEYS["data.dataset"].choices) == set(NUM_CLASSES) | {"synthetic", "files"}
+    # A range or a choice list holds the key's own default.
+    for key in KEYS.values():
+        assert key.choices is None or key.default in key.choices, key.name
+        assert key.range is None or in_range(key.default, key.range), key.name
 
 
 # --- errors -------------------------------------------------------------------------------------------
@@ -287,14 +295,13 @@ def test_every_inapplicable_key_warns():
     from distfl.algorithms import ALGORITHMS
 
     cfg = Config()
-    for key, (controller, used_by) in APPLIES_ONLY_TO.items():
-        ignored_by = next(c for c in (list(ALGORITHMS) if controller == "algorithm.name" else CHOICES[controller])
-                          if c not in used_by)
+    for key, (controller, used_by) in ((k, spec.applies) for k, spec in KEYS.items() if spec.applies):
+        ignored_by = next(c for c in (KEYS[controller].choices or list(ALGORITHMS)) if c not in used_by)
         section, leaf = key.split(".")
         default = getattr(getattr(cfg, section), leaf)
         # A valid value that differs from the default.
-        if key in CHOICES:
-            value = next(c for c in CHOICES[key] if c != default)
+        if KEYS[key].choices:
+            value = next(c for c in KEYS[key].choices if c != default)
         elif isinstance(default, bool):
             value = not default
         else:
@@ -316,7 +323,7 @@ def test_reference_mentions_every_key():
     text = config_reference_markdown()
     for key in config_keys():
         assert f"`{key}`" in text
-    assert "local SGD learning rate" in text  # comments come from schema.py
+    assert "local SGD learning rate" in text  # comments come from config/schema.py
 
 
 # --- hostile or surprising YAML -----------------------------------------------------------------------

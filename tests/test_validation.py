@@ -17,12 +17,13 @@ import pytest
 import yaml
 
 from conftest import REPO, run_cli, summary, train_ok, write_config
-from distfl.config import SEED_MAX, _TYPES, config_to_dict, load_config
+from distfl.config import config_to_dict, load_config
+from distfl.config.schema import KEYS
 from distfl.errors import ConfigError
-from distfl.validate import FLOAT32_MAX, INT_LIMITS, INT_MAX
+from distfl.config.values import FLOAT32_MAX, INT_MAX
 
-FLOAT_KEYS = [key for key, typ in _TYPES.items() if typ is float]
-INT_KEYS = [key for key, typ in _TYPES.items() if typ is int]
+FLOAT_KEYS = [name for name, key in KEYS.items() if key.type is float]
+INT_KEYS = [name for name, key in KEYS.items() if key.type is int]
 
 
 def refused_before_any_work(tmp_path: Path, *args, config: Path | None = None) -> str:
@@ -41,7 +42,7 @@ def test_the_schema_has_keys_of_each_type():
     """The parametrizations below enumerate the schema: they must find what they are meant to cover."""
     assert {"train.lr", "server.lr", "server.eps", "partition.alpha", "privacy.clip_norm"} <= set(FLOAT_KEYS)
     assert {"data.synthetic_train", "model.mlp_hidden", "train.local_steps", "runtime.threads"} <= set(INT_KEYS)
-    assert set(INT_LIMITS) <= set(INT_KEYS)
+    assert {name for name, key in KEYS.items() if key.limit or key.seed_max} <= set(INT_KEYS)
 
 
 # ---- 1: float keys -------------------------------------------------------------------------------------
@@ -103,7 +104,7 @@ def test_a_plugin_option_beyond_float32_is_refused(tmp_path, monkeypatch):
 
 # ---- 2: int keys ---------------------------------------------------------------------------------------
 def largest(key: str) -> int:
-    return SEED_MAX.get(key, INT_LIMITS.get(key, INT_MAX))
+    return KEYS[key].seed_max or KEYS[key].limit or INT_MAX
 
 
 @pytest.mark.parametrize("key", INT_KEYS)

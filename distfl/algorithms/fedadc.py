@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..federation.local import FlatModel
-from ..validate import check_derived
+from ..config.values import check_derived
 from .base import Algorithm
 
 

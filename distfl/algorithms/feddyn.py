@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..federation.aggregate import Segment
-from ..validate import check_derived
+from ..config.values import check_derived
 from .base import Algorithm
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..federation.schedule import round_lr
-from ..validate import check_derived
+from ..config.values import check_derived
 from .base import Algorithm
 
 

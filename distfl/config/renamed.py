@@ -8,10 +8,9 @@ than its default, as before) for any other method. One line per old key says its
 """
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
+from distfl.config.values import caller_stacklevel
 from distfl.errors import ConfigError
 
 # old key: (its name in algorithm.options, the methods that read it)
@@ -107,15 +106,6 @@ def _default_of(old: str):
     return next(f.default for f in dataclasses.fields(ALGORITHMS[methods[0]].Options) if f.name == option)
 
 
-def caller_stacklevel() -> int:
-    """The warnings stacklevel of the first frame outside this package, so a warning points there."""
-    here = str(Path(__file__).parent)
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(here):
-        level, frame = level + 1, frame.f_back
-    return level
-
-
 def upgraded(saved: dict) -> dict:
     """A saved run's nested config (config.yaml, a checkpoint's) with its old keys under their new names
     (those its method reads) and the rest dropped, without warnings: what it ran with, in today's keys."""
@@ -147,7 +137,7 @@ class _Saved:
         self._d = d
 
     def __getattr__(self, name):
-        from distfl.schema import Config
+        from distfl.config.schema import Config
 
         value = self._d.get(name, getattr(Config(), name))
         return _Saved(value) if isinstance(value, dict) else (_Saved(vars(value)) if hasattr(value, "__dataclass_fields__") else value)

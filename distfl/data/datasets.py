@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from distfl.checkpoint import file_sha256
 from distfl.data.npz import npz_errors
 from distfl.errors import DataError
-from distfl.schema import DataConfig
+from distfl.config.schema import DataConfig
 
 # Where the Debian/Ubuntu package `dataset-fashion-mnist` installs the IDX files (tests monkeypatch it).
 DEBIAN_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"

@@ -17,7 +17,7 @@ import numpy as np
 
 from distfl.data.npz import npz_errors
 from distfl.errors import DataError
-from distfl.schema import PartitionConfig
+from distfl.config.schema import PartitionConfig
 
 
 def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: int) -> list[np.ndarray]:

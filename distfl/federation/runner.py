@@ -25,7 +25,7 @@ import torch
 from .. import checkpoint, dist, faults
 from ..algorithms import algorithm_class, build_algorithm, build_phases
 from ..config import config_to_dict, data_seed, dump_config, flatten_dict
-from ..resume_rules import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_keys_hint, resume_blockers,
+from ..config.resume import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_keys_hint, resume_blockers,
                             saved_values)
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
