@@ -13,9 +13,15 @@ setup(
         "pyyaml",
         "tensorboard",
         "submitit",
-        "matplotlib",  # `distfl report`: accuracy-vs-round and accuracy-vs-time plots (PNG, Agg backend)
+        "matplotlib",  # `distfl report`: its figures (PNG, PDF, SVG; Agg backend)
         "dp-accounting==0.6.0",  # privacy.mechanism=gaussian: Google's RDP and PLD accountants (pulls scipy, dm-tree, attrs)
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={
+        # output.trackers: mlflow (the tracking client; its local file store needs no server) and wandb
+        "mlflow": ["mlflow-skinny==3.17.2"],
+        "wandb": ["wandb==0.31.0"],
+        # tests/test_trackers.py reads both back
+        "test": ["pytest", "mlflow-skinny==3.17.2", "wandb==0.31.0"],
+    },
     entry_points={"console_scripts": ["distfl=distfl.cli:main"]},
 )

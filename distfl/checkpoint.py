@@ -24,14 +24,16 @@ import re
 import shutil
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, PluginError
 from .faults import writing
 
 FORMAT_VERSION = 1
+METRICS = "metrics.jsonl"
 
 
 def fsync(path: Path) -> None:
@@ -96,6 +98,39 @@ def atomic_torch_save(obj, path: Path) -> None:
         raise
 
 
+def check_restorable(obj, what: str) -> None:
+    """Raise PluginError naming `what` and the key, unless `obj` reads back under
+    torch.load(weights_only=True): a method's state that a checkpoint could not restore stops the run
+    when it is first written, not at a resume that can then never succeed."""
+    if _restorable(obj):
+        return
+    key, value = _culprit(obj, "")
+    raise PluginError(f"{what}{key} is a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint "
+                      "cannot restore (torch.load(weights_only=True) reads tensors, numbers, strings, None, and "
+                      "lists, tuples and dicts of them): return it as one of those. Stopped before writing a "
+                      "checkpoint that no resume could read")
+
+
+def _restorable(obj) -> bool:
+    buffer = io.BytesIO()
+    try:
+        torch.save(obj, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception:
+        return False
+    return True
+
+
+def _culprit(obj, key: str) -> tuple[str, object]:
+    """The innermost key (as `['a'][0]`) of a value that does not restore, and that value."""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, value in items:
+        if not _restorable(value):
+            return _culprit(value, f"{key}[{k!r}]")
+    return key, obj
+
+
 def load_tensors(path: Path, device=None):
     try:
         return torch.load(path, map_location=device, weights_only=True)
@@ -155,7 +190,13 @@ def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str,
             f"checkpoint {name}: the ranks wrote {clients} client state files but {staging / 'clients'} holds "
             f"{found}; with runtime.client_state=memory every rank writes its own clients there, so output.dir "
             "must be on a filesystem that all nodes share")
+    method = state.get("config", {}).get("algorithm", {}).get("name", "?")
+    check_restorable(state.get("server", {}), f"algorithm.name={method}: server_state()")
     save_tensors({"format_version": FORMAT_VERSION, **state}, staging / "state.pt")
+    metrics = Path(run_dir) / METRICS
+    if metrics.is_file():  # the history up to this checkpoint: a resume restores it (`restore_metrics`)
+        with writing(staging / METRICS):
+            shutil.copyfile(metrics, staging / METRICS)
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {"name": name, "clients": clients,
                 "files": {str(p.relative_to(staging)): file_sha256(p) for p in files}}
@@ -216,6 +257,8 @@ def newest_good(run_dir: Path, device) -> tuple[Path, dict, list[tuple[str, str]
     """The newest checkpoint that verifies and loads, its state, and (name, why) of each newer one
     skipped: a kill can cut the newest short, and a requeued job must not die on it."""
     found = complete_checkpoints(run_dir)
+    if not found and finished_run(run_dir):
+        raise CheckpointError(f"{run_dir} has no checkpoint to resume from: {finished_run(run_dir)}")
     if not found:
         raise CheckpointError(f"{run_dir} has no checkpoint to resume from ({checkpoints_dir(run_dir)} holds no "
                               f"checkpoint such as {checkpoint_name('round', 1)}); start the run over with "
@@ -228,6 +271,60 @@ def newest_good(run_dir: Path, device) -> tuple[Path, dict, list[tuple[str, str]
             skipped.append((path.name, str(exc)))
     raise CheckpointError(f"no checkpoint of {run_dir} can be resumed from:" +
                           "".join(f"\n  {name}: {why}" for name, why in skipped))
+
+
+def restore_metrics(run_dir: Path, path: Path) -> str | None:
+    """Rank 0, on resume from checkpoint `path`: make RUN/metrics.jsonl begin with the rows the checkpoint
+    holds (a copy of the file when it was written). Returns a line saying what was restored, or None when
+    the file already agreed (rows after the checkpoint are the logger's to drop) or the checkpoint
+    predates these copies."""
+    saved, current = Path(path) / METRICS, Path(run_dir) / METRICS
+    if not saved.is_file():
+        if not current.exists() and _step(Path(path)) > 0:
+            return (f"{current} is missing and checkpoint {Path(path).name} holds no copy of it (an older "
+                    "distfl): the history restarts at the rounds after the checkpoint")
+        return None
+    rows = saved.read_bytes().splitlines(keepends=True)
+    try:
+        have = current.read_bytes().splitlines(keepends=True) if current.exists() else []
+    except OSError:
+        have = []
+    if have[:len(rows)] == rows:
+        later = next((i for i, line in enumerate(have[len(rows):], len(rows) + 1) if line.strip() and not _json_line(line)), None)
+        if later is None or later == len(have):  # rows after the checkpoint (a torn last one) are the logger's
+            return None
+        why = f"has a damaged row after the checkpoint (line {later})"
+    elif not current.exists():
+        why = "was missing"
+    else:
+        why = f"differed from it at line {next(i for i, (a, b) in enumerate(zip([*have, b''], rows), 1) if a != b)}"
+    atomic_write_text(b"".join(rows).decode(), current)
+    return f"{current} {why}: its {len(rows)} rows up to checkpoint {Path(path).name} are restored from the checkpoint's copy"
+
+
+def _json_line(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def finished_run(run_dir: Path) -> str | None:
+    """For a run that ended (completed or diverged; summary.json says so) and has no checkpoint left:
+    what it finished with and where its results are, and why --overwrite is not the way on. Else None."""
+    try:
+        done = json.loads((Path(run_dir) / "summary.json").read_text())
+        status = done["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if status not in ("completed", "diverged") or complete_checkpoints(run_dir):
+        return None
+    acc = done.get("final_test_acc")
+    result = f", final test accuracy {100 * acc:.2f}%" if isinstance(acc, (int, float)) else ""
+    return (f"it finished ({status} after {done.get('rounds', '?')} rounds{result}) and its checkpoints were deleted "
+            f"since; its results are in {Path(run_dir) / 'summary.json'} and {Path(run_dir) / 'metrics.jsonl'}. It "
+            "cannot be continued; to train it again, pick another output.dir (--overwrite would delete those results)")
 
 
 def set_aside(run_dir: Path, names: list[str], current: str) -> None:
@@ -244,7 +341,12 @@ def set_aside(run_dir: Path, names: list[str], current: str) -> None:
 
 def lock_run_dir(run_dir: Path):
     """Rank 0: an exclusive lock on RUN_DIR/.lock, held while the returned file stays open. The kernel
-    releases it when the process dies, so a killed run never blocks the next one."""
+    releases it when the process dies, so a killed run never blocks the next one. The file names the
+    holder: its pid and host, and under torchrun its launcher's pid. A holder whose launcher is gone
+    (a torchrun killed while its ranks train) stops within launcher.GRACE_S: a new run waits for it,
+    saying so, instead of being refused."""
+    from . import launcher
+
     path = Path(run_dir) / ".lock"
     try:
         handle = open(path, "a+")
@@ -252,20 +354,45 @@ def lock_run_dir(run_dir: Path):
         raise CheckpointError(f"cannot lock {run_dir}: {path} cannot be opened as a file ({exc.strerror}); "
                               f"it holds only a process id: remove it (it is remade) or pick another output.dir") \
             from None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            # A filesystem without locks (e.g. Lustre mounted without -o flock): run, unlocked.
-            print(f"warning: cannot lock {path} ({exc.strerror}); nothing stops a second run in {run_dir}",
-                  file=sys.stderr, flush=True)
-            return handle
+    waited = False
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                # A filesystem without locks (e.g. Lustre mounted without -o flock): run, unlocked.
+                print(f"warning: cannot lock {path} ({exc.strerror}); nothing stops a second run in {run_dir}",
+                      file=sys.stderr, flush=True)
+                return handle
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise CheckpointError(f"{run_dir} is in use by another distfl run (pid {holder}, holding {path}); "
-                              "wait for it to finish, or pick another output.dir") from None
+        orphan = _orphaned_holder(holder)
+        if orphan is not None and not waited:
+            waited, deadline = True, time.monotonic() + launcher.GRACE_S + 5
+            print(f"{run_dir} is held by rank 0 (pid {orphan}) of an earlier launch whose launcher is gone; it "
+                  f"stops within {launcher.GRACE_S:g}s: waiting for it", file=sys.stderr, flush=True)
+        if orphan is None or time.monotonic() > deadline:
+            handle.close()
+            raise CheckpointError(f"{run_dir} is in use by another distfl run (pid {holder}, holding {path}); "
+                                  "wait for it to finish, or pick another output.dir") from None
+        time.sleep(launcher.POLL_S)
     handle.truncate(0)
-    handle.write(f"{os.getpid()} on {socket.gethostname()}\n")
+    handle.write(f"{os.getpid()} on {socket.gethostname()}"
+                 f"{f' (launcher {launcher.LAUNCHER})' if launcher.LAUNCHER is not None else ''}\n")
     handle.flush()
     return handle
+
+
+def _orphaned_holder(holder: str) -> int | None:
+    """The pid of a lock holder on this host that a torchrun launcher started and that has outlived it
+    (its parent is no longer that launcher), else None."""
+    match = re.fullmatch(r"(\d+) on (\S+) \(launcher (\d+)\)", holder)
+    if match is None or match[2] != socket.gethostname():
+        return None
+    try:
+        stat = Path(f"/proc/{match[1]}/stat").read_text()
+    except OSError:
+        return None
+    parent = int(stat.rpartition(")")[2].split()[1])
+    return int(match[1]) if parent != int(match[3]) else None

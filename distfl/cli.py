@@ -8,17 +8,19 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import launcher
 from .errors import ConfigError, DistflError, Interrupted
 from .faults import Failure, RunFailed, debug_enabled
 
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [--debug]
        distfl train --resume RUN_DIR [key=value ...] [--debug]
+       distfl train CONFIG --nproc N [key=value ...]     N ranks under torchrun, started by distfl
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl bench [--suite runtime|ffc|tct|cross-device|startup] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
-       distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
+       distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
-       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY]
+       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
        distfl --version
 Run under torchrun for several ranks:  torchrun --nproc_per_node=2 -m distfl train CONFIG"""
 
@@ -33,6 +35,8 @@ def _is_main_process() -> bool:
 def cmd_train(args) -> int:
     from .config import config_from_dict, dump_config, load_config
 
+    if args.nproc is not None and args.nproc != 1:
+        return _train_under_torchrun(args)
     if args.resume:
         if args.config is not None:
             raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
@@ -40,7 +44,9 @@ def cmd_train(args) -> int:
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a distfl run directory?")
-        base = _saved_config(saved)
+        from .config.resume import with_previous_defaults
+
+        base = with_previous_defaults(_saved_config(saved))
         base.setdefault("output", {})["dir"] = str(run_dir)
         cfg = config_from_dict(base, args.overrides, source=str(saved))
     else:
@@ -76,36 +82,31 @@ def _saved_config(saved: Path) -> dict:
     return base
 
 
+def _train_under_torchrun(args) -> int:
+    """`distfl train --nproc N`: torchrun with N ranks, started and signalled by distfl (distfl.launch)."""
+    from .launch import run_ranks, torchrun_command
+
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be a positive integer (ranks on this machine), got {args.nproc}")
+    if "RANK" in os.environ:
+        raise ConfigError("--nproc starts torchrun itself; under torchrun (or srun), leave it out")
+    if args.config is not None:
+        from .config import load_config
+
+        load_config(args.config, args.overrides)  # a bad config: one line here, before torchrun starts
+        target = [args.config]
+    else:
+        target = ["--resume", args.resume]
+    flags = [f for f, on in (("--overwrite", args.overwrite), ("--debug", args.debug),
+                             ("--print-config", args.print_config)) if on]
+    return run_ranks(torchrun_command(args.nproc, ["train", *target, *args.overrides, *flags]))
+
+
 def _print_result(summary: dict, cfg) -> None:
+    from .logging import result_lines
+
     if _is_main_process():
-        acc = summary["final_test_acc"]
-        best = f"{100 * summary['best_test_acc']:.2f}% at round {summary['best_round']}"
-        phases = list(summary.get("phases") or {})
-        # After a phase (TCT's stage 2, FFC) the final model is the phase's; `best_test_acc` stays the
-        # best over the training rounds before it, so say so rather than call it the run's best.
-        where = (f"after {' + '.join(phases)}; best of the {summary['rounds']} training rounds {best}"
-                 if phases else f"best {best}")
-        print(f"final test accuracy {100 * acc:.2f}% ({where}), {summary['rounds']} rounds in "
-              f"{summary['wall_s']:.1f}s; summary: {Path(cfg.output.dir) / 'summary.json'}")
-        clients = summary.get("final_client_acc")
-        if clients:
-            tuned = summary.get("client_finetune_epochs")
-            how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
-            how += f", the model after {' + '.join(phases)}" if phases else ""
-            print(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
-                  f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%")
-        privacy = summary.get("privacy")
-        if privacy:
-            print(guarantee_line(privacy))
-
-
-def guarantee_line(privacy: dict) -> str:
-    """A private run's guarantee, one line (the run's last; `distfl report`)."""
-    eps = privacy["epsilon"]
-    text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
-    return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
-            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
-            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})")
+        print("\n".join(result_lines(summary, Path(cfg.output.dir))))
 
 
 def cmd_calibrate(args) -> int:
@@ -178,7 +179,7 @@ SLURM_FLAGS = {"--partition": "partition", "--time": "time", "--nodes": "nodes",
                "--cpus-per-task": "cpus_per_task", "--mem-gb": "mem_gb", "--account": "account",
                "--qos": "qos", "--constraint": "constraint"}
 # Flags whose value may look like a `key=value` override and must stay with the flag.
-SWEEP_VALUE_FLAGS = {"--grid", "--slurm", "--seeds", "--executor", "--nproc", *SLURM_FLAGS}
+SWEEP_VALUE_FLAGS = {"--grid", "--zip", "--points", "--slurm", "--seeds", "--executor", "--nproc", *SLURM_FLAGS}
 
 
 def cmd_sweep(args) -> int:
@@ -197,14 +198,15 @@ def cmd_sweep(args) -> int:
             slurm[name] = value
     return run_sweep(args.config, fixed=args.overrides, grid_args=args.grid, seeds_arg=args.seeds,
                      executor=args.executor, nproc=args.nproc, slurm_args=slurm, wait=args.wait,
-                     dry_run=args.dry_run)
+                     dry_run=args.dry_run, points_arg=args.points, zip_args=args.zip)
 
 
 def cmd_report(args) -> int:
     from .report import main as report_main
 
     by = [k for k in args.by.split(",") if k] if args.by else None
-    return report_main(args.paths, out_dir=args.out, by=by)
+    metrics = [m.strip() for item in args.metric for m in item.split(",") if m.strip()]
+    return report_main(args.paths, out_dir=args.out, by=by, metrics=metrics, label=args.label)
 
 
 def _command_usage(command: str) -> str:
@@ -234,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--overwrite", action="store_true", help="replace a finished or partial run in output.dir")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="start N ranks here under torchrun, launched by distfl: Ctrl-C then checkpoints and "
+                        "exits 3 with one line (docs/faults.md)")
     p.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error "
                                                         "(also DISTFL_DEBUG=1); else it is saved in RUN_DIR/error.log")
     p.set_defaults(func=cmd_train)
@@ -272,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(overrides=[])
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="a config key and its values; repeat for more keys (the grid is their product)")
+    p.add_argument("--points", metavar="FILE",
+                   help="listed points: a YAML/JSON list of mappings of overrides, one a point, e.g. "
+                        "[{algorithm.name: fedavg, eval.finetune_epochs: 5}, {algorithm.name: ditto}]; "
+                        "the grid's product is taken with each")
+    p.add_argument("--zip", action="append", default=[], metavar="KEY=V1,V2",
+                   help="keys zipped, not multiplied: point i takes the i-th value of each --zip key")
     p.add_argument("--seeds", help="seeds of every grid point, e.g. 0,1,2 or 0-4 (default: the config's seed)")
     p.add_argument("--executor", choices=["local", "slurm"], help="where the runs go (default: local)")
     p.add_argument("--nproc", type=int, help="local: ranks per run (torchrun) (default 1)")
@@ -289,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  "SWEEP_DIR/report, or ./report for several paths)")
     p.add_argument("--by", metavar="KEY,KEY", help="group the runs by these config keys (default: the swept "
                                                    "keys, or the keys whose values differ between the runs)")
+    p.add_argument("--metric", action="append", default=[], metavar="NAME",
+                   help="a number of metrics.jsonl or summary.json to report (several allowed; the first is "
+                        "plotted); default: client_acc_mean, client_acc_p10, client_acc_min and test_acc when "
+                        "the runs evaluated clients, else test_acc")
+    p.add_argument("--label", action="append", default=[], metavar="'AUTO:TEXT'",
+                   help="rename a group in the figures, e.g. --label 'fedavg, finetune_epochs=5:FedAvg + FT'")
     p.set_defaults(func=cmd_report)
     for command, p in sub.choices.items():
         p.usage = _command_usage(command)
@@ -298,6 +315,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["calibrate"].epilog = ("key=value: only the FFC settings calibration.ridge, calibration.clients, "
                                        "calibration.batch_size; other keys: distfl train --resume RUN_DIR")
     return parser
+
+
+def _plain_config_warnings() -> None:
+    """A ConfigWarning (a key set that the run ignores) reaches the user as `distfl: warning: ...`: a
+    line about their config, not a source file and line of distfl; once per message (a sweep checks
+    the same key in every point) and on rank 0 only. Other warnings show as before."""
+    import warnings
+
+    from .config import ConfigWarning
+
+    show = warnings.showwarning
+    if getattr(show, "distfl_plain", False):
+        return
+    shown = set()
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning):
+            if _is_main_process() and str(message) not in shown:
+                shown.add(str(message))
+                print(f"distfl: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+            return
+        show(message, category, filename, lineno, file, line)
+
+    showwarning.distfl_plain = True
+    warnings.showwarning = showwarning
 
 
 def main(argv=None) -> int:
@@ -322,8 +364,14 @@ def main(argv=None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()
+    _plain_config_warnings()
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except Exception as exc:
+            if isinstance(exc, RunFailed) or not isinstance(exc, DistflError):  # not a refused input
+                launcher.exit_if_orphaned()  # a rendezvous broken by a dead torchrun: one line, not its error
+            raise
     except RunFailed as exc:
         if debug:
             traceback.print_exception(exc.original)
@@ -333,12 +381,18 @@ def main(argv=None) -> int:
     except Interrupted as exc:
         if _is_main_process():
             print(f"distfl: {exc}", file=sys.stderr)
-        return 3
+        # Under `distfl train --nproc`, distfl's launcher reports the stop (status 3); torchrun, seeing
+        # every rank exit 0, ends without its traceback.
+        return 0 if os.environ.get("DISTFL_LAUNCHER") == "distfl" else 3  # launch.LAUNCHER_ENV
     except DistflError as exc:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if _is_main_process():
+            from .federation.stopping import interrupted_line
+
+            print(f"distfl: {interrupted_line(exc)}", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:
         if debug:

@@ -150,6 +150,14 @@ def cuda_float32_numerics() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
+# How long the rendezvous of init_process_group waits for every rank to join (a rank whose peers never
+# come stops then, instead of after the collectives' bound), and how long a collective then waits for
+# the other ranks (one rank's round, or rank 0's checkpoint, may take far longer than another's). A
+# torchrun worker whose launcher dies stops sooner (distfl/launcher.py).
+RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+
+
 def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = True) -> DistContext:
     """Join the process group described by the environment, or run alone when there is none.
 
@@ -187,7 +195,11 @@ def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = Tr
     if world_size > 1:
         backend = choose_backend(use_cuda, local_world_size(os.environ), gpus)
         if not torch_dist.is_initialized():
-            torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
+            if hasattr(torch_dist, "set_timeout"):  # torch >= 2.6
+                torch_dist.init_process_group(backend=backend, timeout=RENDEZVOUS_TIMEOUT)
+                torch_dist.set_timeout(COLLECTIVE_TIMEOUT)
+            else:
+                torch_dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,6 +123,26 @@ def _peer_report(run_dir: Path, rank: int, since: float, in_collective: bool) ->
     return None
 
 
+# Modules whose frames are not a user's code: distfl's, the libraries it calls, Python's own.
+_NOT_USER = ("distfl", "torch", "numpy", "importlib", "runpy", "contextlib", "functools")
+
+
+def user_code(exc: BaseException) -> str:
+    """' (in FUNCTION of FILE:LINE)' when the error rose from code outside distfl, a plugin method or
+    model: the function distfl (or torch) called there, the hook, and the line in the user's file
+    that raised. '' when no frame of the traceback is a user's."""
+    frames = [(frame.f_code, frame.f_globals.get("__name__", ""), line)
+              for frame, line in traceback.walk_tb(exc.__traceback__)]
+    user = [(code, line) for code, module, line in frames
+            if module.split(".")[0] not in _NOT_USER and module.split(".")[0] not in sys.stdlib_module_names
+            and module != "__main__"]
+    if not user:
+        return ""
+    hook, (code, line) = user[0][0].co_name, user[-1]
+    return f" (in {hook} of {code.co_filename}:{line})" if code.co_name == hook else \
+        f" (in {hook}, at {code.co_filename}:{line} in {code.co_name})"
+
+
 def _log_name(rank: int) -> str:
     return "error.log" if rank == 0 else f"error.rank{rank}.log"
 
@@ -166,7 +187,7 @@ class Failure:
         else:
             what = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
             who = f"rank {rank}, " if world_size > 1 else ""
-            self.line = f"{who}{where}: {what}"
+            self.line = f"{who}{where}: {what}{user_code(exc)}"
         log = _save_traceback(exc, self.line, run_dir, rank)
         self.line += (f" (full traceback: {log})" if log else
                       " (the traceback could not be saved in the run directory: rerun with --debug to see it)")

@@ -1,45 +1,35 @@
-"""What a run writes (rank 0 only): metrics.jsonl, TensorBoard scalars, a progress display.
+"""What a run writes (rank 0 only): metrics.jsonl, the trackers of `output.trackers` (TensorBoard by
+default; MLflow, W&B: distfl/trackers.py), a progress display.
 
 metrics.jsonl has one JSON object per round, with `round` first. On resume, rows after the checkpoint's
 round are dropped (they are recomputed), so the file never holds a round twice; TensorBoard does the
-same through `purge_step`. At the end of a run, its flattened config and final metrics go to TensorBoard's
-HParams plugin, so the runs of a sweep can be compared in the HParams view.
+same through `purge_step`. Trackers get every number of the row under a namespaced tag (test/accuracy,
+train/lr, time/wall_s, ...: trackers.tag), the round's cohort size and update norm, and at the end of a
+run the config keys that differ from their defaults (with the run's name) and the final metrics, global
+and per-client (TensorBoard's HParams view).
 """
 from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
+from . import trackers as tracking
 from .checkpoint import atomic_write_text
 from .config import flatten_dict
 from .errors import CheckpointError
 from .faults import writing
 
-# metrics.jsonl key -> TensorBoard tag
-TB_TAGS = {
-    "test_acc": "test/accuracy",
-    "test_loss": "test/loss",
-    "client_acc_mean": "test/client_acc_mean",
-    "client_acc_std": "test/client_acc_std",
-    "client_acc_min": "test/client_acc_min",
-    "client_acc_p10": "test/client_acc_p10",
-    "train_loss": "train/loss",
-    "round_s": "time/round_s",
-    "samples_per_s": "time/samples_per_s",
-    "bytes_reduced": "comm/bytes_reduced",
-    "privacy_epsilon": "privacy/epsilon",
-    "privacy_clip_norm": "privacy/clip_norm",
-    "privacy_unclipped_fraction": "privacy/unclipped_fraction",
-}
+# metrics.jsonl key -> TensorBoard tag (the keys trackers.tag names explicitly)
+TB_TAGS = tracking.TAGS
 
 
 class RunLogger:
     def __init__(self, run_dir: Path, output_cfg, is_main: bool, start_round: int, total_rounds: int,
-                 resume_step: int | None = None):
-        """`resume_step`: rows after this step are dropped (default: start_round - 1)."""
+                 resume_step: int | None = None, params=None):
+        """`resume_step`: rows after this step are dropped (default: start_round - 1). `params`: the
+        global model's flat parameters, for the update norm of the first round."""
         self.active = is_main
         self.total = total_rounds
         self.start = start_round
@@ -48,20 +38,44 @@ class RunLogger:
         if self.mode == "auto":
             self.mode = "bar" if sys.stderr.isatty() else "log"
         self.last_eval = ""
-        self.writer = None
+        self.last_clients: dict = {}
+        self.trackers: list[tracking.Tracker] = []
+        self.status = "failed"  # until log_hparams, at the end of a run that completed
+        self.previous = None
         if not self.active:
             return
-        self.metrics_path = Path(run_dir) / "metrics.jsonl"
-        self.tb_dir = Path(run_dir) / "tb"
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
         resume_step = start_round - 1 if resume_step is None else resume_step
         self._truncate_after(resume_step)
         self.metrics_file = open(self.metrics_path, "a")
-        if output_cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        self.trackers = tracking.open_trackers(self.run_dir, output_cfg, resume_step + 1, self._params())
+        self.previous = params.clone() if params is not None and self.trackers else None
 
-            _quiet_tensorboard_thread()
-            with writing(self.tb_dir):
-                self.writer = SummaryWriter(str(self.tb_dir), purge_step=resume_step + 1)
+    @property
+    def tracking(self) -> bool:
+        """Whether any tracker listens (rank 0 only): the runner then measures the update norm."""
+        return bool(self.trackers)
+
+    @property
+    def writer(self):
+        """TensorBoard's SummaryWriter, where output.trackers has it (None otherwise)."""
+        return next((t.writer for t in self.trackers if isinstance(t, tracking.TensorBoard)), None)
+
+    def _params(self, config: dict | None = None) -> dict:
+        """The HParams columns: keys that differ from their defaults, the keys that name a run, the run's name."""
+        from .config import config_to_dict
+        from .schema import Config
+
+        if config is None:
+            try:
+                import yaml
+
+                config = yaml.safe_load((self.run_dir / "config.yaml").read_text()) or {}
+            except (OSError, ValueError):
+                config = {}
+        defaults = flatten_dict(config_to_dict(Config()))
+        return {"run": tracking.run_name(self.run_dir), **tracking.hparams(flatten_dict(config), defaults)}
 
     def _truncate_after(self, last_round: int) -> None:
         if not self.metrics_path.exists():
@@ -78,33 +92,49 @@ class RunLogger:
                                       "repair or remove that line to resume") from None
             if row["round"] <= last_round:
                 rows.append(line)
+                self.last_clients = {k: v for k, v in row.items() if k.startswith("client_acc_")} or self.last_clients
         atomic_write_text("".join(row + "\n" for row in rows), self.metrics_path)
 
-    def log_round(self, row: dict, extra_scalars: dict | None = None) -> None:
+    def log_round(self, row: dict, extra_scalars: dict | None = None, trainer=None) -> None:
+        """A round's row to metrics.jsonl; it and `extra_scalars` to the trackers, with (given the
+        `trainer`) the round's cohort size and the norm of the global model's change."""
         if not self.active:
             return
         self._write_row(row)
-        with writing(self.tb_dir):
-            if self.writer is not None:
-                for key, value in {**row, **(extra_scalars or {})}.items():
-                    if key != "round" and isinstance(value, (int, float)):
-                        self.writer.add_scalar(TB_TAGS.get(key, key), value, row["round"])
+        if trainer is not None and self.trackers:
+            extra_scalars = {**self._round_extras(trainer, row["round"]), **(extra_scalars or {})}
+        self._scalars({tracking.tag(k): v for k, v in {**row, **(extra_scalars or {})}.items() if k != "round"},
+                      row["round"])
         if "test_acc" in row:
             self.last_eval = f"acc {100 * row['test_acc']:.2f}% (round {row['round']})"
             if "client_acc_mean" in row:
                 self.last_eval += f", clients {100 * row['client_acc_mean']:.2f}% mean"
+                self.last_clients = {k: v for k, v in row.items() if k.startswith("client_acc_")}
         self._progress(row)
+
+    def _round_extras(self, trainer, t: int) -> dict:
+        import torch
+
+        cfg, params = trainer.cfg, trainer.global_params
+        extras = {"cohort_size": len(trainer.population.cohort(cfg.seed, t, cfg.train.clients_per_round,
+                                                                cfg.train.cohort))}
+        if self.previous is not None:
+            extras["update_norm"] = float(torch.linalg.vector_norm(params - self.previous))
+        self.previous = params.clone()
+        return extras
+
+    def _scalars(self, values: dict, step: int) -> None:
+        numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for tracker in self.trackers:
+            tracker.scalars(numbers, step)
 
     def log_phase(self, row: dict) -> None:
         """A row from a phase after training (e.g. calibration): `round` is its checkpoint step and
-        `phase` its name; written to metrics.jsonl and TensorBoard, announced on stderr."""
+        `phase` its name; written to metrics.jsonl and the trackers, announced on stderr."""
         if not self.active:
             return
         self._write_row(row)
-        if self.writer is not None:
-            for key, value in row.items():
-                if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.writer.add_scalar(f"{row['phase']}/{key}", value, row["round"])
+        self._scalars({f"{row['phase']}/{k}": v for k, v in row.items() if k != "round"}, row["round"])
 
     def _write_row(self, row: dict) -> None:
         with writing(self.metrics_path):
@@ -112,19 +142,17 @@ class RunLogger:
             self.metrics_file.flush()
 
     def log_hparams(self, config: dict, final: dict, step: int) -> None:
-        """The run's config (dotted keys) and its final metrics (`hparams/<name>` scalars at `step`)."""
-        if self.writer is None:
+        """The run's config (the HParams columns: `_params`) and its final metrics (`hparams/<name>`
+        scalars at `step`; the per-client ones from the last evaluation that had them)."""
+        if not self.active:
             return
-        from torch.utils.tensorboard.summary import hparams
-
-        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
-                  for k, v in flatten_dict(config).items()}
-        metrics = {f"hparams/{k}": float(v) for k, v in final.items() if v is not None}
-        writer = self.writer.file_writer  # the hparams summaries go into the run's own event file
-        for summary in hparams(values, metrics):
-            writer.add_summary(summary)
-        for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, step)
+        metrics = {k: float(v) for k, v in final.items() if v is not None}
+        for key, value in self.last_clients.items():
+            metrics.setdefault(f"final_{key}", float(value))
+        params = self._params(config)
+        for tracker in self.trackers:
+            tracker.hparams(params, metrics, step)
+        self.status = "completed"
 
     def _progress(self, row: dict) -> None:
         t = row["round"]
@@ -132,7 +160,7 @@ class RunLogger:
         elapsed = time.time() - self.t0
         eta = elapsed / done * (self.total - t)
         text = (f"round {t}/{self.total}  train loss {row['train_loss']:.4f}  {self.last_eval}  "
-                f"{row['round_s']:.2f}s/round  eta {_clock(eta)}")
+                f"{row['round_s']:.2f}s/round  eta {clock(eta)}")
         if self.mode == "bar":
             width = 24
             filled = int(width * t / self.total)
@@ -150,32 +178,63 @@ class RunLogger:
             print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Close both, and raise the first OSError (named) after trying both."""
-        if self.active:
+        """Close metrics.jsonl and every tracker, and raise the first OSError (named) after trying all."""
+        if not self.active:
+            return
+        errors = []
+        try:
+            with writing(self.metrics_path):
+                self.metrics_file.close()
+        except OSError as exc:
+            errors.append(exc)
+        for tracker in self.trackers:
             try:
-                with writing(self.metrics_path):
-                    self.metrics_file.close()
-            finally:
-                if self.writer is not None:
-                    with writing(self.tb_dir):
-                        self.writer.close()
+                tracker.close(self.status)
+            except Exception as exc:  # every tracker is closed; the first error is raised
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
-def _quiet_tensorboard_thread() -> None:
-    """TensorBoard writes from a thread, which re-raises a failed write (a full disk) in the next call
-    of ours; the thread's own dying print would put a traceback beside distfl's one line."""
-    previous = threading.excepthook
-    if getattr(previous, "distfl", False):
-        return
-
-    def hook(args):
-        if not (type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError)):
-            previous(args)
-
-    hook.distfl = True
-    threading.excepthook = hook
-
-
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def result_lines(summary: dict, run_dir: Path) -> list[str]:
+    """What a finished run prints (`distfl train`, each point of a local sweep): the final and best test
+    accuracy, the per-client accuracy where clients were evaluated, the privacy guarantee."""
+    acc = summary["final_test_acc"]
+    best = f"{100 * summary['best_test_acc']:.2f}% at round {summary['best_round']}" \
+        if summary.get("best_test_acc") is not None else "no evaluation"
+    phases = list(summary.get("phases") or {})
+    # After a phase (TCT's stage 2, FFC) the final model is the phase's; `best_test_acc` stays the
+    # best over the training rounds before it, so say so rather than call it the run's best.
+    where = (f"after {' + '.join(phases)}; best of the {summary['rounds']} training rounds {best}"
+             if phases else f"best {best}")
+    final = f"{100 * acc:.2f}%" if acc is not None else "none"
+    lines = [f"final test accuracy {final} ({where}), {summary['rounds']} rounds in "
+             f"{summary['wall_s']:.1f}s; summary: {Path(run_dir) / 'summary.json'}"]
+    clients = summary.get("final_client_acc")
+    if clients:
+        tuned = summary.get("client_finetune_epochs")
+        how = f", each client's model fine-tuned {tuned} epoch(s) first" if tuned else ""
+        how += f", the model after {' + '.join(phases)}" if phases else ""
+        lines.append(f"per-client accuracy (eval.clients{how}): mean {100 * clients['mean']:.2f}%, std "
+                     f"{100 * clients['std']:.2f}%, min {100 * clients['min']:.2f}%, p10 {100 * clients['p10']:.2f}%"
+                     + (f", sample-weighted mean {100 * clients['weighted_mean']:.2f}%" if "weighted_mean" in clients
+                        else "")
+                     + (f"; {summary['clients_never_sampled']} client(s) never sampled"
+                        if summary.get("clients_never_sampled") else ""))
+    if summary.get("privacy"):
+        lines.append(guarantee_line(summary["privacy"]))
+    return lines
+
+
+def guarantee_line(privacy: dict) -> str:
+    """A private run's guarantee, one line (the run's last; `distfl report`)."""
+    eps = privacy["epsilon"]
+    text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
+    return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
+            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
+            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})")

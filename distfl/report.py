@@ -1,34 +1,41 @@
-"""`distfl report SWEEP_DIR|RUN_DIR ...`: one table and two plots for a sweep.
+"""`distfl report SWEEP_DIR|RUN_DIR ...`: one table and a set of figures for a sweep.
 
-Runs are grouped by the keys given with --by, or else the swept keys (from SWEEP_DIR/sweep.json), or
-else every config key whose value differs between the runs, leaving out seed, output.*, checkpoint.*,
-runtime.* and keys no run reads; where a method option (algorithm.options.*) is one of them and the
-runs' methods differ, algorithm.name too. A run whose method does not read a grouping key (a method
-option it does not declare; partition.alpha of an iid split: its declared `applies`) shows "-" for it and
-groups as if the key were absent. Per group, over
-its completed runs (one per seed): final and best test accuracy, mean and sample standard deviation
-(n-1; empty for a single run). Written to OUT/report.md, OUT/report.csv (fractions, not percent),
-OUT/acc_vs_round.png and OUT/acc_vs_time.png (test accuracy against round and against wall time,
-one line per group: the mean over its runs, a band of one standard deviation).
+Runs are grouped by the keys given with --by, or else by every config key whose value differs between
+the runs (and the swept keys of SWEEP_DIR/sweep.json), leaving out seed, output.*, checkpoint.*, runtime.*
+and keys no run reads; where a method option (algorithm.options.*) is one of them and the runs' methods
+differ, algorithm.name too. A run whose method does not read a grouping key (a method option it does
+not declare; partition.alpha of an iid split: its declared `applies`) shows "-" for it and groups as if the
+key were absent. A seed found in two reported directories of one group counts once, with a warning.
+
+The metrics (--metric NAME, several allowed) are any number a run logs in metrics.jsonl (its final value:
+the summary's final_NAME where the summary has one, else the last logged value) or any scalar of
+summary.json (nested keys dotted: final_client_acc.p10, privacy.epsilon). By default: the per-client
+mean accuracy with its p10 and minimum across clients, and the global test accuracy, when the runs
+evaluated clients (eval.clients); the global test accuracy otherwise. Per group, over its completed runs
+(one per seed): the mean and sample standard deviation (n-1; empty for a single run) of each metric.
+
+Written to OUT/report.md, OUT/report.csv (fractions, not percent) and the figures of the first metric
+(distfl.figures): against round, wall time and, where the runs logged it, simulated time.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
-import math
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import OPTIONS_KEY, key_applies
+from .config import OPTIONS_KEY, flatten_dict, key_applies
 from .config.renamed import current_key
 from .config.resume import saved_values
 from .errors import DistflError
+from .figures import is_fraction, plot_all
 
 IGNORED_PREFIXES = ("seed", "output.", "checkpoint.", "runtime.")
 SKIP_DIRS = {"tb", "checkpoints", "client_state", "slurm-logs", "report"}
+CLIENT_METRICS = ["client_acc_mean", "client_acc_p10", "client_acc_min"]
 
 
 @dataclass
@@ -44,6 +51,37 @@ class Run:
 
     def evals(self) -> list[dict]:
         return [r for r in self.rows if r.get("test_acc") is not None]
+
+    def logged(self, name: str) -> list[dict]:
+        """The metrics.jsonl rows that hold a number for `name`."""
+        return [r for r in self.rows if _number(r.get(name))]
+
+    def summary_scalars(self) -> dict:
+        """summary.json's numbers, nested keys dotted (final_client_acc.mean)."""
+        return {k: v for k, v in flatten_dict(self.summary or {}).items() if _number(v)}
+
+    def final(self, name: str) -> float | None:
+        """The run's final value of metric `name`: the summary's (final_test_acc, final_client_acc's
+        entry, final_NAME, NAME) where it has one, else the last value metrics.jsonl holds."""
+        s = self.summary or {}
+        if name == "test_acc" and "final_test_acc" in s:
+            return s["final_test_acc"]
+        if name.startswith("client_acc_") and "final_client_acc" in s:
+            return (s["final_client_acc"] or {}).get(name[len("client_acc_"):])
+        scalars = self.summary_scalars()
+        for key in (f"final_{name}", name):
+            if key in scalars:
+                return scalars[key]
+        rows = self.logged(name)
+        return rows[-1][name] if rows else None
+
+    def best(self, name: str) -> float | None:
+        """The best test accuracy (the summary's best_test_acc): only for test_acc."""
+        return (self.summary or {}).get("best_test_acc") if name == "test_acc" else None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_run(path: Path) -> bool:
@@ -105,7 +143,7 @@ def load_run(run_dir: Path) -> Run:
 
 
 def swept_keys(runs: list[Run], roots) -> list[str]:
-    """The grid keys of the sweep(s) in `roots`, or the config keys whose values differ between runs."""
+    """The grid keys of the sweep(s) in `roots`, then the config keys whose values differ between runs."""
     keys = []
     for root in map(Path, roots):
         try:
@@ -113,11 +151,33 @@ def swept_keys(runs: list[Run], roots) -> list[str]:
         except (OSError, ValueError):
             continue
         keys += [k for k in record.get("swept_keys", []) if k not in keys]
-    if keys:
-        return keys
     all_keys = sorted({k for r in runs for k in r.config})
-    return [k for k in all_keys if not k.startswith(IGNORED_PREFIXES) and any(key_applies(k, r.config) for r in runs)
-            and len({json.dumps(r.config.get(k)) for r in runs}) > 1]
+    # A method's option differs only if it does among the runs whose method has it (ditto's lam beside fedavg
+    # runs, which have no lam, is no grouping key while every ditto run has the same).
+    differ = [k for k in all_keys if not k.startswith(IGNORED_PREFIXES) and any(key_applies(k, r.config) for r in runs)
+              and len({json.dumps(r.config.get(k)) for r in runs
+                       if k in r.config or not k.startswith(OPTIONS_KEY + ".")}) > 1]
+    return keys + [k for k in differ if k not in keys]
+
+
+def default_metrics(runs: list[Run]) -> list[str]:
+    """Per-client accuracy (mean, p10, min) and global test accuracy where a run evaluated its clients;
+    global test accuracy otherwise."""
+    if any(r.logged("client_acc_mean") or (r.summary or {}).get("final_client_acc") for r in runs):
+        return [*CLIENT_METRICS, "test_acc"]
+    return ["test_acc"]
+
+
+def check_metrics(names: list[str], runs: list[Run]) -> None:
+    known = sorted({k for r in runs for row in r.rows for k, v in row.items() if _number(v) and k != "round"}
+                   | {k for r in runs for k in r.summary_scalars()})
+    unknown = [n for n in names if n not in known and not any(r.final(n) is not None for r in runs)]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise DistflError(f"--metric {unknown[0]}: no run logs this number; {hint}the runs have: {', '.join(known)}")
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -126,8 +186,28 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def summarise(runs: list[Run], keys: list[str]) -> list[dict]:
+def merge_seeds(members: list[Run], label: str, warn) -> list[Run]:
+    """One run per seed: a seed found in several directories (a sweep reported beside a copy of its runs)
+    counts once, the completed run with most rows first, and `warn` says which."""
+    by_seed: dict = {}
+    for run in members:
+        by_seed.setdefault(run.config.get("seed"), []).append(run)
+    kept = []
+    for seed, found in by_seed.items():
+        found = sorted(found, key=lambda r: (r.status != "completed", -len(r.rows)))
+        kept.append(found[0])
+        if len(found) > 1:
+            hashes = {(r.summary or {}).get("model_sha256") for r in found if r.status == "completed"}
+            same = "the same model_sha256" if len(hashes) == 1 and None not in hashes else "different results"
+            warn(f"seed {seed} of {label} is in {len(found)} directories ({', '.join(str(r.dir) for r in found)}; "
+                 f"{same}): counted once, from {found[0].dir}")
+    return [r for r in members if r in kept]
+
+
+def summarise(runs: list[Run], keys: list[str], metrics: list[str] | None = None, warn=None) -> list[dict]:
     """One row per group of runs with equal values of `keys`, in order of first appearance."""
+    metrics = metrics or ["test_acc"]
+    warn = warn or (lambda message: None)
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         # A key the run does not read (a method option of another method) groups as absent, shown "-".
@@ -135,14 +215,19 @@ def summarise(runs: list[Run], keys: list[str]) -> list[dict]:
                           []).append(run)
     rows = []
     for values, members in groups.items():
+        row = dict(zip(keys, values))
+        members = merge_seeds(members, _label(row, keys, members) or "the runs", warn)
         done = [r for r in members if r.status == "completed"]
-        final = [r.summary["final_test_acc"] for r in done if r.summary.get("final_test_acc") is not None]
-        best = [r.summary["best_test_acc"] for r in done if r.summary.get("best_test_acc") is not None]
-        fm, fs = _mean_std(final)
-        bm, bs = _mean_std(best)
+        stats = {}
+        for name in metrics:
+            finals = [v for v in (r.final(name) for r in done) if v is not None]
+            bests = [v for v in (r.best(name) for r in done) if v is not None]
+            stats[name] = {"final": _mean_std(finals), "n": len(finals), "best": _mean_std(bests)}
+        fm, fs = _mean_std([r.summary["final_test_acc"] for r in done if r.summary.get("final_test_acc") is not None])
+        bm, bs = _mean_std([r.summary["best_test_acc"] for r in done if r.summary.get("best_test_acc") is not None])
         wm, _ = _mean_std([r.summary["wall_s"] for r in done if r.summary.get("wall_s") is not None])
         rows.append({
-            **dict(zip(keys, values)),
+            **row,
             "runs": len(members),
             "completed": len(done),
             "diverged": sum(r.status == "diverged" for r in members),
@@ -152,16 +237,19 @@ def summarise(runs: list[Run], keys: list[str]) -> list[dict]:
             "rounds": max((r.summary.get("rounds") or 0 for r in done), default=None),
             "wall_s_mean": wm,
             "epsilon": _privacy(done),
+            "metrics": stats,
             "_runs": members,
         })
     return rows
 
 
 def grouping_keys(runs: list[Run], keys: list[str]) -> list[str]:
-    """`keys`, with algorithm.name first where a method option is among them and the runs' methods
-    differ: a baseline without that option (fedavg beside a plugin) is then its own group, named."""
-    if (any(k.startswith(OPTIONS_KEY + ".") for k in keys) and "algorithm.name" not in keys
-            and len({r.config.get("algorithm.name") for r in runs}) > 1):
+    """`keys`, with algorithm.name first where it is among them, or where a method option is and the
+    runs' methods differ: a baseline without that option (fedavg beside a plugin) is then its own group,
+    named."""
+    if "algorithm.name" in keys:
+        return ["algorithm.name", *(k for k in keys if k != "algorithm.name")]
+    if any(k.startswith(OPTIONS_KEY + ".") for k in keys) and len({r.config.get("algorithm.name") for r in runs}) > 1:
         return ["algorithm.name", *keys]
     return keys
 
@@ -181,30 +269,92 @@ def _privacy(runs: list[Run]) -> str | None:
     eps = f"{max(finite):.3g}" if len(finite) == len(found) else "inf"
     return f"{eps} ({max(p['delta'] for p in found):g})"
 
-
-def _label(row: dict, keys: list[str]) -> str:
+def _label(row: dict, keys: list[str], runs: list[Run] | None = None, common: dict | None = None) -> str:
+    """A short name for a group: its values of the keys that differ, each key by its last part
+    (algorithm.name by the method's name alone; a plugin `pkg.mod:Class` by Class). A value in
+    `common` (key -> the value most groups share) is left out: the groups it would name differ
+    elsewhere, and the others show their own value of that key."""
     if not keys:
-        runs = row["_runs"]
-        return str(runs[0].config.get("algorithm.name", "runs"))
-    return ", ".join(f"{k}={row[k]}" for k in keys if _cell(row, k) != "-")
+        return str((runs or row["_runs"])[0].config.get("algorithm.name", "runs"))
+    # The key's last part, or its last two where the last alone says little (calibration.method).
+    short = {k: ".".join(k.split(".")[-2 if k.rsplit(".", 1)[-1] in ("name", "method", "mode") else -1:])
+             for k in keys}
+    repeated = {s for s in short.values() if list(short.values()).count(s) > 1}
+    parts = []
+    for k in keys:
+        if row[k] is None:
+            continue
+        if k == "algorithm.name":
+            parts.append(str(row[k]).rsplit(":", 1)[-1])
+        elif k not in (common or {}) or json.dumps(row[k]) != common[k]:
+            parts.append(f"{k if short[k] in repeated else short[k]}={row[k]}")
+    return ", ".join(parts) or "(the most common values)"
 
 
-def _pct(mean, std) -> str:
+def _common_values(rows: list[dict], keys: list[str]) -> dict:
+    """key -> the value (JSON) that more groups have than any other value of it."""
+    from collections import Counter
+
+    common = {}
+    for k in keys:
+        counts = Counter(json.dumps(row[k]) for row in rows if row[k] is not None).most_common(2)
+        if counts and (len(counts) == 1 or counts[0][1] > counts[1][1]):
+            common[k] = counts[0][0]
+    return common
+
+
+def labels(rows: list[dict], keys: list[str], renames: dict | None = None) -> list[str]:
+    """Each row's label; `renames` (automatic label -> text, from --label) overrides some."""
+    common = _common_values(rows, keys) if len(rows) > 2 else {}
+    auto = [_label(row, keys, common=common) for row in rows]
+    unknown = [a for a in (renames or {}) if a not in auto]
+    if unknown:
+        raise DistflError(f"--label {unknown[0]!r}: no group has this label; the labels are: "
+                          + "; ".join(repr(a) for a in auto))
+    return [(renames or {}).get(a, a) for a in auto]
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    """`--label "AUTOMATIC LABEL:TEXT"` (split at the last colon)."""
+    auto, sep, new = text.rpartition(":")
+    if not sep or not auto.strip() or not new.strip():
+        raise DistflError(f"--label {text!r}: expected AUTOMATIC LABEL:NEW TEXT, e.g. "
+                          "--label 'fedavg, finetune_epochs=5:FedAvg + FT'")
+    return auto.strip(), new.strip()
+
+
+def _pct(mean, std, metric: str = "test_acc") -> str:
     if mean is None:
         return "-"
+    if not is_fraction(metric):
+        return f"{mean:.4g}" + (f" ± {std:.2g}" if std is not None else "")
     return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std is not None else "")
 
 
-def to_markdown(rows: list[dict], keys: list[str], runs: list[Run]) -> str:
+def _n_cell(stat: dict, completed: int) -> str:
+    return "" if stat["n"] == completed else f" (n={stat['n']})"
+
+
+def to_markdown(rows: list[dict], keys: list[str], runs: list[Run], metrics: list[str] | None = None) -> str:
+    metrics = metrics or ["test_acc"]
     private = any(row["epsilon"] for row in rows)
-    head = [*keys, "seeds", "final acc % (mean ± std)", "best acc % (mean ± std)", "rounds", "wall s (mean)"]
-    head += ["user-level epsilon (delta)"] if private else []
+    head = [*keys, "seeds"]
+    for name in metrics:
+        unit = " %" if is_fraction(name) else ""
+        head.append(f"final {name}{unit} (mean ± std)")
+        if name == "test_acc":
+            head.append(f"best test_acc{unit} (mean ± std)")
+    head += ["rounds", "wall s (mean)"] + (["user-level epsilon (delta)"] if private else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [_cell(row, k) for k in keys]
-        n = f"{row['completed']}" + (f" of {row['runs']}" if row["completed"] != row["runs"] else "")
-        cells += [n, _pct(row["final_acc_mean"], row["final_acc_std"]), _pct(row["best_acc_mean"], row["best_acc_std"]),
-                  str(row["rounds"] if row["rounds"] is not None else "-"),
+        cells.append(f"{row['completed']}" + (f" of {row['runs']}" if row["completed"] != row["runs"] else ""))
+        for name in metrics:
+            stat = row["metrics"][name]
+            cells.append(_pct(*stat["final"], name) + _n_cell(stat, row["completed"]))
+            if name == "test_acc":
+                cells.append(_pct(*stat["best"], name))
+        cells += [str(row["rounds"] if row["rounds"] is not None else "-"),
                   f"{row['wall_s_mean']:.1f}" if row["wall_s_mean"] is not None else "-"]
         cells += [row["epsilon"] or "no DP"] if private else []
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -219,73 +369,22 @@ CSV_COLUMNS = ["runs", "completed", "diverged", "seeds", "final_acc_mean", "fina
                "best_acc_std", "rounds", "wall_s_mean"]
 
 
-def to_csv(rows: list[dict], keys: list[str]) -> str:
+def to_csv(rows: list[dict], keys: list[str], metrics: list[str] | None = None) -> str:
+    """The legacy columns (final_acc_* and best_acc_*: global test accuracy), then per metric NAME
+    NAME.mean, NAME.std (over completed runs) and NAME.n (how many of them logged it)."""
+    metrics = metrics or []
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     columns = CSV_COLUMNS + (["epsilon"] if any(row["epsilon"] for row in rows) else [])
-    writer.writerow([*keys, *columns])
+    writer.writerow([*keys, *columns, *(f"{m}.{s}" for m in metrics for s in ("mean", "std", "n"))])
     for row in rows:
-        writer.writerow(["" if row[k] is None else row[k] for k in keys] +
-                        ["" if row[c] is None else row[c] for c in columns])
+        stats = [v for m in metrics for v in (*row["metrics"][m]["final"], row["metrics"][m]["n"])]
+        writer.writerow(["" if v is None else v for v in [*(row[k] for k in keys), *(row[c] for c in columns), *stats]])
     return buf.getvalue()
 
 
-def curves(row: dict) -> dict | None:
-    """Mean (and std) test accuracy of a group at the eval rounds that all its runs reached."""
-    runs = [r for r in row["_runs"] if r.status == "completed" and r.evals()] or \
-        [r for r in row["_runs"] if r.evals()]
-    if not runs:
-        return None
-    by_run = [{e["round"]: e for e in r.evals()} for r in runs]
-    rounds = sorted(set.intersection(*(set(b) for b in by_run)))
-    if not rounds:
-        return None
-    acc = [[b[t]["test_acc"] for b in by_run] for t in rounds]
-    wall = [[b[t].get("wall_s", math.nan) for b in by_run] for t in rounds]
-    return {
-        "round": rounds,
-        "acc": [statistics.fmean(a) for a in acc],
-        "acc_std": [statistics.stdev(a) if len(a) > 1 else 0.0 for a in acc],
-        "wall_s": [statistics.fmean(w) for w in wall],
-    }
-
-
-def plot(rows: list[dict], keys: list[str], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    for x_key, x_label, name in (("round", "round", "acc_vs_round.png"), ("wall_s", "wall time (s)", "acc_vs_time.png")):
-        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-        for row in rows:
-            c = curves(row)
-            if c is None:
-                continue
-            n = len([r for r in row["_runs"] if r.status == "completed"])
-            x = c[x_key]
-            y = [100 * a for a in c["acc"]]
-            line, = ax.plot(x, y, marker="o", markersize=3, label=f"{_label(row, keys)} (n={n})")
-            if any(s > 0 for s in c["acc_std"]):
-                ax.fill_between(x, [v - 100 * s for v, s in zip(y, c["acc_std"])],
-                                [v + 100 * s for v, s in zip(y, c["acc_std"])], color=line.get_color(), alpha=0.15)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("test accuracy (%)")
-        ax.set_title(f"test accuracy against {x_label} (mean over seeds)")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
-    return written
-
-
-def main(paths, out_dir=None, stdout=None, by=None) -> int:
-    stdout = stdout or sys.stdout
+def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, stderr=None) -> int:
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     run_dirs = find_runs(paths)
     runs = [load_run(d) for d in run_dirs]
     if by:
@@ -294,8 +393,16 @@ def main(paths, out_dir=None, stdout=None, by=None) -> int:
         if unknown:
             raise DistflError(f"--by {', '.join(unknown)}: no run's config.yaml has this key "
                               "(keys are dotted, e.g. algorithm.name)")
-    keys = list(by) if by else grouping_keys(runs, [current_key(k) for k in swept_keys(runs, paths)])
-    rows = summarise(runs, keys)
+    metrics = list(dict.fromkeys(metrics)) if metrics else default_metrics(runs)
+    check_metrics(metrics, runs)
+    renames = dict(parse_label(t) for t in label or ())
+    keys = list(by) if by else grouping_keys(runs, list(dict.fromkeys(map(current_key, swept_keys(runs, paths)))))
+
+    def warn(message):
+        print(f"distfl report: warning: {message}", file=stderr, flush=True)
+
+    rows = summarise(runs, keys, metrics, warn)
+    names = labels(rows, keys, renames)
     if out_dir is None:
         out_dir = Path(paths[0]) / "report" if len(paths) == 1 else Path("report")
     out_dir = Path(out_dir)
@@ -304,14 +411,16 @@ def main(paths, out_dir=None, stdout=None, by=None) -> int:
     except ImportError:
         raise DistflError("distfl report draws its plots with matplotlib: pip install matplotlib") from None
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = to_markdown(rows, keys, runs)
+    markdown = to_markdown(rows, keys, runs, metrics)
+    plotted = next((m for m in metrics if any(r.logged(m) for r in runs)), None)
+    figs = plot_all(rows, names, plotted, out_dir) if plotted else []
+    images = "".join(f"\n![{f.caption}]({f.path.name})\n\n{f.caption}\n" for f in figs)
     (out_dir / "report.md").write_text(f"# Report: {', '.join(map(str, paths))}\n\n{len(runs)} runs, grouped by "
-                                       f"{', '.join(keys) or '(nothing swept)'}.\n\n" + markdown +
-                                       "\n![accuracy against round](acc_vs_round.png)\n"
-                                       "![accuracy against wall time](acc_vs_time.png)\n")
-    (out_dir / "report.csv").write_text(to_csv(rows, keys))
-    plots = plot(rows, keys, out_dir)
+                                       f"{', '.join(keys) or '(nothing swept)'}.\n\n" + markdown + images)
+    (out_dir / "report.csv").write_text(to_csv(rows, keys, metrics))
     print(markdown, file=stdout)
+    written = [p for f in figs for p in f.files]
     print(f"distfl report: {len(runs)} runs in {len(rows)} groups; wrote {out_dir / 'report.md'}, "
-          f"{out_dir / 'report.csv'}, {', '.join(str(p) for p in plots)}", file=stdout)
+          f"{out_dir / 'report.csv'}" + (f" and {len(written)} figure files ({', '.join(p.name for p in written)})"
+                                         if written else ""), file=stdout)
     return 0

@@ -107,6 +107,14 @@ def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ..
     return one, on_two, resumed
 
 
+def assert_refused(config: Path, run: Path, overrides, says: str) -> None:
+    """`distfl train` refuses `overrides` before any work: exit 2, one line naming `says`, no run dir."""
+    proc = run_cli(["train", str(config), f"output.dir={run}", *overrides])
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not run.exists()
+
+
 def record_client_models(trainer) -> list:
     """Wrap the algorithm's client_statistics to record (client model after local training, aggregation
     weight) of every client of a round, in the order the clients ran."""

@@ -9,7 +9,7 @@ import torch
 from conftest import metrics, run_cli, summary, train_ok, write_config
 from distfl.data.client_test import class_quota, client_test_sets
 
-STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10")
+STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10", "client_acc_weighted_mean")
 
 
 # ---- local test sets -------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def test_client_statistics_recomputed_independently_with_fedbn(tmp_path):
 
     alg, worker = trainer.algorithm, trainer.worker
     sets = client_test_sets(trainer.population.class_counts, trainer.data.test_y.numpy(), 0, cfg.seed)
-    accuracies, own = [], 0
+    accuracies, own, hits, samples = [], 0, 0, 0
     for client, idx in enumerate(sets):
         params, buffers = trainer.global_params.clone(), trainer.global_buffers.clone()
         state = trainer.store.peek(client)
@@ -89,11 +89,17 @@ def test_client_statistics_recomputed_independently_with_fedbn(tmp_path):
         worker.module.eval()
         with torch.no_grad():
             logits = worker.module(trainer.data.test_x[torch.from_numpy(idx)])
-        accuracies.append(float((logits.argmax(1) == trainer.data.test_y[torch.from_numpy(idx)]).double().mean()))
+        correct = logits.argmax(1) == trainer.data.test_y[torch.from_numpy(idx)]
+        accuracies.append(float(correct.double().mean()))
+        hits, samples = hits + int(correct.sum()), samples + len(idx)
     assert own == 3  # the first cohort has its own BatchNorm, the other five use the global one
     acc = torch.tensor(accuracies, dtype=torch.float64)
     expected = {"client_acc_mean": acc.mean(), "client_acc_std": acc.std(unbiased=False),
-                "client_acc_min": acc.min(), "client_acc_p10": torch.quantile(acc, 0.1)}
+                "client_acc_min": acc.min(), "client_acc_p10": torch.quantile(acc, 0.1),
+                # the pooled (sample-weighted) mean: the clients' test sets differ in size
+                "client_acc_weighted_mean": torch.tensor(hits / samples, dtype=torch.float64)}
+    assert len({len(idx) for idx in sets}) > 1 and hits / samples != float(acc.mean())
+    assert got["clients_never_sampled"] == 5  # 8 clients, a cohort of 3 in the one round run
     for key, value in expected.items():
         assert got[key] == pytest.approx(float(value), rel=1e-12, abs=1e-15), key
     # The global model on the pooled test set is reported beside it, unchanged.
@@ -116,6 +122,10 @@ def test_client_eval_one_rank_equals_two_ranks(tmp_path):
         key.removeprefix("client_acc_"): rows["one"][-1][key] for key in STATISTICS}
     assert two["collectives"]["calls"]["eval"] == 2  # still one all_reduce per evaluation
     assert one["model_sha256"] == two["model_sha256"] == disk["model_sha256"]
+    # 8 clients, cohorts of 3 in rounds 1 and 2: the clients neither drew, from the cohorts' seeds
+    cohorts = [set(trainer_cohort) for trainer_cohort in _cohorts(cfg, tmp_path, 2)]
+    assert [r["clients_never_sampled"] for r in rows["one"]] == [8 - len(cohorts[0]), 8 - len(cohorts[0] | cohorts[1])]
+    assert one["clients_never_sampled"] == two["clients_never_sampled"] == 8 - len(cohorts[0] | cohorts[1])
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -126,9 +136,21 @@ def test_client_eval_one_rank_equals_two_ranks(tmp_path):
         assert logged == [(r["round"], pytest.approx(r[key])) for r in rows["one"]]
 
 
+def _cohorts(config, tmp_path, rounds) -> list:
+    """Each round's cohort drawn with numpy from the run's seed, as docs/partitions.md states it."""
+    import yaml
+
+    from distfl.federation.population import _COHORT_STREAM
+
+    cfg = yaml.safe_load(config.read_text())
+    n, size = cfg["partition"]["num_clients"], cfg["train"]["clients_per_round"]
+    return [np.random.default_rng([cfg["seed"], _COHORT_STREAM, t]).choice(n, size=size, replace=False)
+            for t in range(1, rounds + 1)]
+
+
 def test_client_eval_is_off_by_default(tmp_path, small_config):
     s = train_ok(small_config, f"output.dir={tmp_path / 'r'}")
-    assert s["final_client_acc"] is None
+    assert s["final_client_acc"] is None and s["clients_never_sampled"] is None
     assert not any(k in row for row in metrics(tmp_path / "r") for k in STATISTICS)
 
 

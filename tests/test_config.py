@@ -121,7 +121,7 @@ def test_config_keys():
     assert set(KEYS["data.dataset"].choices) == set(NUM_CLASSES) | {"synthetic", "files"}
     # A range or a choice list holds the key's own default.
     for key in KEYS.values():
-        assert key.choices is None or key.default in key.choices, key.name
+        assert key.choices is None or set(key.default if key.type is list else [key.default]) <= set(key.choices), key.name
         assert key.range is None or in_range(key.default, key.range), key.name
 
 
@@ -328,17 +328,14 @@ def test_reference_mentions_every_key():
 
 # --- hostile or surprising YAML -----------------------------------------------------------------------
 
-def test_alias_bomb_is_refused_fast(tmp_path):
+def test_alias_bomb_is_refused(tmp_path):
     """Ten levels of aliases under a known key expand to 10^10 nodes (and their repr in an error
-    message would never end); the error must come at once, naming the file and the line."""
-    import time
-
+    message would never end); aliases are refused before anything is expanded, naming the file and
+    the line (were they expanded, this test would not finish)."""
     lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
     bomb = write(tmp_path, "train:\n  lr:\n" + "".join(f"    {line}\n" for line in lines), "bomb.yaml")
-    t0 = time.perf_counter()
     msg = error(load_config, bomb)
-    assert time.perf_counter() - t0 < 2
     assert "aliases are not accepted" in msg and "line 4" in msg and bomb in msg
 
 

@@ -106,3 +106,21 @@ def test_an_old_key_another_method_reads_is_ignored_with_a_warning_and_a_conflic
     assert cfg.algorithm.options == {"mu": 0.01}
     with pytest.raises(ConfigError, match="algorithm.mu=0.3 .* is the old name of algorithm.options.mu, also set to 0.2"):
         load_config(None, ["algorithm.name=fedprox", "algorithm.mu=0.3", "algorithm.options.mu=0.2"])
+
+
+def test_a_sweep_of_an_old_key_beside_a_method_that_does_not_read_it(tmp_path):
+    """--grid algorithm.mu=... with algorithm.name=fedavg,fedprox: FedAvg reads no mu, so it is one point
+    (without the key); FedProx's two points get their mu as algorithm.options.mu."""
+    import warnings
+
+    from conftest import write_config
+    from distfl.sweep.grid import build_sweep
+
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sweep = build_sweep(str(cfg), grid_args=["algorithm.name=fedavg,fedprox", "algorithm.mu=0.01,0.1"], seeds_arg="0")
+    assert [p.name for p in sweep.points] == ["algorithm.name=fedavg/seed=0",
+                                              "algorithm.mu=0.01,algorithm.name=fedprox/seed=0",
+                                              "algorithm.mu=0.1,algorithm.name=fedprox/seed=0"]
+    assert [p.config["algorithm"]["options"] for p in sweep.points] == [{}, {"mu": 0.01}, {"mu": 0.1}]

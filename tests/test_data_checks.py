@@ -4,6 +4,7 @@ refused with one line saying what is wrong, and no run directory is written."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 import sys
 from pathlib import Path
 
@@ -114,10 +115,10 @@ def test_a_sweep_does_not_resume_a_point_on_changed_data(tmp_path):
         assert summary(tmp_path / "sweep" / f"train.lr={lr}" / "seed=3")["rounds"] == 2
 
 
-def test_hashing_the_fmnist_files_is_cheap():
-    """The four IDX files are hashed from the bytes already read: measured in the report, bounded here."""
-    import time
-
+def test_the_fmnist_files_are_hashed_from_the_bytes_read():
+    """Each of the four IDX files is recorded with the SHA-256 of its decompressed bytes (the bytes the
+    loader already read). Its cost is measured by `distfl bench startup` ("dataset decode"), not here:
+    no test asserts a time."""
     from distfl.data import datasets
     from distfl.schema import DataConfig
 
@@ -125,9 +126,7 @@ def test_hashing_the_fmnist_files_is_cheap():
         datasets.find_fmnist("data")
     except Exception:
         pytest.skip("Fashion-MNIST not installed")
-    start = time.perf_counter()
     ds = datasets.load_dataset(DataConfig(dataset="fmnist", root="data"), 0)
-    elapsed = time.perf_counter() - start
     assert sorted(ds.sources) == sorted(name[:-3] for name in datasets.FMNIST_FILES)
     for path, digest in ds.sources.values():
         import gzip
@@ -135,7 +134,6 @@ def test_hashing_the_fmnist_files_is_cheap():
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as f:
             assert hashlib.sha256(f.read()).hexdigest() == digest
-    assert elapsed < 30
 
 
 # ---------------------------------------------------------------- 2. data refused before any work
@@ -162,6 +160,9 @@ BAD_DATA = {
     "label 1000": (lambda d: _set(d, "y_train", 9, 1000),
                    "y_train's labels run up to 1000 (sample 9), but 996 of the classes 0..1000 have no training "
                    "sample (the first is 4)"),
+    "label 2^40": (lambda d: _set(d, "y_train", 9, 2**40),  # counted per class, it asked for 8 TiB
+                   f"y_train's labels run up to {2**40} (sample 9), but {2**40 + 1 - 5} of the classes 0..{2**40} "
+                   "have no training sample (the first is 4)"),
     "test label unseen": (lambda d: (_set(d, "y_train", d["y_train"] == 3, 2), _set(d, "y_test", 4, 3)),
                           "that no y_train sample has; the model cannot learn a class it never sees"),
     "negative label": (lambda d: _set(d, "y_test", 2, -1), "y_test holds the negative label -1 (sample 2)"),
@@ -393,3 +394,18 @@ def test_a_run_that_failed_before_its_first_checkpoint_says_to_start_over(tmp_pa
         newest_good(tmp_path / "run", torch.device("cpu"))
     assert "LABEL_STEP" not in str(info.value)
     assert f"start the run over with `distfl train {tmp_path / 'run' / 'config.yaml'} --overwrite`" in str(info.value)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"x_train,y_train\n0.5,1\n", "it is a text file, not an .npz (zip) archive of arrays (it begins 'x_train,y_train')"),
+    (pickle.dumps({"x_train": [1.0]}), "it holds pickled Python objects, which distfl never loads"),
+])
+def test_a_file_that_is_no_npz_is_called_what_it_is(tmp_path, content, expected):
+    """np.load takes any file that is neither a zip nor an .npy for a pickle ("This file contains
+    pickled (object) data"); the message says what the file is instead."""
+    (tmp_path / "data.npz").write_bytes(content)
+    proc = run_cli(["train", files_config(tmp_path, tmp_path / "data.npz"), f"output.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"distfl: error: cannot read data.path {tmp_path / 'data.npz'} as an .npz file: "
+                                  f"{expected}"), proc.stderr
+    assert "x_train=..., y_train=..., x_test=..., y_test=..." in proc.stderr and "pickled (object)" not in proc.stderr

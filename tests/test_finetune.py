@@ -44,7 +44,7 @@ def _client_correct(trainer) -> torch.Tensor:
     return counts.added["client_correct"]
 
 
-def _independent_correct(trainer, epochs: int, lr: float) -> torch.Tensor:
+def _independent_correct(trainer, epochs: int, lr: float, momentum=None, weight_decay=None) -> torch.Tensor:
     """Each client's correct count on its test set after `epochs` epochs of torch.optim.SGD from the
     global model on its training indices, in the order drawn from the generator keyed by (seed, client),
     written without distfl's training loop."""
@@ -60,8 +60,9 @@ def _independent_correct(trainer, epochs: int, lr: float) -> torch.Tensor:
             for p in module.parameters():
                 p.copy_(trainer.global_params[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
-        opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=cfg.train.momentum,
-                              weight_decay=cfg.train.weight_decay)
+        opt = torch.optim.SGD(module.parameters(), lr=lr,
+                              momentum=cfg.train.momentum if momentum is None else momentum,
+                              weight_decay=cfg.train.weight_decay if weight_decay is None else weight_decay)
         indices = trainer.client_indices[client]
         torch.manual_seed(int(np.random.SeedSequence([cfg.seed, _FINETUNE_STREAM, client]).generate_state(1)[0]))
         module.train()
@@ -87,9 +88,11 @@ def _independent_correct(trainer, epochs: int, lr: float) -> torch.Tensor:
     ["algorithm.name=fedbabu", "algorithm.finetune_epochs=2"],
 ], ids=["fedavg", "fedprox", "fedbabu"])
 def test_finetuned_client_counts_recomputed_with_torch_sgd(tmp_path, method):
+    """eval.finetune_optimizer=train: the lr of the last round, train.momentum and weight_decay (the
+    behaviour before the key existed)."""
     from distfl.federation.schedule import round_lr
 
-    trainer = _trainer(tmp_path, "r", "eval.clients=true", *OPTIMIZER, *method)
+    trainer = _trainer(tmp_path, "r", "eval.clients=true", "eval.finetune_optimizer=train", *OPTIMIZER, *method)
     for t in (1, 2, 3):
         trainer.run_round(t)
     lr = round_lr(trainer.cfg.train, 3, trainer.cfg.train.rounds)
@@ -98,6 +101,41 @@ def test_finetuned_client_counts_recomputed_with_torch_sgd(tmp_path, method):
     expected = _independent_correct(trainer, 2, lr)
     assert torch.equal(got, expected)
     assert not torch.equal(got, _independent_correct(trainer, 0, lr))  # fine-tuning changed the scores
+
+
+@pytest.mark.parametrize("method", [
+    ["algorithm.name=fedavg", "eval.finetune_epochs=2"],
+    ["algorithm.name=fedbabu", "algorithm.finetune_epochs=2"],
+], ids=["fedavg", "fedbabu"])
+def test_own_finetuning_optimizer_is_fedbabus_protocol_recomputed_with_torch_sgd(tmp_path, method):
+    """The default eval.finetune_optimizer=own: torch.optim.SGD at eval.finetune_lr with
+    eval.finetune_momentum and no weight decay, whatever train.* says (its momentum, weight decay and lr
+    schedule are set here and must not leak in); the defaults are FedBABU's lr 1e-3 and momentum 0.9."""
+    trainer = _trainer(tmp_path, "r", "eval.clients=true", *OPTIMIZER, *method)
+    assert (trainer.cfg.eval.finetune_optimizer, trainer.cfg.eval.finetune_lr,
+            trainer.cfg.eval.finetune_momentum) == ("own", 0.001, 0.9)
+    for t in (1, 2, 3):
+        trainer.run_round(t)
+    trainer.cfg.eval.finetune_lr = 0.05  # large enough that two epochs change the scores of these clients
+    got = _client_correct(trainer)
+    assert torch.equal(got, _independent_correct(trainer, 2, 0.05, momentum=0.9, weight_decay=0.0))
+    assert not torch.equal(got, _independent_correct(trainer, 2, 0.05))  # train.momentum / weight_decay differ
+
+
+def test_a_run_saved_before_the_optimizer_key_resumes_with_the_train_optimizer(tmp_path, small_config):
+    """A saved config that predates eval.finetune_optimizer ran with the train optimizer: resumed, it
+    goes on with it (its per-client statistics are those of an uninterrupted train-optimizer run)."""
+    import yaml
+
+    args = ["eval.clients=true", "eval.finetune_epochs=2", "train.momentum=0.5"]
+    whole = train_ok(small_config, f"output.dir={tmp_path / 'whole'}", *args, "eval.finetune_optimizer=train")
+    own = train_ok(small_config, f"output.dir={tmp_path / 'own'}", *args)
+    train_ok(small_config, f"output.dir={tmp_path / 'old'}", *args, "eval.finetune_optimizer=train", "train.rounds=4")
+    saved = yaml.safe_load((tmp_path / "old" / "config.yaml").read_text())
+    del saved["eval"]["finetune_optimizer"]  # as distfl wrote it before the key
+    (tmp_path / "old" / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    resumed = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "old"))
+    assert resumed["final_client_acc"] == whole["final_client_acc"] != own["final_client_acc"]
 
 
 def test_finetuning_leaves_the_global_model_and_test_acc_alone(tmp_path):

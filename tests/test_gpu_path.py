@@ -42,6 +42,7 @@ def test_two_ranks_on_a_one_gpu_machine_join_with_gloo_on_that_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: joined.setdefault("device", device))
     monkeypatch.setattr(dist.torch_dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist.torch_dist, "init_process_group", lambda backend, timeout: joined.setdefault("backend", backend))
+    monkeypatch.setattr(dist.torch_dist, "set_timeout", lambda timeout: None)
     for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
     try:
@@ -92,7 +93,7 @@ def test_tct_stage2_keeps_its_state_beside_its_solvers(tmp_path, monkeypatch):
 
     init = state.ClientStateStore.__init__
     monkeypatch.setattr(state.ClientStateStore, "__init__",
-                        lambda self, kind, run_dir, device: init(self, kind, run_dir, torch.device("meta")))
+                        lambda self, kind, run_dir, device, *rest: init(self, kind, run_dir, torch.device("meta"), *rest))
     config = write_config(tmp_path / "c.yaml", algorithm={"name": "tct"},
                           tct={"p": 200, "rounds": 3, "local_steps": 10, "lr": 1e-3, "solver": "scaffold"},
                           runtime={"client_state": "disk"}, checkpoint={"every": 2, "keep": 10})

@@ -139,6 +139,35 @@ def test_ditto_personal_model_is_local_sgd_of_the_proximal_objective(tmp_path, l
     assert sampled >= 6
 
 
+def test_ditto_lambda_just_below_the_bound_runs_finite(tmp_path, small_config):
+    """lr x lambda = 1.9 < 2 is accepted and its personal models stay finite (the factor 1 - lr lambda is
+    -0.9); the run completes."""
+    s = train_ok(small_config, f"output.dir={tmp_path / 'r'}", "algorithm.name=ditto", "algorithm.ditto_lambda=19",
+                 "eval.clients=true", "train.rounds=3")
+    assert s["status"] == "completed" and s["final_client_acc"] is not None
+    states = _client_states(tmp_path / "r")
+    assert states and all(bool(torch.isfinite(state["v"]).all()) for state in states.values())
+
+
+def test_ditto_non_finite_personal_model_stops_the_run_naming_it(tmp_path):
+    """A personal model that becomes non-finite (here: a client's stored v_k made NaN) stops the round
+    as diverged with the reason, while the global pass is finite; the global model is left as it was."""
+    from distfl.errors import DivergenceError
+
+    trainer = _trainer(tmp_path, "ditto", "algorithm.name=ditto")
+    cfg = trainer.cfg
+    trainer.run_round(1)
+    cohort = trainer.population.cohort(cfg.seed, 2, cfg.train.clients_per_round)
+    seen = [c for c in cohort if trainer.store.peek(c) is not None]
+    assert seen  # a client of round 2 that already has its v_k
+    state = trainer.store.peek(seen[0])
+    trainer.store.put(seen[0], {**state, "v": torch.full_like(state["v"], float("nan"))})
+    before = trainer.global_params.clone()
+    with pytest.raises(DivergenceError, match=r"personal model v_k of 1 client\(s\) became non-finite"):
+        trainer.run_round(2)
+    assert torch.equal(trainer.global_params, before)
+
+
 def test_ditto_global_model_is_fedavg_bit_for_bit(tmp_path, small_config):
     avg = train_ok(small_config, f"output.dir={tmp_path / 'avg'}")
     ditto = train_ok(small_config, f"output.dir={tmp_path / 'ditto'}", "algorithm.name=ditto", "algorithm.ditto_lambda=1")
@@ -358,7 +387,8 @@ def test_fedbabu_fine_tuning_recomputed(tmp_path):
     from distfl.federation.client_eval import _FINETUNE_STREAM
     from distfl.federation.local import local_batches
 
-    trainer = _trainer(tmp_path, "babu", "algorithm.name=fedbabu", "eval.clients=true", "algorithm.finetune_epochs=3")
+    trainer = _trainer(tmp_path, "babu", "algorithm.name=fedbabu", "eval.clients=true", "algorithm.finetune_epochs=3",
+                       "eval.finetune_optimizer=train")
     trainer.run_round(1)
     got = trainer.evaluate_round(clients=True)
     cfg = trainer.cfg
@@ -382,6 +412,40 @@ def _client_states(run_dir) -> dict:
 
     latest = checkpoint.checkpoints_dir(run_dir) / (checkpoint.checkpoints_dir(run_dir) / "latest").read_text().strip()
     return {path.stem: load_tensors(path) for path in sorted((latest / "clients").glob("*.pt"))}
+
+
+def assert_clients_scored_with(trainer, load) -> dict:
+    """eval.clients' statistics are those of each client scored with the model `load(client, worker)` puts
+    in the worker (recomputed here), and differ from the global model's. Returns the evaluation."""
+    got = trainer.evaluate_round(clients=True)
+    expected = _statistics(_accuracies(trainer, load))
+    for key in STATISTICS:
+        assert got[key] == pytest.approx(expected[key], rel=1e-12, abs=1e-12), key
+    assert expected != _statistics(_accuracies(trainer, lambda client, worker: None))
+    return got
+
+
+def personal_one_two_resumed(config, tmp_path, args, key: str, two=()) -> dict:
+    """A personalised method (`args`) on 1 rank, on 2 ranks (with `two`) and stopped at round 4 then
+    resumed: the same global model, per-client statistics every evaluation and final, and every client's
+    state `key` in the final checkpoint, bit for bit. Returns the 1-rank summary."""
+    one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args)
+    on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2)
+    train_ok(config, f"output.dir={tmp_path / 'res'}", *args, "train.rounds=4")
+    resumed = train_ok(config, "train.rounds=6", resume=str(tmp_path / "res"))
+    runs = {"one": one, "two": on_two, "res": resumed}
+    assert on_two["world_size"] == 2 and len({s["model_sha256"] for s in runs.values()}) == 1
+    assert one["final_client_acc"] is not None
+    assert all(s["final_client_acc"] == one["final_client_acc"] for s in runs.values())
+    keys = STATISTICS + ("test_acc", "train_loss", "clients_never_sampled")
+    assert [{k: r.get(k) for k in keys} for r in metrics(tmp_path / "one")] == \
+        [{k: r.get(k) for k in keys} for r in metrics(tmp_path / "two")]
+    states = {k: _client_states(tmp_path / k) for k in runs}
+    assert len(states["one"]) >= 6
+    for k in ("two", "res"):
+        assert states[k].keys() == states["one"].keys()
+        assert all(torch.equal(s[key], states[k][c][key]) for c, s in states["one"].items()), k
+    return one
 
 
 # The 2-rank run keeps client state in memory on its hosting rank (sticky placement), or on disk with
@@ -432,6 +496,12 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config, name):
     (["algorithm.name=fedrep", "algorithm.options.head_epochs=0", "algorithm.options.body_epochs=0"], "trains nothing"),
     (["algorithm.name=apfl", "algorithm.options.alpha=1.5"], "algorithm.options.alpha must be in [0, 1]"),
     (["algorithm.name=ditto", "algorithm.options.lam=-1"], "algorithm.options.lam must be >= 0"),
+    # lr x lambda >= 2: the explicit proximal step diverges (lr 0.1 in the small config; a warm-up's peak)
+    (["algorithm.name=ditto", "algorithm.options.lam=1000"], "lr x (lam + weight_decay) >= 2"),
+    (["algorithm.name=ditto", "algorithm.options.lam=20"], "algorithm.options.lam=20"),
+    (["algorithm.name=ditto", "algorithm.options.lam=19", "train.weight_decay=1"], "train.weight_decay=1"),
+    (["algorithm.name=ditto", "algorithm.options.lam=5", "train.lr=0.01", "train.lr_schedule=step",
+      "train.lr_gamma=100", "train.lr_step_every=1"], "the largest lr of the schedule"),
     (["algorithm.name=apfl", "model.name=resnet20", "data.synthetic_channels=3"], "BatchNorm"),
     (["algorithm.name=ditto", "runtime.pack_size=2", "runtime.client_state=disk"], "local_training"),
     (["algorithm.name=fedbabu", "runtime.pack_size=2"], "local_training"),

@@ -341,3 +341,5 @@ def test_a_calibrated_run_cannot_resume_with_more_rounds(tmp_path, small_config)
              "train.rounds=2")
     proc = run_cli(["train", "--resume", str(run), "train.rounds=4"])
     assert proc.returncode != 0 and "train.rounds" in proc.stderr
+    # The message says why: the noise was calibrated to the rounds the run was started with.
+    assert "train.rounds is fixed in this run: privacy.target_epsilon=5 calibrated the noise to 2 rounds" in proc.stderr

@@ -6,7 +6,7 @@ import csv
 import shutil
 import statistics
 
-from conftest import run_cli, summary, write_config
+from conftest import metrics, run_cli, summary, write_config
 
 
 def _csv(path):
@@ -106,3 +106,180 @@ def test_report_of_nothing_is_a_clear_error(tmp_path):
     proc = run_cli(["report", tmp_path / "missing"])
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     shutil.rmtree(tmp_path / "empty")
+
+
+def _report_api(paths, metric, keys=None):
+    """The groups and labels `distfl report` draws, computed here through its own functions."""
+    from distfl import report
+
+    runs = [report.load_run(d) for d in report.find_runs(paths)]
+    keys = keys if keys is not None else report.grouping_keys(runs, report.swept_keys(runs, paths))
+    rows = report.summarise(runs, keys, [metric])
+    return rows, report.labels(rows, keys)
+
+
+def test_report_of_a_personalised_sweep_ranks_by_client_accuracy(tmp_path):
+    """eval.clients runs are reported by per-client accuracy by default (table, CSV, figures), and a seed
+    found in two reported directories counts once, with a warning."""
+    from distfl import figures
+
+    sweep_dir = tmp_path / "sw"
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(sweep_dir)},
+                       eval={"every": 3, "clients": True})
+    proc = run_cli(["sweep", cfg, "--grid", "algorithm.name=fedavg,ditto", "--seeds", "0,1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    copy = tmp_path / "copy" / "ditto0"
+    shutil.copytree(sweep_dir / "algorithm.name=ditto" / "seed=0", copy)
+    proc = run_cli(["report", sweep_dir, copy, "--out", tmp_path / "r"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning: seed 0 of ditto is in 2 directories" in proc.stderr and "same model_sha256" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    rows = {r["algorithm.name"]: r for r in _csv(tmp_path / "r" / "report.csv")}
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "final client_acc_mean % (mean ± std)" in md and "final client_acc_p10 %" in md
+    assert (tmp_path / "r" / "client_acc_mean_vs_round.png").exists()
+    plot_rows, names = _report_api([sweep_dir, copy], "client_acc_mean")
+    fig, _ = figures.draw(plot_rows, names, "client_acc_mean")
+    plotted = {line.get_label().split(" (n=")[0]: line for line in fig.axes[0].lines}
+    for name in ("fedavg", "ditto"):
+        runs = [sweep_dir / f"algorithm.name={name}" / f"seed={s}" for s in (0, 1)]
+        row = rows[name]
+        assert row["runs"] == "2" and row["seeds"] == "0,1"
+        for stat in ("mean", "p10", "min"):
+            values = [summary(r)["final_client_acc"][stat] for r in runs]
+            assert float(row[f"client_acc_{stat}.mean"]) == statistics.fmean(values)
+            assert float(row[f"client_acc_{stat}.std"]) == statistics.stdev(values)
+        values = [summary(r)["final_client_acc"]["mean"] for r in runs]
+        cell = f"{100 * statistics.fmean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
+        assert cell in md and cell in proc.stdout
+        # The figure's points: per round, 100 x the seeds' mean of metrics.jsonl's client_acc_mean.
+        line = plotted[name]
+        assert list(line.get_xdata()) == [3, 6]
+        for t, y in zip((3, 6), line.get_ydata()):
+            assert y == 100 * statistics.fmean(next(m["client_acc_mean"] for m in metrics(r) if m["round"] == t)
+                                               for r in runs)
+    # Asked for explicitly, any number of metrics.jsonl or summary.json, first one plotted.
+    proc = run_cli(["report", sweep_dir, "--out", tmp_path / "r2", "--metric", "train_loss",
+                    "--metric", "final_client_acc.std"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(r for r in _csv(tmp_path / "r2" / "report.csv") if r["algorithm.name"] == "fedavg")
+    runs = [sweep_dir / "algorithm.name=fedavg" / f"seed={s}" for s in (0, 1)]
+    assert float(row["train_loss.mean"]) == statistics.fmean(metrics(r)[-1]["train_loss"] for r in runs)
+    assert float(row["final_client_acc.std.mean"]) == statistics.fmean(summary(r)["final_client_acc"]["std"]
+                                                                       for r in runs)
+    assert (tmp_path / "r2" / "train_loss_vs_round.svg").exists()
+    proc = run_cli(["report", sweep_dir, "--out", tmp_path / "r3", "--metric", "client_acc_maen"])
+    assert proc.returncode == 2 and "did you mean 'client_acc_mean'" in proc.stderr
+
+
+def _table_py_scores(root):
+    """experiments/all_methods/table.py's score column: (split, method label) -> cell text, in its order."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = subprocess.run([sys.executable, REPO / "experiments/all_methods/table.py", root], capture_output=True,
+                         text=True, check=True).stdout
+    scores = {}
+    for line in out.split("\n\nPer seed")[0].splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if "**" in cells[3] and "diverged" not in cells[3]:
+            scores[(cells[0], cells[1].rsplit(" (", 1)[0])] = cells[3].split("**")[1]
+    return scores
+
+
+def test_report_of_all_methods_reproduces_its_table_ranking(tmp_path):
+    """The committed experiments/all_methods runs: distfl report's numbers are table.py's scores
+    (per-client mean for the personalised methods and FedAvg + FT, global test accuracy for the others),
+    so both rank the methods alike."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "experiments" / "all_methods"))
+    try:
+        import table
+    finally:
+        sys.path.pop(0)
+    root = REPO / "experiments" / "all_methods" / "runs"
+    expected = _table_py_scores(root)
+    proc = run_cli(["report", root, "--out", tmp_path / "r"])  # the default metrics: these runs evaluated clients
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = {}
+    for row in _csv(tmp_path / "r" / "report.csv"):
+        method = row["algorithm.name"]
+        method = ("fedavg_ft" if row["eval.finetune_epochs"] == "5" else "gma" if row["aggregation.mask"] == "gma"
+                  else "spherefed" if row["calibration.method"] == "ffc" else method)
+        split = {"dirichlet": "Dir(0.1)", "n_classes": "#C=2"}[row["partition.scheme"]]
+        metric = "client_acc_mean" if method in table.PERSONALISED else "test_acc"
+        if not row[f"{metric}.mean"]:
+            continue  # all its seeds diverged: table.py shows "diverged"
+        mean, std = float(row[f"{metric}.mean"]), row[f"{metric}.std"]
+        got[(split, table.LABELS.get(method, method))] = (100 * mean, 100 * float(std) if std else None)
+    assert set(expected) <= set(got)
+    for key, cell in expected.items():
+        # table.py averages percentages, the report fractions: equal to the last printed digit.
+        mean, _, std = cell.partition(" ± ")
+        assert abs(got[key][0] - float(mean)) <= 0.0051, key
+        assert (got[key][1] is None) == (not std) and (not std or abs(got[key][1] - float(std)) <= 0.0051), key
+    for split in ("Dir(0.1)", "#C=2"):
+        ranked = sorted((k for k in expected if k[0] == split), key=lambda k: -float(expected[k].split(" ±")[0]))
+        assert ranked == sorted(ranked, key=lambda k: -got[k][0])
+
+
+def test_figures_of_a_2x2_sweep(tmp_path):
+    """A reviewer's checks of the figures: integer round ticks, the legend clear of every point and band,
+    short labels of the keys that differ, markers only at evaluations, the band's meaning in the
+    caption, PDF and SVG beside PNG, and a simulated-time figure where the runs logged one."""
+    import json
+
+    from distfl import figures
+
+    sweep_dir = tmp_path / "sw"
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(sweep_dir)}, eval={"every": 2})
+    proc = run_cli(["sweep", cfg, "--grid", "algorithm.name=fedavg,fedprox", "--grid", "train.lr=0.05,0.1",
+                    "--seeds", "0,1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Simulated time, as runs with a virtual clock log it: round t ends at 10 t seconds.
+    for path in sweep_dir.glob("*/seed=*/metrics.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "virtual_time_s": 10.0 * r["round"]}) + "\n" for r in rows))
+    out = tmp_path / "r"
+    proc = run_cli(["report", sweep_dir, "--out", out, "--label", "fedprox, lr=0.1:FedProx (lr 0.1)"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for stem in ("acc_vs_round", "acc_vs_time", "acc_vs_virtual_time"):
+        assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
+        assert "<svg" in (out / f"{stem}.svg").read_text()[:1000]
+    assert "FedProx (lr 0.1) (n=2)" in (out / "acc_vs_round.svg").read_text()  # --label renames a line
+    md = (out / "report.md").read_text()
+    assert "shaded band: ±1 standard deviation over the seeds" in md and "over 2 seed(s)" in md
+
+    rows, names = _report_api([sweep_dir], "test_acc")
+    assert names == ["fedavg, lr=0.05", "fedavg, lr=0.1", "fedprox, lr=0.05", "fedprox, lr=0.1"]
+    for x_key in ("round", "wall_s", "virtual_time_s"):
+        fig, caption = figures.draw(rows, names, "test_acc", x_key)
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"{n} (n=2)" for n in names]
+        for line in ax.lines:
+            for x, y in ax.transData.transform(line.get_xydata()):
+                assert not legend.contains(x, y)
+        for band in ax.collections:
+            assert not legend.overlaps(band.get_window_extent(renderer))
+        assert len(ax.collections) == 4 and "±1 standard deviation" in caption
+        if x_key == "round":
+            lo, hi = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+            assert ticks and all(t == int(t) for t in ticks)
+            assert all("." not in label.get_text() for label in ax.get_xticklabels())
+        if x_key == "virtual_time_s":
+            assert list(ax.lines[0].get_xdata()) == [20.0, 40.0, 60.0]
+    # A metric logged every round is a line with markers only at the evaluations (rounds 2, 4, 6).
+    rows, names = _report_api([sweep_dir], "train_loss")
+    fig, _ = figures.draw(rows, names, "train_loss")
+    line = fig.axes[0].lines[0]
+    assert list(line.get_xdata()) == [1, 2, 3, 4, 5, 6] and list(line.get_markevery()) == [1, 3, 5]

@@ -199,3 +199,56 @@ def test_slurm_time_in_a_sweep_block_is_read_as_sbatch_reads_it(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("sweep:\n  slurm:\n    time: 2:00:00\n")
     assert check_slurm_options(load_sweep_block(str(path))["slurm"], "sweep.slurm")["time"] == 120
+
+
+def test_listed_points_put_fedavg_ft_beside_personalised_methods(tmp_path):
+    """--points FILE: one sweep holds FedAvg + fine-tuning (eval.finetune_epochs, which personalised
+    methods refuse) beside FedRep and Ditto; each point is the run `distfl train` makes of its overrides,
+    the report names the fine-tuned runs by the key that differs, and config warnings are one line."""
+    sweep_dir = tmp_path / "sw"
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(sweep_dir)}, eval={"every": 3, "clients": True},
+                       algorithm={"mu": 0.1})  # read by fedprox only: a warning for every point
+    points = tmp_path / "points.yaml"
+    points.write_text("- {algorithm.name: fedavg, eval.finetune_epochs: 1}\n- algorithm: {name: fedrep}\n"
+                      "- {algorithm.name: ditto}\n")
+    proc = run_cli(["sweep", cfg, "--points", points, "--seeds", "0"], subprocess_=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = ["algorithm.name=fedavg,eval.finetune_epochs=1", "algorithm.name=fedrep", "algorithm.name=ditto"]
+    assert [f"running {n}/seed=0" in proc.stdout for n in names] == [True] * 3
+    assert "per-client accuracy (eval.clients, each client's model fine-tuned 1 epoch(s) first)" in proc.stdout
+    assert "(sweep eta " in proc.stdout
+    warning = "distfl: warning: algorithm.mu is set but only used by algorithm.name in [fedprox]; it is ignored for ditto"
+    assert proc.stderr.count(warning + "\n") == 1 and "ConfigWarning" not in proc.stderr
+    single = train_ok(cfg, "algorithm.name=fedavg", "eval.finetune_epochs=1", "seed=0",
+                      f"output.dir={tmp_path / 'single'}")
+    got = summary(sweep_dir / names[0] / "seed=0")
+    assert got["model_sha256"] == single["model_sha256"] and got["final_client_acc"] == single["final_client_acc"]
+    assert json.loads((sweep_dir / "sweep.json").read_text())["listed"][0] == {
+        "algorithm.name": "fedavg", "eval.finetune_epochs": "1"}
+    proc = run_cli(["report", sweep_dir])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| fedavg | 1 | 1 |" in proc.stdout  # algorithm.name, eval.finetune_epochs, seeds
+
+
+def test_zipped_keys_and_bad_listed_points(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(tmp_path / "sw")})
+    sweep = build_sweep(str(cfg), zip_args=["algorithm.name=fedavg,fedprox", "train.lr=0.05,0.1"],
+                        grid_args=["partition.alpha=0.1,0.5"], seeds_arg="0")
+    assert [p.name for p in sweep.points] == [
+        "algorithm.name=fedavg,partition.alpha=0.1,train.lr=0.05/seed=0",
+        "algorithm.name=fedavg,partition.alpha=0.5,train.lr=0.05/seed=0",
+        "algorithm.name=fedprox,partition.alpha=0.1,train.lr=0.1/seed=0",
+        "algorithm.name=fedprox,partition.alpha=0.5,train.lr=0.1/seed=0"]
+    points = tmp_path / "p.yaml"
+    for text, args, expected in [
+        (None, ["--zip", "algorithm.name=fedavg,fedprox", "--zip", "train.lr=0.1"], "as many values each"),
+        ("- {train.lrr: 0.1}\n", [], "did you mean 'train.lr'"),
+        ("- {train.lr: 0.1}\n", ["--grid", "train.lr=0.1,0.2"], "train.lr is both a grid key and a key of the listed"),
+        ("{train.lr: 0.1}\n", [], "expected a non-empty list of points"),
+        ("- {algorithm.name: fedavg}\n- {algorithm.name: fedavg}\n", [], "are the same run"),
+    ]:
+        if text is not None:
+            points.write_text(text)
+            args = ["--points", points, *args]
+        proc = run_cli(["sweep", cfg, *args, "--dry-run"])
+        assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, (text, proc.stderr)

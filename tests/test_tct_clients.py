@@ -12,7 +12,7 @@ from distfl.data.client_test import client_test_sets, holdout_split
 from distfl.tct.features import entk_features, reinit_head
 from test_tct import TCT, crash_in_stage2_round_5
 
-STATISTICS = ("mean", "std", "min", "p10")
+STATISTICS = ("mean", "std", "min", "p10", "weighted_mean")
 
 
 def clients_config(tmp_path: Path, **eval_) -> Path:
@@ -53,10 +53,11 @@ def predict(z: np.ndarray, psi: np.ndarray) -> np.ndarray:
     return (z.astype(np.float64) @ psi[:-1] + psi[-1]).argmax(1)
 
 
-def statistics(accuracies: list[float]) -> dict:
-    acc = np.array(accuracies)
+def statistics(hits: list[np.ndarray]) -> dict:
+    """Of each client's hits on its local test set: the accuracies' statistics, and the pooled mean."""
+    acc = np.array([h.mean() for h in hits])
     return {"mean": acc.mean(), "std": np.sqrt(((acc - acc.mean()) ** 2).mean()), "min": acc.min(),
-            "p10": np.percentile(acc, 10)}
+            "p10": np.percentile(acc, 10), "weighted_mean": np.concatenate(hits).mean()}
 
 
 def assert_close(got: dict, expected: dict) -> None:
@@ -84,7 +85,7 @@ def test_stage2_per_client_statistics_recomputed_and_one_rank_equals_two(tmp_pat
     hits = predict(stored(tmp_path / "one", "test", len(saved["mean"])), psi) == test_y
 
     def expected(sets):
-        return statistics([hits[idx].mean() for idx in sets if len(idx)])
+        return statistics([hits[idx] for idx in sets if len(idx)])
 
     sets = client_test_sets(trainer.population.class_counts, test_y, 0, trainer.cfg.seed)
     right = expected(sets)
@@ -138,12 +139,11 @@ def test_stage2_per_client_statistics_on_held_out_samples(tmp_path):
         expected = ((raw.to(torch.float64) - saved["mean"]) / saved["std"]).float()
         assert torch.allclose(torch.from_numpy(z), expected, rtol=2.4e-7, atol=1e-9), k  # 2 ulp
         assert len(z) == len(idx) > 0
-        accuracies.append((predict(z, psi) == labels[idx]).mean())
+        accuracies.append(predict(z, psi) == labels[idx])
     assert_close(one["final_client_acc"], statistics(accuracies))
     # Scored against the labels of another draw of the held-out samples (same sizes), the statistics differ.
     _, other = holdout_split(parts, labels, 0.25, seed + 1)
-    wrong = [(predict(stored(tmp_path / "one", f"holdout_{k}", p), psi) == labels[idx]).mean()
-             for k, idx in enumerate(other)]
+    wrong = [predict(stored(tmp_path / "one", f"holdout_{k}", p), psi) == labels[idx] for k, idx in enumerate(other)]
     assert abs(statistics(wrong)["mean"] - statistics(accuracies)["mean"]) > 1e-3
 
     assert two["phases"]["tct"]["psi_sha256"] == one["phases"]["tct"]["psi_sha256"]

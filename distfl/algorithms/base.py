@@ -325,3 +325,18 @@ def head_coordinates(worker, model_name: str) -> torch.Tensor:
         raise ConfigError(f"model.name={model_name} has no learnable classifier head (model.head must be linear: "
                           "a Classifier's `head` module with parameters)")
     return mask
+
+
+def require_cross_entropy(worker, name: str, what: str) -> None:
+    """ConfigError unless the model trains with softmax cross-entropy (a method that changes that loss:
+    `what` says how)."""
+    if getattr(worker.module, "loss_kind", "ce") != "ce":
+        raise ConfigError(f"algorithm.name={name} {what}; this model is trained with MSE (model.head=sphere or "
+                          "model.loss=mse): use model.head=linear and model.loss=auto")
+
+
+def refuse_batchnorm(worker, cfg, why: str) -> None:
+    """ConfigError for a model with BatchNorm statistics, for a method that cannot keep them right (`why`)."""
+    if worker.buffers.numel() or worker.int_buffers:
+        raise ConfigError(f"algorithm.name={cfg.algorithm.name} {why}; model.name={cfg.model.name} has BatchNorm "
+                          "statistics: use a model without BatchNorm (e.g. model.norm=gn)")

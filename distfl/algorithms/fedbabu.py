@@ -21,7 +21,7 @@ class FedBABU(Algorithm):
 
     @dataclass
     class Options:
-        finetune_epochs: int = field(default=5, metadata={"range": ">= 0"})  # epochs each client fine-tunes the whole global model on its training data before it is scored (eval.clients; paper: 5)
+        finetune_epochs: int = field(default=5, metadata={"range": ">= 0"})  # epochs each client fine-tunes the whole global model on its training data before it is scored (eval.clients; paper: 5), with the optimizer of eval.finetune_optimizer
 
     @classmethod
     def check_config(cls, cfg):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from distfl.config.validate import ConfigWarning
 from distfl.config.values import caller_stacklevel
 from distfl.errors import ConfigError
 
@@ -40,7 +41,7 @@ RENAMED = {
 }
 
 
-class RenamedKeyWarning(UserWarning):
+class RenamedKeyWarning(ConfigWarning):
     """An old key name was read; the message gives its new name."""
 
 
@@ -111,23 +112,37 @@ def upgraded(saved: dict) -> dict:
     (those its method reads) and the rest dropped, without warnings: what it ran with, in today's keys."""
     import copy
 
-    from distfl.algorithms import algorithm_class
-
     saved = copy.deepcopy(saved)
     renamed = pop_renamed(saved)
     if not renamed:
         return saved
     section = saved["algorithm"]
-    try:
-        declared = algorithm_class(section.get("name", "fedavg"))
-        method = declared.trained_method(_Saved(saved))
-    except Exception:  # a plugin that no longer loads: it read none of the old keys
+    method = trained_method(saved)
+    if method is None:  # a plugin that no longer loads: it read none of the old keys
         return saved
     options = section.get("options") if isinstance(section.get("options"), dict) else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         section["options"] = options_from_renamed(renamed, method, options, {}, lambda key, methods: None)
     return saved
+
+
+def trained_method(d: dict):
+    """The class that trains the model of the nested config dict `d` (TCT: its stage 1), or None if its
+    method does not load."""
+    from distfl.algorithms import algorithm_class
+
+    section = d.get("algorithm") if isinstance(d.get("algorithm"), dict) else {}
+    try:
+        return algorithm_class(section.get("name", "fedavg")).trained_method(_Saved(d))
+    except Exception:
+        return None
+
+
+def reads(old: str, d: dict) -> bool:
+    """Whether the method of the nested config dict `d` reads the old key `old`."""
+    method = trained_method(d)
+    return method is not None and method.name in RENAMED[old][1]
 
 
 class _Saved:

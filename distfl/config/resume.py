@@ -42,21 +42,55 @@ def saved_values(saved: dict) -> dict:
     return {**flatten_dict(config_to_dict(Config())), **PREVIOUS_DEFAULTS, **flatten_dict(upgraded(saved))}
 
 
+def with_previous_defaults(saved: dict) -> dict:
+    """A saved nested config with each key it predates that may change on resume (so no blocker would
+    name it) set to the value it ran with: a resumed run goes on as it ran (eval.finetune_optimizer)."""
+    flat = flatten_dict(saved)
+    for key, value in PREVIOUS_DEFAULTS.items():
+        if key not in flat and KEYS[key].resumable:
+            *path, last = key.split(".")
+            section = saved
+            for part in path:
+                section = section.setdefault(part, {}) if isinstance(section, dict) else None
+            if isinstance(section, dict):  # else not a config: loading it says what is wrong
+                section[last] = value
+    return saved
+
+
+class Blockers(list):
+    """The keys that block a resume (a list), with `why`: key -> the reason, for keys that may change on
+    resume in other runs but not in this one (train.rounds of a private or cosine-schedule run)."""
+
+    def __init__(self, keys=(), why: dict | None = None):
+        super().__init__(keys)
+        self.why = why or {}
+
+
 def predated_keys_hint(changed: list[str]) -> str:
-    """For blockers that the saved run predates: the overrides that resume it as it ran ('' if none)."""
+    """Why the blockers block where the reason is particular to this run (`Blockers.why`), and, for
+    blockers that the saved run predates, the overrides that resume it as it ran ('' if neither)."""
+    why = getattr(changed, "why", {})
+    text = "".join(f" ({k} is fixed in this run: {why[k]})" for k in changed if k in why)
     keys = [k for k in changed if k in PREVIOUS_DEFAULTS]
     if not keys:
-        return ""
-    return (f" (the run predates {', '.join(keys)}; add "
-            f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
+        return text
+    return text + (f" (the run predates {', '.join(keys)}; add "
+                   f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
 
 
 def resume_blockers(saved: dict, now: dict) -> list[str]:
     """Dotted keys whose values differ between two config dicts and may not change on resume."""
     saved, now = saved_values(saved), flatten_dict(now)
-    # A cosine lr is a function of train.rounds: more rounds would change the lr of rounds already trained.
-    fixed = ("train.rounds",) if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]) else ()
-    # privacy.target_epsilon calibrates the noise for train.rounds rounds: more rounds, other noise.
-    fixed += ("train.rounds",) if now.get("privacy.target_epsilon", 0) > 0 else ()
-    return [k for k in now if k != "output.dir" and saved.get(k) != now[k]
-            and (k in fixed or k not in KEYS or not KEYS[k].resumable)]
+    why = {}
+    if "cosine" in (now["train.lr_schedule"], now["server.lr_schedule"]):
+        why["train.rounds"] = (f"the cosine lr schedule is a function of train.rounds "
+                               f"({saved.get('train.rounds')}), so more rounds would change the lr of the rounds "
+                               "already trained; start a new run with the rounds you want")
+    if now.get("privacy.target_epsilon", 0) > 0:
+        why["train.rounds"] = (f"privacy.target_epsilon={now['privacy.target_epsilon']:g} calibrated the noise "
+                               f"to {saved.get('train.rounds')} rounds, and the rounds already trained used that "
+                               "noise; more rounds would spend more privacy than the target. Start a new run with "
+                               "the rounds you want (a run given privacy.noise_multiplier instead of a target may "
+                               "be resumed with more rounds: its epsilon grows with them)")
+    return Blockers([k for k in now if k != "output.dir" and saved.get(k) != now[k]
+                     and (k in why or k not in KEYS or not KEYS[k].resumable)], why)

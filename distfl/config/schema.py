@@ -4,7 +4,8 @@ These names are distfl's public interface (YAML files, `key=value` overrides, sw
 of a section dataclass; its trailing comment is its documentation (docs/config.md is generated from
 it), and `key(default, ...)` declares its rules, read by validation, resume and the docs alike:
 
-- `choices=[...]`: the valid values of a string key (`plugin=True`: or a plugin's import path / entry point);
+- `choices=[...]`: the valid values of a string key, or of each name of a list key (listed at most once;
+  `plugin=True`: or a plugin's import path / entry point);
 - `range=">= 0"` (or "> x", "[0, 1)", "[0, 1]", "(0, 1]", "(0, 1)"): the valid values of a number;
 - `limit=N`: the largest int a run can compute with, when tighter than 2^31 - 1; `seed_max=N`: the
   largest seed its consumer accepts (numpy's RandomState 32 bits, torch's generators 64);
@@ -28,7 +29,13 @@ def key(default, *, choices=None, plugin=False, range=None, limit=None, seed_max
     """A config key's default and its rules (see the module's docstring), as dataclass field metadata."""
     rules = {"choices": choices, "plugin": plugin, "range": range, "limit": limit, "seed_max": seed_max,
              "applies": applies, "resumable": resumable, "previous": previous}
-    return field(default=default, metadata={k: v for k, v in rules.items() if v not in (None, False)})
+    metadata = {k: v for k, v in rules.items() if v not in (None, False)}
+    if isinstance(default, list):  # a list of names: each instance its own copy
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+TRACKERS = ["tensorboard", "mlflow", "wandb"]  # output.trackers: the names it may list
 
 
 @dataclass
@@ -162,14 +169,21 @@ class EvalConfig:
     clients: bool = key(False, resumable=True)  # also score every client's own model (FedBN: with its own BatchNorm; tct: stage 2's linear model on eNTK features, in its stage-2 evaluations) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
     client_split: str = key("test", choices=["test", "holdout"])  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
     client_test_size: int = key(0, range=">= 0", limit=10**7, resumable=True)  # eval.clients, client_split=test: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
-    finetune_epochs: int = key(0, range=">= 0", resumable=True)  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, momentum, weight_decay, the lr of the last round; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.options.finetune_epochs) and tct (its clients are scored with stage 2's linear model)
+    finetune_epochs: int = key(0, range=">= 0", resumable=True)  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, the optimizer of eval.finetune_optimizer; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.options.finetune_epochs) and tct (its clients are scored with stage 2's linear model)
+    finetune_optimizer: str = key("own", choices=["own", "train"], resumable=True, previous="train")  # the optimizer of every fine-tuning before per-client scoring (eval.finetune_epochs, fedbabu's algorithm.options.finetune_epochs): own (SGD at eval.finetune_lr with eval.finetune_momentum, no weight decay: FedBABU's protocol) | train (the lr of the last round trained with train.momentum and train.weight_decay: the only behaviour before this key, kept to reproduce earlier runs; a saved config without the key resumes with it)
+    finetune_lr: float = key(0.001, range="> 0", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's lr (FedBABU's paper: 1e-3)
+    finetune_momentum: float = key(0.9, range="[0, 1)", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's momentum, restarted for each client (FedBABU's paper: 0.9)
     client_holdout: float = key(0.1, range="(0, 1)", applies=("eval.client_split", ["holdout"]))  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 
 
 @dataclass
 class OutputConfig:
     dir: str = "runs/example"  # run directory: config, metrics.jsonl, summary.json, TensorBoard, checkpoints
-    tensorboard: bool = key(True, resumable=True)  # write TensorBoard event files (rank 0)
+    tensorboard: bool = key(True, resumable=True)  # write TensorBoard event files (rank 0); false leaves tensorboard out of output.trackers
+    trackers: list = key(["tensorboard"], choices=TRACKERS, resumable=True)  # where rank 0 logs the round's scalars, the config and the final metrics, besides metrics.jsonl: any of tensorboard (RUN_DIR/tb), mlflow (pip install distfl[mlflow]; output.mlflow_uri), wandb (pip install distfl[wandb]; output.wandb_mode). A YAML list, or tensorboard,mlflow in an override; [] for none
+    experiment: str = key("distfl", resumable=True)  # output.trackers: the MLflow experiment and the W&B project the run is logged under
+    mlflow_uri: str = key("", resumable=True)  # output.trackers has mlflow: its tracking URI; "" = file:./mlruns (a local file store in the working directory; view it with `mlflow ui --backend-store-uri ./mlruns`)
+    wandb_mode: str = key("offline", choices=["offline", "online"], resumable=True)  # output.trackers has wandb: offline (written to RUN_DIR/wandb, no network; upload later with `wandb sync`) | online (needs `wandb login`)
     progress: str = key("auto", choices=["auto", "bar", "log", "none"], resumable=True)  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
 
 

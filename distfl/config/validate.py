@@ -48,7 +48,13 @@ def _check_key(key, value) -> None:
         if value > largest:
             why = "" if key.limit else " (an int key must fit in 32 bits)"
             raise ConfigError(f"{key.name} must be at most {largest}, got {value}{why}")
-    if key.choices is not None and value not in key.choices:
+    if key.choices is not None and key.type is list:
+        for name in value:
+            if name not in key.choices:
+                raise choice_error(key.name, name, key.choices)
+            if value.count(name) > 1:
+                raise ConfigError(f"{key.name} lists {name} twice; list each of {', '.join(key.choices)} at most once")
+    elif key.choices is not None and value not in key.choices:
         if key.plugin:
             _plugin(key.name, value)
         else:
@@ -173,6 +179,9 @@ def validate(cfg: Config) -> None:
     for key in KEYS.values():
         _check_key(key, v[key.name])
     _check_synthetic(v)
+    from distfl.trackers import check_installed
+
+    check_installed(v["output.trackers"])
     if not v["output.dir"].strip() or "\0" in v["output.dir"]:
         raise ConfigError(f"output.dir must name a directory (not empty, no NUL character), got {v['output.dir']!r}")
     if not 0 < float32(v["server.eps"] ** 2) < math.inf:

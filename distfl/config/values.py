@@ -79,6 +79,14 @@ def convert(key: str, value, typ: type, text: bool = True):
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key} must be a string, {got}")
+    if typ is list:  # a list of names: a YAML list, or "a,b" (an override)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if value is None:
+            return []
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{key} must be a list of names, e.g. [tensorboard, mlflow], {got}")
     if typ is dict:
         if value is None:
             return {}

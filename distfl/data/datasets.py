@@ -427,18 +427,19 @@ def _check_labels(path: str, train: np.ndarray, test: np.ndarray, declared: int 
                                 f"num_classes={declared}: labels must lie in 0..{declared - 1}")
         classes = declared
     else:
+        # From the distinct labels, never an array of one count per class: a stray label 2^40 would
+        # ask for terabytes before the message below could name it.
         classes = int(train.max()) + 1
-        counts = np.bincount(train, minlength=classes)
-        empty = np.flatnonzero(counts == 0)
-        if len(empty):
-            top = int(train.max())
+        seen = np.unique(train)
+        if len(seen) < classes:
+            top = classes - 1
+            gaps = np.flatnonzero(seen != np.arange(len(seen)))
+            first_empty = int(gaps[0]) if len(gaps) else len(seen)
             raise DataError(f"{where}: y_train's labels run up to {top} (sample {int(np.argmax(train == top))}), but "
-                            f"{len(empty)} of the classes 0..{top} have no training sample (the first is {int(empty[0])}); "
+                            f"{classes - len(seen)} of the classes 0..{top} have no training sample (the first is {first_empty}); "
                             "number the classes 0..K-1 without gaps, or, if some classes truly have no training sample, "
                             "declare their count in the npz (np.savez(..., num_classes=K))")
-    present = np.bincount(train, minlength=classes) > 0
-    unseen = test >= len(present)
-    unseen[~unseen] = ~present[test[~unseen]]
+    unseen = ~np.isin(test, np.unique(train))
     if unseen.any():
         first = int(np.argmax(unseen))
         raise DataError(f"{where}: y_test holds label {name(int(test[first]))} (sample {first}; {int(unseen.sum())} test "

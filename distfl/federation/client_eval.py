@@ -9,12 +9,16 @@ fine-tune on the client's training data (FedBABU). With eval.finetune_epochs > 0
 personalised) each client first fine-tunes that model for that many epochs of plain local SGD on its own
 training data ("FedAvg + fine-tuning", FedBABU's baseline). Both fine-tunings run through
 `train_evaluated_model`: batches from the torch RNG keyed by (seed, client), the same on every rank,
-and the lr of the last round trained. Client c is evaluated on rank c % world_size, the
-rank that holds its state under sticky placement (with runtime.client_state=disk any rank can read it).
-Its correct and total counts go into one int slot each of the eval all_reduce, so the statistics below
-are exact and identical on 1 or N ranks.
+and the optimizer of eval.finetune_optimizer (`finetune_train_config`). Client c is evaluated on rank
+c % world_size, the rank that holds its state under sticky placement (with runtime.client_state=disk
+any rank can read it). Its correct and total counts go into one int slot each of the eval all_reduce,
+so the statistics below are exact and identical on 1 or N ranks. `clients_never_sampled` counts the
+clients no round up to the evaluated one has sampled (they are scored with the global model, or with
+FedPer's / FedRep's initial head): from the cohorts' seeds alone, the same on every rank.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
@@ -24,8 +28,10 @@ from .local import ClientRun, local_steps, run_local_training, seed_local_rng
 
 _FINETUNE_STREAM = 5  # distinct from population.py's (1, 2) and client_test.py's (3, 4) streams
 
-# metrics.jsonl keys, over the clients with a non-empty local test set
-STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10")
+# metrics.jsonl keys, over the clients with a non-empty local test set: the unweighted statistics of the
+# clients' accuracies, and the sample-weighted mean (all clients' test samples pooled: FedRep's and
+# PFLlib's per-client mean)
+STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10", "client_acc_weighted_mean")
 
 
 def client_segments(num_clients: int) -> list[Segment]:
@@ -96,9 +102,9 @@ def finetuned_model(trainer, client: int, state: dict) -> None:
 
 def train_evaluated_model(trainer, client: int, state: dict, hooks, body) -> None:
     """Call `body(run, worker)` with `run.train` bound to local SGD of the worker on client `client`'s
-    training data (train.batch_size, the lr of the last round trained, train.momentum and weight_decay,
-    `hooks`' shift, local_loss and correction), the torch RNG seeded by (seed, client) only: the same
-    model on whichever rank evaluates the client. FedBABU's fine-tuning and eval.finetune_epochs share it."""
+    training data (train.batch_size, the optimizer of `finetune_train_config`, `hooks`' shift,
+    local_loss and correction), the torch RNG seeded by (seed, client) only: the same model on
+    whichever rank evaluates the client. FedBABU's fine-tuning and eval.finetune_epochs share it."""
     cfg = trainer.cfg
     n = int(trainer.population.sizes[client])
     run = ClientRun(client_id=client, round_idx=max(trainer.last_round, 1), num_samples=n, weight=0.0,
@@ -106,7 +112,18 @@ def train_evaluated_model(trainer, client: int, state: dict, hooks, body) -> Non
                     global_params=trainer.global_params, state=dict(state))
     seed_local_rng(finetune_seed(cfg.seed, client), trainer.worker.params.device)
     with torch.enable_grad():
-        run_local_training(trainer.worker, trainer.data, trainer.client_indices[client], run, cfg.train, hooks, body)
+        run_local_training(trainer.worker, trainer.data, trainer.client_indices[client], run,
+                           finetune_train_config(cfg), hooks, body)
+
+
+def finetune_train_config(cfg):
+    """The train section the fine-tuning's SGD steps with. eval.finetune_optimizer=train: train.* itself
+    (the lr of the last round trained, train.momentum and weight_decay); own: a constant
+    eval.finetune_lr with eval.finetune_momentum and no weight decay (FedBABU's protocol)."""
+    if cfg.eval.finetune_optimizer == "train":
+        return cfg.train
+    return dataclasses.replace(cfg.train, lr=cfg.eval.finetune_lr, momentum=cfg.eval.finetune_momentum,
+                               weight_decay=0.0, lr_schedule="constant", lr_warmup_rounds=0)
 
 
 def finetune_seed(seed: int, client: int) -> int:
@@ -128,10 +145,21 @@ def reduced_client_statistics(reduced) -> dict:
     return accuracy_statistics(reduced["client_correct"].cpu().numpy(), reduced["client_total"].cpu().numpy())
 
 
+def clients_never_sampled(trainer) -> int:
+    """Clients that no cohort of rounds 1..trainer.last_round has held (each cohort is a function of the
+    seed and the round: population.cohort)."""
+    population, cfg = trainer.population, trainer.cfg
+    seen = np.zeros(len(population), dtype=bool)
+    for t in range(1, trainer.last_round + 1):
+        seen[population.cohort(cfg.seed, t, cfg.train.clients_per_round, cfg.train.cohort)] = True
+    return int((~seen).sum())
+
+
 def accuracy_statistics(correct: np.ndarray, total: np.ndarray) -> dict:
     """Mean, standard deviation (population, ddof 0), minimum and 10th percentile (numpy's linear
-    interpolation) of the clients' accuracies correct_k / total_k."""
+    interpolation) of the clients' accuracies correct_k / total_k, and their mean weighted by the
+    clients' test samples, sum_k correct_k / sum_k total_k."""
     correct, total = np.asarray(correct, dtype=np.float64), np.asarray(total)
     acc = correct[total > 0] / total[total > 0]
-    values = (acc.mean(), acc.std(), acc.min(), np.percentile(acc, 10))
+    values = (acc.mean(), acc.std(), acc.min(), np.percentile(acc, 10), correct.sum() / total.sum())
     return {key: float(v) for key, v in zip(STATISTICS, values)}

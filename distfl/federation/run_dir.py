@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -43,10 +44,15 @@ def prepare(trainer, resume: bool) -> None:
     clear = claim(trainer, resume)
     if trainer.ctx.is_main:
         if clear:  # --overwrite was given
-            for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state"):
+            for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state", "trackers.json", "wandb"):
                 path = trainer.run_dir / name
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         faults.remove_leftovers(trainer.run_dir)
+        if resume:
+            restored = checkpoint.restore_metrics(trainer.run_dir, checkpoint.checkpoints_dir(trainer.run_dir) /
+                                                  trainer.resumed_from)
+            if restored:
+                print(restored, file=sys.stderr, flush=True)
         if trainer.store is not None:
             trainer.store.create()
         config_text, saved = dump_config(trainer.cfg), trainer.run_dir / "config.yaml"
@@ -60,6 +66,8 @@ def prepare(trainer, resume: bool) -> None:
 def next_step(run_dir: Path) -> str:
     """What to do with a directory that holds a run: continue it from its checkpoint, or (none yet)
     start it over."""
+    if checkpoint.finished_run(run_dir):
+        return checkpoint.finished_run(run_dir)
     if checkpoint.complete_checkpoints(run_dir):
         return f"continue it with `distfl train --resume {run_dir}`, pick another output.dir, or pass --overwrite"
     return ("it stopped before its first checkpoint, so there is nothing to resume: start it over with --overwrite "

@@ -38,7 +38,7 @@ from ..models import build_model, uses_channels_last
 from ..privacy.mechanism import GaussianMechanism
 from ..privacy.rules import check_model_buffers
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, reduced_client_statistics
+from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
 from .population import Population, place, place_packs
@@ -144,7 +144,7 @@ class Trainer:
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
         # A method may need the store beside its rounds' own state (client_store: TCT's stage 2).
-        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device)
+        self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
                       if self.algorithm.stateful or algorithm_class(cfg.algorithm.name).client_store else None)
         if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
             self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
@@ -459,14 +459,14 @@ class Trainer:
         loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
         metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
         if clients:
-            metrics.update(reduced_client_statistics(reduced))
+            metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self))
         return metrics
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.start_round, cfg.train.rounds,
-                           resume_step=self.step)
+                           resume_step=self.step, params=self.global_params)
         for name, why in self.skipped:
             logger.info(f"skipped checkpoint {name}: {why}")
         if self.skipped:
@@ -507,7 +507,7 @@ class Trainer:
                         self.progress["best_test_acc"], self.progress["best_round"] = acc, t
                 self.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.progress["wall_s"]
-                logger.log_round(metrics)
+                logger.log_round(metrics, trainer=self)  # with the round's cohort size and update norm
                 self.step = t
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
                         or self.stop_agreed:

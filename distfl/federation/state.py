@@ -8,12 +8,11 @@ Checkpoints hold one file per client (`clients/<id>.pt`), so a run can resume on
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import atomic_torch_save, load_tensors
+from ..checkpoint import atomic_torch_save, check_restorable, load_tensors
 from ..faults import writing
 
 
@@ -21,19 +20,20 @@ class ClientStateStore:
     """`device`: where clients train (the run's device), the device `get` returns state on. `home`:
     where in-memory state lives between rounds; the run's device unless `place` moves it to the host."""
 
-    def __init__(self, kind: str, run_dir: Path, device: torch.device):
-        self.kind = kind
+    def __init__(self, kind: str, run_dir: Path, device: torch.device, method: str = "?"):
+        self.kind, self.method, self._checked = kind, method, False
         self.device = device
         self.home = device
         self.directory = Path(run_dir) / "client_state"
         self._memory: dict[int, dict] = {}
 
     def place(self, example: dict, clients_here: int, gpu_free: int | None = None,
-              host_free: int | None = None) -> None:
+              host_free: int | None = None, ranks_here: int | None = None) -> None:
         """Choose where in-memory state lives, before any work, from one client's state (`example`) and
         how many clients this rank may keep: the GPU while all of it takes at most a quarter of the free
-        GPU memory, else the host while it takes at most half the available host memory; else refuse,
-        naming the disk store."""
+        GPU memory, else the host while the state of all `ranks_here` ranks on this host (default: the
+        launcher's count) takes at most half the available host memory (`available_host_memory`: the
+        cgroup's limit counts); else refuse, naming the disk store."""
         if self.kind != "memory" or clients_here <= 0:
             return
         total = clients_here * sum(t.numel() * t.element_size() for t in example.values()
@@ -44,12 +44,18 @@ class ClientStateStore:
                 self.home = self.device
                 return
         host_free = available_host_memory() if host_free is None else host_free
-        if host_free is not None and total > host_free // 2:
+        if ranks_here is None:
+            from ..dist import local_world_size
+
+            ranks_here = local_world_size()
+        if host_free is not None and total * ranks_here > host_free // 2:
             from ..errors import ConfigError
 
-            raise ConfigError(f"per-client state would take {total / 2**30:.2f} GiB on this rank ({clients_here} "
-                              f"clients), more than half the {host_free / 2**30:.2f} GiB of available memory; "
-                              "use runtime.client_state=disk (one file per client under the run directory)")
+            ranks = f" on each of the {ranks_here} ranks on this host" if ranks_here > 1 else " on this rank"
+            raise ConfigError(f"per-client state would take {total * ranks_here / 2**30:.2f} GiB of host memory "
+                              f"({total / 2**30:.2f} GiB for {clients_here} clients{ranks}), more than half the "
+                              f"{host_free / 2**30:.2f} GiB of available memory; use runtime.client_state=disk "
+                              "(one file per client under the run directory)")
         self.home = torch.device("cpu")
 
     def _to(self, state: dict, device: torch.device) -> dict:
@@ -75,6 +81,9 @@ class ClientStateStore:
         return load_tensors(path, self.device) if path.exists() else None
 
     def put(self, client_id: int, state: dict) -> None:
+        if not self._checked:  # the first client's state: one a checkpoint could not restore stops the run now
+            check_restorable(state, f"algorithm.name={self.method}: the client state")
+            self._checked = True
         if self.kind == "memory":
             self._memory[client_id] = self._to(state, self.home)
         else:
@@ -98,10 +107,11 @@ class ClientStateStore:
             return len(self._memory)
         if not is_main:
             return 0
-        # Files are replaced by rename, never rewritten, so a hard link is a stable snapshot.
+        # A copy each, never a hard link: a link would make one file of client_state/ and of every kept
+        # checkpoint, so one damaged file would break them all (docs/checkpoints.md).
         paths = list(self.directory.glob("*.pt"))
         for path in paths:
-            _link_or_copy(path, clients_dir / path.name)
+            _copy(path, clients_dir / path.name)
         return len(paths)
 
     def restore(self, clients_dir: Path, hosted, is_main: bool) -> None:
@@ -118,28 +128,61 @@ class ClientStateStore:
             for path in self.directory.glob("*.pt"):
                 path.unlink()
             for path in files:
-                _link_or_copy(path, self.directory / path.name)
+                _copy(path, self.directory / path.name)
 
 
-def available_host_memory() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+def available_host_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process may still take: MemAvailable of /proc/meminfo, or less where a memory cgroup
+    (v2 memory.max, v1 memory.limit_in_bytes; a container's or a Slurm job's limit) leaves less. None
+    where neither is known."""
+    found = []
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        with open(proc / "meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
     except OSError:
-        return None
-    return None
+        pass
+    found += _cgroup_room(proc, cgroup_root)
+    return min(found) if found else None
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    if dst.exists():
-        dst.unlink()
+def _cgroup_room(proc: Path, root: Path) -> list[int]:
+    """limit - (usage - reclaimable page cache) of each memory cgroup that limits this process."""
     try:
-        os.link(src, dst)
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
-        import shutil
+        lines = []
+    own = {}  # controller ("" for v2) -> this process's cgroup path
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") or [""]:
+            own[name] = path.lstrip("/")
+    places = [(root / own.get("", ""), "memory.max", "memory.current", "inactive_file"), (root, "memory.max",
+              "memory.current", "inactive_file")]
+    for base in {root / "memory" / own.get("memory", ""), root / "memory"}:
+        places.append((base, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+    rooms = []
+    for base, limit_file, usage_file, cache_key in places:
+        try:
+            limit = (base / limit_file).read_text().strip()
+            usage = int((base / usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # no limit
+            continue
+        cache = 0
+        try:
+            stat = dict(line.split() for line in (base / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
+            cache = int(stat.get(cache_key, 0))
+        except (OSError, ValueError):
+            pass
+        rooms.append(max(int(limit) - max(usage - cache, 0), 0))
+    return rooms
 
-        with writing(dst):
-            shutil.copyfile(src, dst)
+
+def _copy(src: Path, dst: Path) -> None:
+    """A file of its own at `dst` (unlinked first: it may be a hard link an older distfl made)."""
+    import shutil
+
+    dst.unlink(missing_ok=True)
+    with writing(dst):
+        shutil.copyfile(src, dst)

@@ -2,9 +2,32 @@
 checkpoint after the current round; a torchrun worker whose launcher died does the same."""
 from __future__ import annotations
 
-import os
 import signal
 import threading
+
+from .. import launcher
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second Ctrl-C: the run stops at once, without a checkpoint of the round in progress."""
+
+    def __init__(self, run_dir):
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+
+
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """What `distfl train` prints when Ctrl-C ends it at once (exit status 130)."""
+    from ..checkpoint import checkpoints_dir
+    from ..faults import latest_checkpoint
+
+    run_dir = getattr(exc, "run_dir", None)
+    if run_dir is None:
+        return "interrupted (Ctrl-C)"
+    latest = latest_checkpoint(run_dir)
+    then = (f"`distfl train --resume {run_dir}` continues from its last checkpoint, {checkpoints_dir(run_dir) / latest}"
+            if latest else f"it has no checkpoint yet: `distfl train --resume {run_dir}` starts it over")
+    return f"stopped at once by a second Ctrl-C, without a checkpoint of the round in progress; {then}"
 
 
 def catch_stop_signals(trainer) -> dict:
@@ -17,19 +40,21 @@ def catch_stop_signals(trainer) -> dict:
         # Not under torchrun: a Ctrl-C there reaches each rank twice (from the terminal, and passed
         # on by the launcher), and only the launcher is to answer a second one.
         if signum == signal.SIGINT and trainer.stop_requested and trainer.interrupts and trainer.launcher is None:
-            raise KeyboardInterrupt
+            raise StoppedAtOnce(trainer.run_dir)
         trainer.interrupts += signum == signal.SIGINT
         trainer.request_stop()
 
-    # torchrun's workers: the launcher that started them. SIGKILL, or a signal torchrun does not
-    # handle (SIGUSR1: its default action kills it), ends it without stopping them; they notice
-    # their new parent at the next round boundary and stop as on SIGTERM.
-    trainer.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    # torchrun's workers: the launcher that started them (recorded when distfl was imported). SIGKILL,
+    # or a signal torchrun does not handle (SIGUSR1: its default action kills it), ends it without
+    # stopping them; from here on they notice at the next round boundary and stop as on SIGTERM
+    # (before here, distfl/launcher.py stops them at once).
+    trainer.launcher = launcher.LAUNCHER
+    launcher.training()
     return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
 
 def check_launcher(trainer, logger) -> None:
     """At a round boundary: a worker whose launcher died checkpoints and stops after this round."""
-    if trainer.launcher is not None and os.getppid() != trainer.launcher and not trainer.stop_requested:
+    if trainer.launcher is not None and launcher.gone() and not trainer.stop_requested:
         logger.info(f"the launcher (torchrun, pid {trainer.launcher}) is gone: checkpointing after this round, "
                     "then stopping")
         trainer.request_stop()

@@ -41,6 +41,9 @@ def build(trainer, status: str, error: str | None) -> dict:
         # eval.clients: epochs each client fine-tuned before it was scored (eval.finetune_epochs; fedbabu:
         # algorithm.finetune_epochs), 0 for none; None without eval.clients or for a personalised plugin method
         "client_finetune_epochs": client_finetune_epochs(trainer.cfg, trainer.algorithm),
+        # eval.clients: clients no round had sampled by the last evaluation (scored with the global model,
+        # or FedPer's / FedRep's initial head); None without eval.clients
+        "clients_never_sampled": last.get("clients_never_sampled"),
         "best_test_acc": trainer.progress["best_test_acc"],
         "best_round": trainer.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else trainer.cfg.train.rounds,

@@ -14,9 +14,10 @@ from .state import FINISHED, SKIPPED, final_report, point_state, train_args
 
 
 def run_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, executor=None, nproc=None,
-              slurm_args=None, wait: bool = False, dry_run: bool = False, out=None) -> int:
+              slurm_args=None, wait: bool = False, dry_run: bool = False, out=None, points_arg=None,
+              zip_args=()) -> int:
     out = out or sys.stdout
-    sweep = build_sweep(config_path, fixed, grid_args, seeds_arg, executor, nproc, slurm_args)
+    sweep = build_sweep(config_path, fixed, grid_args, seeds_arg, executor, nproc, slurm_args, points_arg, zip_args)
     if dry_run:
         print(f"distfl sweep (dry run): {len(sweep.points)} runs in {sweep.sweep_dir}, executor {sweep.executor}",
               file=out)

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from ..config import (OPTIONS_KEY, SWEEP_BLOCK, apply_overrides, config_keys, config_to_dict, flatten_dict, load_config,
                       load_sweep_block)
+from ..config.renamed import RENAMED, reads
 from ..errors import ConfigError, DistflError
 from .slurm import SLURM_OPTIONS, check_slurm_available, check_slurm_options, slurm_active_jobs
 from .plan import Point, Sweep
 from .state import FINISHED, point_state, value_text
 
 EXECUTORS = ("local", "slurm")
-SWEEP_KEYS = ("grid", "seeds", "executor", "nproc", "slurm")
+SWEEP_KEYS = ("grid", "points", "zip", "seeds", "executor", "nproc", "slurm")
 SWEEP_FILE = "sweep.json"
 SAFE = re.compile(r"[^A-Za-z0-9._+\-]")
 
@@ -27,7 +28,9 @@ SAFE = re.compile(r"[^A-Za-z0-9._+\-]")
 def _check_grid_key(key: str, where: str) -> None:
     keys = config_keys()
     if key.startswith(OPTIONS_KEY + ".") and key != OPTIONS_KEY + ".":
-        return  # a plugin method's option: each point's config checks it against the method's Options
+        return  # a method's option: each point's config checks it against the method's Options
+    if key in RENAMED:
+        return  # an old name of a method's option (distfl/config/renamed.py)
     if key in keys:
         if key == "seed":
             raise ConfigError(f"{where}: give seeds with --seeds 0,1,2 (or `seeds:` in the sweep block), "
@@ -67,6 +70,43 @@ def _grid_from_block(grid, where: str) -> dict[str, list[str]]:
     return out
 
 
+def _listed_point(item, where: str) -> dict[str, str]:
+    """One listed point: a mapping of config keys (dotted, or nested) to values -> key -> value text."""
+    if not isinstance(item, dict) or not item:
+        raise ConfigError(f"{where}: a point is a mapping of config keys to values, e.g. "
+                          f"{{algorithm.name: fedavg, eval.finetune_epochs: 5}}; got {item!r}")
+    out = {}
+    for key, value in flatten_dict(item).items():
+        _check_grid_key(key, f"{where}.{key}")
+        out[key] = value_text(value, f"{where}.{key}")
+    return out
+
+
+def load_points(value, where: str) -> list[dict[str, str]]:
+    """`--points FILE` (YAML or JSON: a list of mappings) or the sweep block's `points:` (the list, or a
+    file name relative to the config) -> the listed points."""
+    from ..yaml_loader import read_yaml
+
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_file():
+            raise ConfigError(f"{where}: {value} is not a file (a YAML or JSON list of mappings of overrides)")
+        where, value = str(path), read_yaml(str(path))
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: expected a non-empty list of points, each a mapping of overrides, e.g. "
+                          "[{algorithm.name: fedavg, eval.finetune_epochs: 5}, {algorithm.name: ditto}]")
+    return [_listed_point(item, f"{where}[{i}]") for i, item in enumerate(value)]
+
+
+def zip_points(columns: dict[str, list[str]], where: str) -> list[dict[str, str]]:
+    """Zipped keys (`--zip k=a,b --zip k2=x,y`): point i takes the i-th value of every key."""
+    lengths = {k: len(v) for k, v in columns.items()}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError(f"{where}: zipped keys need as many values each; got "
+                          + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
 def parse_seeds(value, where: str = "--seeds") -> list[int]:
     """"0,1,2", "0-4", [0, 1, 2] or 3 -> a list of distinct non-negative ints, in order."""
     items = value if isinstance(value, list) else [value] if isinstance(value, int) else str(value).split(",")
@@ -89,7 +129,7 @@ def parse_seeds(value, where: str = "--seeds") -> list[int]:
 
 
 def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, executor=None, nproc=None,
-                slurm_args: dict | None = None) -> Sweep:
+                slurm_args: dict | None = None, points_arg=None, zip_args=()) -> Sweep:
     """Everything the sweep will do, checked, with nothing written: grid x seeds points and their state."""
     block = load_sweep_block(config_path)
     unknown = [k for k in block if k not in SWEEP_KEYS]
@@ -104,6 +144,14 @@ def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, execut
     for key, values in grid.items():
         if len(set(values)) != len(values):
             raise ConfigError(f"grid {key}: {', '.join(values)} repeats a value")
+    listed = _listed_points(config_path, block, points_arg, zip_args)
+    for i, point in enumerate(listed):
+        if point in listed[:i]:
+            raise ConfigError(f"listed points {listed.index(point)} and {i} are the same run "
+                              f"({', '.join(f'{k}={v}' for k, v in point.items())})")
+    both = sorted(set(grid).intersection(*listed)) if listed else []
+    if both:
+        raise ConfigError(f"{both[0]} is both a grid key and a key of the listed points; give it in one of them")
 
     executor = executor or block.get("executor") or "local"
     if executor not in EXECUTORS:
@@ -126,19 +174,40 @@ def build_sweep(config_path: str, fixed=(), grid_args=(), seeds_arg=None, execut
     slurm.update(cli_slurm)
 
     seeds_value = seeds_arg if seeds_arg is not None else block.get("seeds")
-    base = _base_config(config_path, list(fixed), grid)
+    base = _base_config(config_path, list(fixed), grid, listed)
     seeds = parse_seeds(seeds_value, "--seeds" if seeds_arg is not None else "sweep.seeds") \
         if seeds_value is not None else [base.seed]
     if executor == "slurm":
         check_slurm_available()
 
     sweep_dir = Path(base.output.dir).resolve()
-    sweep = Sweep(config_path, list(fixed), grid, seeds, executor, nproc, slurm, sweep_dir)
+    sweep = Sweep(config_path, list(fixed), grid, seeds, executor, nproc, slurm, sweep_dir, listed=listed)
     sweep.points = _expand_points(sweep)
     for point in sweep.points:
         point.state = point_state(point.run_dir, point.config)
     _mark_queued(sweep)
     return sweep
+
+
+def _listed_points(config_path: str, block: dict, points_arg, zip_args) -> list[dict[str, str]]:
+    """The listed points of the sweep block (`points:`, `zip:`) and the command line (--points FILE,
+    --zip KEY=V1,V2: replace the block's)."""
+    if points_arg is not None and zip_args:
+        raise ConfigError("--points and --zip: give the points one way (--zip KEY=V1,V2 is a short list)")
+    if points_arg is not None:
+        return load_points(points_arg, "--points")
+    if zip_args:
+        return zip_points(dict(parse_grid_arg(item) for item in zip_args), "--zip")
+    where = f"sweep.points in {config_path}"
+    points = block.get("points")
+    if isinstance(points, str):
+        points = str(Path(config_path).parent / points)
+    listed = load_points(points, where) if points is not None else []
+    if block.get("zip") is not None:
+        if listed:
+            raise ConfigError(f"sweep.points and sweep.zip in {config_path}: give the points one way")
+        listed = zip_points(_grid_from_block(block["zip"], f"sweep.zip in {config_path}"), f"sweep.zip in {config_path}")
+    return listed
 
 
 def _declared_options(name: str) -> set[str] | None:
@@ -160,7 +229,8 @@ def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[lis
     grid values (points that then coincide are one point) and from the config and fixed overrides (an
     `algorithm.options={...}` override keeps the rest). An option no method of the grid declares is
     left in, so a typo is still refused."""
-    if "algorithm.name" not in sweep.grid:
+    names = list(dict.fromkeys(o.partition("=")[2] for c in combos for o in c if o.startswith("algorithm.name=")))
+    if not names:
         return [(combo, []) for combo in combos]
     import yaml
 
@@ -168,12 +238,12 @@ def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[lis
 
     raw = read_yaml(sweep.config_path)
     raw = {k: v for k, v in raw.items() if k != SWEEP_BLOCK} if isinstance(raw, dict) else {}
-    declared = {name: _declared_options(name) for name in sweep.grid["algorithm.name"]}
+    declared = {name: _declared_options(name) for name in names}
     in_grid = set().union(*(d for d in declared.values() if d is not None))
     out, seen = [], set()
     for combo in combos:
-        name = next(o.partition("=")[2] for o in combo if o.startswith("algorithm.name="))
-        own = declared[name]
+        name = next((o.partition("=")[2] for o in combo if o.startswith("algorithm.name=")), None)
+        own = declared.get(name)
         algorithm = apply_overrides(raw, [*sweep.fixed, *combo]).get("algorithm")
         options = (algorithm or {}).get("options") if isinstance(algorithm, dict) else None
         options = options if isinstance(options, dict) else {}
@@ -182,10 +252,14 @@ def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[lis
             close = difflib.get_close_matches(unknown[0], sorted(in_grid), n=1)
             hint = f"; did you mean '{OPTIONS_KEY}.{close[0]}'?" if close else ""
             raise ConfigError(f"{OPTIONS_KEY}.{unknown[0]}: no method of the grid (algorithm.name="
-                              f"{','.join(sweep.grid['algorithm.name'])}) declares it{hint} (their options: "
+                              f"{','.join(names)}) declares it{hint} (their options: "
                               f"{', '.join(sorted(in_grid))})")
         dropped = {k for k in options if own is not None and k not in own and k in in_grid}
-        kept = [o for o in combo if o.partition("=")[0] not in {f"{OPTIONS_KEY}.{k}" for k in dropped}]
+        # An old flat key (algorithm.mu) is dropped likewise from the points whose method does not read it.
+        merged = apply_overrides(raw, [*sweep.fixed, *combo])
+        unread = {o.partition("=")[0] for o in combo if o.partition("=")[0] in RENAMED
+                  and not reads(o.partition("=")[0], merged)}
+        kept = [o for o in combo if o.partition("=")[0] not in {f"{OPTIONS_KEY}.{k}" for k in dropped} | unread]
         extra = []
         if dropped:
             remaining = {k: v for k, v in options.items() if k not in dropped}
@@ -196,7 +270,7 @@ def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[lis
     return out
 
 
-def _base_config(config_path: str, fixed: list[str], grid: dict):
+def _base_config(config_path: str, fixed: list[str], grid: dict, listed=()):
     """The config without grid values (its output.dir is the sweep's, its seed the default one). Where
     algorithm.name is swept, options set for some of its methods need one of them: the first that takes
     them."""
@@ -204,7 +278,7 @@ def _base_config(config_path: str, fixed: list[str], grid: dict):
         return load_config(config_path, fixed)
     except ConfigError as first:
         errors = [first]
-        for name in grid.get("algorithm.name", []):
+        for name in grid.get("algorithm.name", []) or [p["algorithm.name"] for p in listed if "algorithm.name" in p]:
             try:
                 return load_config(config_path, [*fixed, f"algorithm.name={name}"])
             except ConfigError as exc:
@@ -214,11 +288,15 @@ def _base_config(config_path: str, fixed: list[str], grid: dict):
 
 
 def _expand_points(sweep: Sweep) -> list[Point]:
-    """Grid x seeds, grid keys in alphabetical order, seeds innermost; each point's config checked.
-    Refuses two points with one directory name, or with one config."""
+    """Listed points x grid x seeds (the listed points outermost, in their order; grid keys in
+    alphabetical order; seeds innermost), each combination's overrides in alphabetical order of their
+    keys; each point's config checked. Refuses two points with one directory name, or with one config."""
     combos = [[]]
-    for key in sweep.swept_keys:
+    for key in sorted(sweep.grid):
         combos = [c + [f"{key}={v}"] for c in combos for v in sweep.grid[key]]
+    if sweep.listed:
+        combos = [sorted([*(f"{k}={v}" for k, v in point.items()), *c], key=lambda o: o.partition("=")[0])
+                  for point in sweep.listed for c in combos]
     points, seen_names, seen_configs = [], {}, {}
     for combo, extra in _applicable_options(sweep, combos):
         prefix = _combo_dir_name(combo)
@@ -297,6 +375,7 @@ def write_sweep_file(sweep: Sweep) -> None:
         "config": str(Path(sweep.config_path).resolve()),
         "overrides": sweep.fixed,
         "grid": sweep.grid,
+        "listed": sweep.listed,
         "swept_keys": sweep.swept_keys,
         "seeds": sweep.seeds,
         "executor": sweep.executor,

@@ -6,8 +6,7 @@ import signal
 from contextlib import contextmanager
 from pathlib import Path
 
-# The directory that holds this distfl: child processes and Slurm tasks import it from there.
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+from ..launch import signals_handled_by
 
 
 def train_in_process(config: dict, state: str, stop: dict) -> dict:
@@ -51,14 +50,3 @@ def stop_signals():
 
     with signals_handled_by(handler, (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)):
         yield stop
-
-
-@contextmanager
-def signals_handled_by(handler, signals):
-    """`handler` for `signals` inside the block; the handlers from before it again after it."""
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, earlier in previous.items():
-            signal.signal(sig, earlier)

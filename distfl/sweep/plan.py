@@ -29,10 +29,13 @@ class Sweep:
     slurm: dict
     sweep_dir: Path
     points: list[Point] = field(default_factory=list)
+    # listed points (--points FILE, --zip, `points:`/`zip:` of the sweep block): each a dict of key ->
+    # value text; the grid's product is taken with each of them
+    listed: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def swept_keys(self) -> list[str]:
-        return sorted(self.grid)
+        return sorted(set(self.grid).union(*self.listed))
 
     @property
     def todo(self) -> list[Point]:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, DistflError, Interrupted
-from .inprocess import PACKAGE_ROOT, stop_signals, train_in_process
+from ..launch import PACKAGE_ROOT
+from .inprocess import stop_signals, train_in_process
 from .state import FINISHED, point_state, read_summary, runs_text
 
 try:  # submitit is a dependency; without it only the Slurm executor is unavailable

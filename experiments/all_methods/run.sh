@@ -39,8 +39,12 @@ declare -A KEYS=(
   [fedbabu]="algorithm.name=fedbabu"
   [ditto]="algorithm.name=ditto"
   [apfl]="algorithm.name=apfl"
+  [local]="algorithm.name=local"
+  [lgfedavg]="algorithm.name=lgfedavg"
+  [fedlc]="algorithm.name=fedlc"
+  [fedntd]="algorithm.name=fedntd"
 )
-ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft"
+ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft local lgfedavg fedlc fedntd"
 OUT=experiments/all_methods/runs
 PROTOCOL="train.rounds=100 eval.every=10"
 for method in ${METHODS:-$ORDER}; do

@@ -1,4 +1,4 @@
-"""The all-methods table of issue 21 (experiments/all_methods/run.sh): per split and method, over the
+"""The all-methods table (experiments/all_methods/run.sh): per split and method, over the
 seeds that finished, mean ± sample std of the last evaluation (round 100; a run that diverged is
 counted in "seeds", left out of the statistics, and listed per seed with its last evaluation): the global model's test
 accuracy (pooled test set) and the per-client statistics of eval.clients (each client's local test split;
@@ -21,11 +21,13 @@ GROUPS = [
     ("FedAvg family", ["fedavg", "fedprox", "scaffold", "feddyn", "fednova"]),
     ("the five papers", ["fedadc", "slowmo", "fedfor", "gma", "spherefed", "tct"]),
     ("global-model baselines", ["moon", "fedexp"]),
-    ("personalised", ["fedavg_ft", "fedper", "fedrep", "fedbabu", "ditto", "apfl"]),
+    ("label skew", ["fedlc", "fedntd"]),
+    ("personalised", ["local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl"]),
 ]
-PERSONALISED = {"fedavg_ft", "fedper", "fedrep", "fedbabu", "ditto", "apfl"}
+PERSONALISED = {"local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl"}
 LABELS = {"slowmo": "slowmo (FedADC's baseline)", "gma": "fedavg + GMA", "spherefed": "SphereFed + FFC",
-          "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)"}
+          "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)",
+          "local": "local only"}
 SPLITS = {"dir01": "Dir(0.1)", "c2": "#C=2"}
 
 

@@ -1,0 +1,252 @@
+"""Experiment trackers (`output.trackers`): where rank 0 sends a run's scalars, its config and its final
+metrics, besides metrics.jsonl. One interface, three trackers:
+
+    tensorboard  RUN_DIR/tb event files (torch's SummaryWriter); resumed runs purge the steps after the
+                 checkpoint, as metrics.jsonl drops its rows
+    mlflow       an MLflow run under experiment `output.experiment` at `output.mlflow_uri` (default a
+                 local file store, ./mlruns); a resumed run continues the same MLflow run (its id is kept
+                 in RUN_DIR/trackers.json)
+    wandb        a Weights & Biases run in project `output.experiment`, written under RUN_DIR/wandb
+                 (`output.wandb_mode`: offline by default, no network); a resumed run continues it (its id
+                 is kept in RUN_DIR/trackers.json)
+
+Every tracker gets the same names: the scalars' tags (`tag`), the run's name (`run_name`: the run
+directory, with its sweep point for a sweep's `k=v/seed=S`), the config keys worth a column (`hparams`:
+those that differ from their defaults, and what names the run) and the final metrics.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+from .errors import ConfigError
+from .faults import writing
+
+# metrics.jsonl key -> tag; other keys by their prefix (PREFIXES), or under method/ (an algorithm's own).
+TAGS = {
+    "test_acc": "test/accuracy",
+    "test_loss": "test/loss",
+    "train_loss": "train/loss",
+    "lr": "train/lr",
+    "server_lr": "train/server_lr",
+    "cohort_size": "train/cohort_size",
+    "update_norm": "train/update_norm",
+    "round_s": "time/round_s",
+    "eval_s": "time/eval_s",
+    "wall_s": "time/wall_s",
+    "virtual_time_s": "time/virtual_time_s",
+    "samples_per_s": "time/samples_per_s",
+    "bytes_reduced": "comm/bytes_reduced",
+    "clients_never_sampled": "test/clients_never_sampled",
+}
+PREFIXES = {"client_acc_": "test/client_acc_", "privacy_": "privacy/"}
+# Keys that name a run: always HParams columns, whatever their value.
+IDENTITY = ("algorithm.name", "data.dataset", "model.name", "partition.scheme", "seed")
+PACKAGES = {"mlflow": "mlflow-skinny", "wandb": "wandb"}
+
+
+def tag(key: str) -> str:
+    """The tracker name of a metrics.jsonl key: test_acc -> test/accuracy, lr -> train/lr, ..."""
+    if key in TAGS:
+        return TAGS[key]
+    for prefix, namespace in PREFIXES.items():
+        if key.startswith(prefix):
+            return namespace + key[len(prefix):]
+    return f"method/{key}"
+
+
+def run_name(run_dir: Path) -> str:
+    """`k=v/seed=0` for a sweep's run directory, else the directory's name."""
+    run_dir = Path(run_dir).resolve()
+    return f"{run_dir.parent.name}/{run_dir.name}" if run_dir.name.startswith("seed=") else run_dir.name
+
+
+def hparams(flat_config: dict, defaults: dict) -> dict:
+    """The config keys worth a column in a comparison of runs: those that differ from their defaults,
+    and the keys that name a run (IDENTITY), without output.* and checkpoint.*; lists and mappings as
+    text."""
+    out = {}
+    for key, value in flat_config.items():
+        if key.startswith(("output.", "checkpoint.")):
+            continue
+        if key in IDENTITY or value != defaults.get(key, object()):
+            out[key] = value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+    return out
+
+
+def check_installed(names) -> None:
+    """A tracker whose package is missing: one line, before any data loads."""
+    import importlib.util
+
+    for name in names:
+        if name in PACKAGES and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"output.trackers lists {name}, which is not installed: pip install "
+                              f"'distfl[{name}]' (or pip install {PACKAGES[name]})")
+
+
+class Tracker:
+    """What RunLogger calls. Scalars arrive by tag; `params` are the HParams columns."""
+
+    def scalars(self, values: dict, step: int) -> None:
+        raise NotImplementedError
+
+    def hparams(self, params: dict, metrics: dict, step: int) -> None:
+        raise NotImplementedError
+
+    def close(self, status: str) -> None:
+        """`status`: completed | diverged | failed | interrupted."""
+
+
+class TensorBoard(Tracker):
+    def __init__(self, run_dir: Path, purge_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        quiet_tensorboard_thread()
+        self.dir = Path(run_dir) / "tb"
+        with writing(self.dir):
+            self.writer = SummaryWriter(str(self.dir), purge_step=purge_step)
+
+    def scalars(self, values: dict, step: int) -> None:
+        with writing(self.dir):
+            for name, value in values.items():
+                self.writer.add_scalar(name, value, step)
+
+    def hparams(self, params: dict, metrics: dict, step: int) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        metrics = {f"hparams/{k}": v for k, v in metrics.items()}
+        with writing(self.dir):
+            for summary in hparams(params, metrics):  # into the run's own event file
+                self.writer.file_writer.add_summary(summary)
+            for name, value in metrics.items():
+                self.writer.add_scalar(name, value, step)
+
+    def close(self, status: str = "completed") -> None:
+        with writing(self.dir):
+            self.writer.close()
+
+
+def quiet_tensorboard_thread() -> None:
+    """TensorBoard writes from a thread, which re-raises a failed write (a full disk) in the next call
+    of ours; the thread's own dying print would put a traceback beside distfl's one line."""
+    previous = threading.excepthook
+    if getattr(previous, "distfl", False):
+        return
+
+    def hook(args):
+        if not (type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.distfl = True
+    threading.excepthook = hook
+
+
+
+def _ids(run_dir: Path) -> dict:
+    try:
+        return json.loads((Path(run_dir) / "trackers.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_ids(run_dir: Path, ids: dict) -> None:
+    """RUN_DIR/trackers.json: the MLflow and W&B run ids, so that a resumed run continues them."""
+    from .checkpoint import atomic_write_text
+
+    atomic_write_text(json.dumps(ids) + "\n", Path(run_dir) / "trackers.json")
+
+
+class MLflow(Tracker):
+    def __init__(self, run_dir: Path, output_cfg, name: str, params: dict):
+        from mlflow.tracking import MlflowClient
+
+        uri = output_cfg.mlflow_uri or (Path.cwd() / "mlruns").as_uri()
+        if uri.startswith("file:") or "://" not in uri:
+            # MLflow 3 asks for this opt-in before it writes its (maintained, not developed) file store.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name(output_cfg.experiment)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(output_cfg.experiment)
+        ids, self.run_id = _ids(run_dir), None
+        if ids.get("mlflow_run_id"):
+            try:
+                self.run_id = self.client.get_run(ids["mlflow_run_id"]).info.run_id
+                self.client.update_run(self.run_id, status="RUNNING")
+            except Exception:  # deleted, or another store: a new MLflow run
+                self.run_id = None
+        if self.run_id is None:
+            self.run_id = self.client.create_run(experiment_id, run_name=name,
+                                                 tags={"distfl.run_dir": str(Path(run_dir).resolve())}).info.run_id
+            _save_ids(run_dir, {**_ids(run_dir), "mlflow_run_id": self.run_id})
+        self._params(params)
+
+    def _params(self, params: dict) -> None:
+        """Params are written once per MLflow run: a resumed run adds only the new keys (its changed
+        values, train.rounds for one, are in the config.yaml it rewrites)."""
+        from mlflow.entities import Param
+
+        logged = self.client.get_run(self.run_id).data.params
+        new = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in logged]
+        for i in range(0, len(new), 100):
+            self.client.log_batch(self.run_id, params=new[i:i + 100])
+
+    def scalars(self, values: dict, step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+
+    def hparams(self, params: dict, metrics: dict, step: int) -> None:
+        self._params(params)
+        self.scalars(metrics, step)
+
+    def close(self, status: str = "completed") -> None:
+        self.client.set_terminated(self.run_id, {"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
+
+
+class Wandb(Tracker):
+    def __init__(self, run_dir: Path, output_cfg, name: str, params: dict):
+        import wandb
+
+        import time
+
+        run_dir = Path(run_dir).resolve()
+        ids = _ids(run_dir)
+        run_id = ids.get("wandb_run_id")
+        if run_id is None:  # a new run (also after --overwrite, which removes trackers.json)
+            run_id = hashlib.sha256(f"{run_dir}:{time.time_ns()}".encode()).hexdigest()[:16]
+            _save_ids(run_dir, {**ids, "wandb_run_id": run_id})
+        self.run = wandb.init(project=output_cfg.experiment, name=name, id=run_id, resume="allow",
+                              dir=str(run_dir), mode=output_cfg.wandb_mode, config=params,
+                              settings=wandb.Settings(console="off", silent=True))
+
+    def scalars(self, values: dict, step: int) -> None:
+        self.run.log(values, step=step)
+
+    def hparams(self, params: dict, metrics: dict, step: int) -> None:
+        self.run.config.update(params, allow_val_change=True)
+        self.run.summary.update(metrics)
+
+    def close(self, status: str = "completed") -> None:
+        self.run.finish(exit_code=0 if status == "completed" else 1)
+
+
+def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict) -> list[Tracker]:
+    """The trackers `output.trackers` lists (TensorBoard also needs output.tensorboard), opened."""
+    names = [n for n in output_cfg.trackers if n != "tensorboard" or output_cfg.tensorboard]
+    check_installed(names)
+    name = run_name(run_dir)
+    found = []
+    for tracker in names:
+        if tracker == "tensorboard":
+            found.append(TensorBoard(run_dir, purge_step))
+        elif tracker == "mlflow":
+            found.append(MLflow(run_dir, output_cfg, name, params))
+        else:
+            found.append(Wandb(run_dir, output_cfg, name, params))
+    return found

@@ -1,0 +1,100 @@
+"""One damaged file never costs the run: with checkpoint.keep=2, a byte flipped in any single file of a
+run directory leaves a checkpoint to resume from, and the resumed run is exact (the same model and
+metrics, row for row, as the run that never stopped). Each kept checkpoint holds its own copy of every
+client file, never a hard link shared with client_state/ or another checkpoint (docs/checkpoints.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import metrics, run_cli, summary, train_ok, write_config
+
+# SCAFFOLD keeps a state file per client, on disk: client_state/<id>.pt and clients/<id>.pt in each checkpoint.
+ARGS = ["algorithm.name=scaffold", "runtime.client_state=disk", "checkpoint.every=1", "checkpoint.keep=2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """6 rounds through, and the same run stopped after round 4 (checkpoints round 3 and 4 kept)."""
+    root = tmp_path_factory.mktemp("damage")
+    cfg = write_config(root / "small.yaml")
+    through = train_ok(cfg, f"output.dir={root / 'through'}", *ARGS)
+    train_ok(cfg, f"output.dir={root / 'stopped'}", *ARGS, "train.rounds=4")
+    return {"through": through, "through_rows": metrics(root / "through"), "stopped": root / "stopped"}
+
+
+def shared_client(run) -> str:
+    """A client file that rounds 3 and 4 both hold with the same bytes (a client not trained in round 4):
+    the file that hard links would make one for both checkpoints and client_state/."""
+    files = [json.loads((run / "checkpoints" / name / "manifest.json").read_text())["files"]
+             for name in ("round_000003", "round_000004")]
+    same = sorted(n for n, digest in files[0].items() if n.startswith("clients/") and files[1].get(n) == digest)
+    assert same, files
+    return same[0]
+
+
+FILES = {
+    "model and run state of the newest checkpoint": lambda run: "checkpoints/round_000004/state.pt",
+    "model and run state of the older checkpoint": lambda run: "checkpoints/round_000003/state.pt",
+    "manifest of the newest checkpoint": lambda run: "checkpoints/round_000004/manifest.json",
+    "manifest of the older checkpoint": lambda run: "checkpoints/round_000003/manifest.json",
+    "client file both checkpoints hold unchanged, in the newest": lambda run: f"checkpoints/round_000004/{shared_client(run)}",
+    "client file both checkpoints hold unchanged, in the older": lambda run: f"checkpoints/round_000003/{shared_client(run)}",
+    "the same client's file in client_state/": lambda run: f"client_state/{shared_client(run).split('/')[1]}",
+    "metrics copy in the newest checkpoint": lambda run: "checkpoints/round_000004/metrics.jsonl",
+    "metrics.jsonl": lambda run: "metrics.jsonl",
+    "summary.json": lambda run: "summary.json",
+    "checkpoints/latest": lambda run: "checkpoints/latest",
+}
+
+
+def copy(src, dst):
+    """`cp -a`: hard links within the run directory stay hard links."""
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    return dst
+
+
+def middle(data: bytearray) -> int:
+    """The byte to flip: the middle one; in a metrics file, a digit of round 2's train_loss (a flip
+    elsewhere may change only a timing)."""
+    if not data.startswith(b'{"round": 1'):
+        return len(data) // 2
+    second = data.index(b'{"round": 2')
+    return data.index(b'"train_loss": ', second) + len(b'"train_loss": ') + 3
+
+
+@pytest.mark.parametrize("where", list(FILES))
+def test_a_byte_flipped_in_any_one_file_still_resumes_exactly(runs, tmp_path, where):
+    run = copy(runs["stopped"], tmp_path / "run")
+    path = run / FILES[where](run)
+    data = bytearray(path.read_bytes())
+    data[middle(data)] ^= 1
+    with open(path, "r+b") as f:  # in place, as a disk error would: every hard link to it sees the change
+        f.write(data)
+
+    proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
+    assert proc.returncode == 0, proc.stderr
+    assert summary(run)["model_sha256"] == runs["through"]["model_sha256"]
+    keys = ("round", "train_loss")  # test_acc: the stopped run evaluated its last round, 4
+    assert [[r.get(k) for k in keys] for r in metrics(run)] == [[r.get(k) for k in keys] for r in runs["through_rows"]]
+
+
+def test_checkpoints_hold_client_files_of_their_own(runs):
+    """No file of a checkpoint is a hard link (to client_state/ or to another checkpoint)."""
+    linked = [str(p) for p in runs["stopped"].rglob("*") if p.is_file() and p.stat().st_nlink > 1]
+    assert linked == []
+
+
+def test_a_deleted_metrics_file_is_restored_from_the_checkpoint(runs, tmp_path):
+    """--resume with metrics.jsonl deleted: the history up to the checkpoint comes back from its copy,
+    said in one line, so the file still starts at round 1."""
+    run = copy(runs["stopped"], tmp_path / "run")
+    (run / "metrics.jsonl").unlink()
+    proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
+    assert proc.returncode == 0, proc.stderr
+    assert (f"{run / 'metrics.jsonl'} was missing: its 4 rows up to checkpoint round_000004 are restored from "
+            "the checkpoint's copy") in proc.stderr
+    assert [r["round"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert [r["train_loss"] for r in metrics(run)] == [r["train_loss"] for r in runs["through_rows"]]
