@@ -116,8 +116,10 @@ class RunLogger:
         import torch
 
         cfg, params = trainer.cfg, trainer.global_params
-        extras = {"cohort_size": len(trainer.population.cohort(cfg.seed, t, cfg.train.clients_per_round,
-                                                                cfg.train.cohort))}
+        # Under DP the cohorts come from the noise's key, and a Poisson cohort's size is not released (it
+        # counts whether a client took part: add/remove adjacency).
+        extras = {} if trainer.privacy is not None else {
+            "cohort_size": len(trainer.population.cohort(cfg.seed, t, cfg.train.clients_per_round, cfg.train.cohort))}
         if self.previous is not None:
             extras["update_norm"] = float(torch.linalg.vector_norm(params - self.previous))
         self.previous = params.clone()
@@ -159,7 +161,8 @@ class RunLogger:
         done = t - self.start + 1
         elapsed = time.time() - self.t0
         eta = elapsed / done * (self.total - t)
-        text = (f"round {t}/{self.total}  train loss {row['train_loss']:.4f}  {self.last_eval}  "
+        loss = f"train loss {row['train_loss']:.4f}  " if "train_loss" in row else ""  # withheld under DP
+        text = (f"round {t}/{self.total}  {loss}{self.last_eval}  "
                 f"{row['round_s']:.2f}s/round  eta {clock(eta)}")
         if self.mode == "bar":
             width = 24
@@ -232,9 +235,16 @@ def result_lines(summary: dict, run_dir: Path) -> list[str]:
 
 
 def guarantee_line(privacy: dict) -> str:
-    """A private run's guarantee, one line (the run's last; `distfl report`)."""
+    """A private run's guarantee, one line (the run's last; `distfl report`); keyed noise says it is a
+    simulation."""
+    from .privacy.secret import SIMULATION
+
     eps = privacy["epsilon"]
     text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
     return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
-            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, {privacy['cohort']} cohorts at rate "
-            f"{privacy['sampling_rate']:.4g}, noise multiplier {privacy['noise_multiplier']:.4g})")
+            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, "
+            + (f"DP-FTRL, a tree every {privacy['rounds_per_tree']} rounds" if privacy.get("rounds_per_tree") else
+               f"DP-FTRL, banded matrix factorisation of {privacy['bands']} bands" if privacy.get("bands") else
+               f"{privacy['cohort']} cohorts at rate {privacy['sampling_rate']:.4g}")
+            + f", noise multiplier {privacy['noise_multiplier']:.4g})"
+            f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from distfl.config.load import config_to_dict
 from distfl.config.renamed import upgraded
 from distfl.config.schema import KEYS, SECTIONS, Config
+from distfl.config.validate import key_applies
 from distfl.config.values import flatten_dict
 
 
@@ -75,7 +76,12 @@ def predated_keys_hint(changed: list[str]) -> str:
     if not keys:
         return text
     return text + (f" (the run predates {', '.join(keys)}; add "
-                   f"{' '.join(f'{k}={PREVIOUS_DEFAULTS[k]}' for k in keys)} to resume it as it ran)")
+                   f"{' '.join(f'{k}={_text(PREVIOUS_DEFAULTS[k])}' for k in keys)} to resume it as it ran)")
+
+
+def _text(value) -> str:
+    """A value as an override writes it (booleans in YAML's spelling)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def resume_blockers(saved: dict, now: dict) -> list[str]:
@@ -92,5 +98,11 @@ def resume_blockers(saved: dict, now: dict) -> list[str]:
                                "noise; more rounds would spend more privacy than the target. Start a new run with "
                                "the rounds you want (a run given privacy.noise_multiplier instead of a target may "
                                "be resumed with more rounds: its epsilon grows with them)")
+    if now.get("privacy.mechanism") == "banded_mf":
+        why["train.rounds"] = (f"privacy.mechanism=banded_mf factored the noise for all {saved.get('train.rounds')} "
+                               "rounds, and the rounds already trained used that factorisation; start a new run "
+                               "with the rounds you want")
+    # A key that neither the saved run nor this one reads (its declared `applies`) cannot change the model.
     return Blockers([k for k in now if k != "output.dir" and saved.get(k) != now[k]
-                     and (k in why or k not in KEYS or not KEYS[k].resumable)], why)
+                     and (k in why or k not in KEYS or not KEYS[k].resumable)
+                     and (key_applies(k, saved) or key_applies(k, now))], why)

@@ -29,7 +29,7 @@ def key(default, *, choices=None, plugin=False, range=None, limit=None, seed_max
     """A config key's default and its rules (see the module's docstring), as dataclass field metadata."""
     rules = {"choices": choices, "plugin": plugin, "range": range, "limit": limit, "seed_max": seed_max,
              "applies": applies, "resumable": resumable, "previous": previous}
-    metadata = {k: v for k, v in rules.items() if v not in (None, False)}
+    metadata = {k: v for k, v in rules.items() if v is not None and not (k in ("plugin", "resumable") and v is False)}
     if isinstance(default, list):  # a list of names: each instance its own copy
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -206,15 +206,17 @@ class RuntimeConfig:
 
 @dataclass
 class PrivacyConfig:
-    mechanism: str = key("none", choices=["none", "gaussian"])  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md)
-    clip_norm: float = key(1.0, range="> 0", applies=("privacy.mechanism", ["gaussian"]))  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
-    noise_multiplier: float = key(-1.0, range=">= -1", applies=("privacy.mechanism", ["gaussian"]))  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
-    target_epsilon: float = key(0.0, range=">= 0", applies=("privacy.mechanism", ["gaussian"]))  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
-    delta: float = key(0.0, range="[0, 1)", applies=("privacy.mechanism", ["gaussian"]))  # gaussian: delta of the (epsilon, delta) guarantee, required in (0, 1); common choice 1 / num_clients^1.1
-    accountant: str = key("rdp", choices=["rdp", "pld"], applies=("privacy.mechanism", ["gaussian"]))  # gaussian: rdp (Renyi DP, dp-accounting's RdpAccountant) | pld (privacy loss distributions, tighter; train.cohort=poisson only)
-    adaptive_clip: bool = key(False, applies=("privacy.mechanism", ["gaussian"]))  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
+    mechanism: str = key("none", choices=["none", "gaussian", "dp_ftrl", "banded_mf"])  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md) | dp_ftrl: DP-FTRL (Kairouz et al. 2021), the same clipping with tree-aggregated noise correlated across rounds, for train.cohort=sequential (each client once per floor(num_clients / clients_per_round) rounds; no sampling needed) | banded_mf: DP-FTRL with banded matrix factorisation noise (Choquette-Choo et al. 2023), the same participation
+    clip_norm: float = key(1.0, range="> 0", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
+    noise_multiplier: float = key(-1.0, range=">= -1", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
+    target_epsilon: float = key(0.0, range=">= 0", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
+    delta: float = key(0.0, range="[0, 1)", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: delta of the (epsilon, delta) guarantee, required in (0, 1); common choice 1 / num_clients^1.1
+    accountant: str = key("rdp", choices=["rdp", "pld"], applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: rdp (Renyi DP, dp-accounting's RdpAccountant) | pld (privacy loss distributions, tighter; train.cohort=poisson only)
+    adaptive_clip: bool = key(False, applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
     target_quantile: float = key(0.5, range="(0, 1)")  # adaptive_clip: fraction gamma of clients whose update should fit within the clip
     clip_lr: float = key(0.2, range=">= 0")  # adaptive_clip: geometric learning rate eta_C of C <- C * exp(-eta_C (b - gamma)), b the noised unclipped fraction
+    bands: int = key(0, range=">= 0", applies=("privacy.mechanism", ["banded_mf"]))  # banded_mf: b, the bands of the factor C (its noise is correlated over b rounds); at most floor(num_clients / clients_per_round), the rounds between a client's participations; 0: that many (capped at train.rounds)
+    secure_noise: bool = key(True, applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]), previous=False)  # gaussian: true: the noise and the cohorts come from a 128-bit key drawn from the operating system's secure source at start, kept only in the checkpoints (owner-only noise_key file), so nobody with the config can regenerate and subtract the noise (for models you release) | false: from seed, reproducible from the config (simulation studies; the noise offers no protection against whoever has the config)
     count_noise_multiplier: float = key(0.0, range=">= 0")  # adaptive_clip: std sigma_b of the noise on the count of unclipped clients; 0: expected cohort / 20 (the paper's choice); must exceed noise_multiplier / 2
 
 

@@ -35,8 +35,7 @@ from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError
                       RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
-from ..privacy.mechanism import GaussianMechanism
-from ..privacy.rules import check_model_buffers
+from ..privacy import mechanism as dp, rules as dp_rules
 from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .local import ClientRun, FlatModel, local_steps, train_client
@@ -134,11 +133,9 @@ class Trainer:
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory)
         self.privacy, self.ledger = None, None
         if cfg.privacy.mechanism != "none":
-            check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
-            self.privacy = GaussianMechanism(cfg, self.algorithm.all_segments(), self.noise_multiplier, self.device)
-            self.ledger = _accountant().Ledger(self.noise_multiplier, cfg.privacy.delta, cfg.train.cohort,
-                                                    len(self.population), cfg.train.clients_per_round,
-                                                    cfg.privacy.accountant)
+            dp_rules.check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
+            self.privacy = dp.GaussianMechanism(cfg, self.algorithm.all_segments(), self.noise_multiplier, self.device, ctx)
+            self.ledger = _accountant().Ledger.of(cfg, self.noise_multiplier, len(self.population))
         self.sticky = self._sticky_placement()
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
@@ -214,7 +211,7 @@ class Trainer:
         self.worker._int_snapshot = [t.to(self.device) for t in state["int_buffers"]]
         self.algorithm.load_server_state(state["server"])
         if self.privacy is not None:
-            self.privacy.load_state_dict(state["privacy"])
+            self.privacy.load_state_dict(state["privacy"], path)
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
         self.last_round = state["round"]
@@ -305,7 +302,8 @@ class Trainer:
                 "buffers": self.global_buffers.cpu(),
                 "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
                 "server": _to_cpu(self.algorithm.server_state()),
-                "privacy": self.privacy.state_dict() if self.privacy is not None else {},
+                # privacy: the mechanism's state; a secret noise key goes beside state.pt, owner-only
+                "privacy": self.privacy.checkpoint(checkpoint.staging_dir(self.run_dir, name)) if self.privacy else {},
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "data": self.data_sources,
@@ -338,7 +336,8 @@ class Trainer:
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
         self.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
-        cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        cohort = self.population.cohort(cfg.seed if self.privacy is None else self.privacy.sampling_seed,  # DP: secret
+                                        round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         if self.pack_size == 1:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
         else:
@@ -495,7 +494,8 @@ class Trainer:
                 row = self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
-                metrics.pop("samples", None)
+                for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic
+                    metrics.pop(key, None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"

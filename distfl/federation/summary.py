@@ -23,7 +23,13 @@ def privacy_guarantee(trainer, rounds) -> dict | None:
             "final_clip_norm": trainer.privacy.clip_norm, "adaptive_clip": p.adaptive_clip,
             "accountant": p.accountant, "cohort": trainer.cfg.train.cohort,
             "sampling_rate": trainer.cfg.train.clients_per_round / len(trainer.population),
-            "level": "user", "model": "central"}
+            "level": "user", "model": "central",
+            # secret: noise and cohorts from a key only the checkpoints hold; keyed: from the config's seed
+            "noise": trainer.privacy.key.mode,
+            # dp_ftrl: the rounds of each tree (a restart after each), None for gaussian
+            "rounds_per_tree": trainer.privacy.tree.rounds_per_tree if trainer.privacy.tree else None,
+            # banded_mf: the bands of the factor C, None otherwise
+            "bands": trainer.privacy.banded.bands if trainer.privacy.banded else None}
 
 def build(trainer, status: str, error: str | None) -> dict:
     """summary.json: how the run ended, its accuracies, the final model's hash, the collectives, the
@@ -59,7 +65,8 @@ def build(trainer, status: str, error: str | None) -> dict:
         "privacy": privacy_guarantee(trainer, last.get("round") if status != "completed" else trainer.cfg.train.rounds),
         "dataset": trainer.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
-        "data_files": trainer.data_sources,
+        # (withheld under DP, None: a hash of the clients' data is an un-noised statistic of it; the checkpoints keep it)
+        "data_files": trainer.data_sources if trainer.privacy is None else None,
         # data.normalize: the per-channel [mean, std] applied to the inputs, or None
         "input_normalization": trainer.data.normalization and [list(v) for v in trainer.data.normalization],
         "distfl_version": __version__,

@@ -1,8 +1,13 @@
 """Central user-level differential privacy (DP-FedAvg, McMahan et al. ICLR 2018; adaptive clipping,
-Andrew et al. NeurIPS 2021) and its accounting (Google's dp-accounting). docs/privacy.md.
+Andrew et al. NeurIPS 2021; DP-FTRL, Kairouz et al. ICML 2021, with tree aggregation or banded matrix
+factorisation, Choquette-Choo et al. NeurIPS 2023) and its accounting (Google's dp-accounting).
+docs/privacy.md.
 
   rules.py       which configs keep a guarantee; every other one refused before any work
-  accountant.py  epsilon of the sampling actually run (Poisson or fixed-size cohorts), calibration
-  mechanism.py   per-client clipping into the exact sum, keyed Gaussian noise after the all_reduce
+  accountant.py  epsilon of the sampling or participation actually run, calibration
+  mechanism.py   per-client clipping of the summed contribution, the noise after the all_reduce
+  secret.py      where the noise and cohorts come from: a secret key (default) or the config's seed
+  tree.py        DP-FTRL's tree-aggregated noise, restarted every floor(N / m) rounds
+  banded.py      DP-FTRL's banded matrix factorisation noise
   adaptive.py    the clip norm that follows a quantile of the update norms, from a noised count
 """

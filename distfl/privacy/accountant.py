@@ -11,6 +11,11 @@ One round of DP-FedAvg is a subsampled Gaussian mechanism on the sum of clipped 
 With adaptive clipping, z is the total noise multiplier of the update and the clipped count together
 (Andrew et al. 2021, Thm 1), so the same event describes a round.
 T rounds are the T-fold self-composition.
+
+DP-FTRL (train.cohort=sequential, each client in at most one of any floor(N / m) consecutive rounds),
+under zero-out adjacency (REPLACE_SPECIAL: one client's data replaced by nothing):
+  - dp_ftrl: one SingleEpochTreeAggregationDpEvent(z, L) per tree of L = floor(N / m) rounds (tree.py);
+  - banded_mf: the whole run is one Gaussian of multiplier z / sqrt(k), k participations (banded.py).
 """
 from __future__ import annotations
 
@@ -60,8 +65,33 @@ def round_event(noise_multiplier: float, cohort: str, num_clients: int, clients_
     raise ValueError(f"no accountant bounds train.cohort={cohort}")
 
 
-def make_accountant(kind: str, cohort: str):
-    relation = (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if cohort == "poisson"
+def run_event(noise_multiplier: float, rounds: int, cohort: str, num_clients: int, clients_per_round: int,
+              mechanism: str = "gaussian"):
+    """The DpEvent of `rounds` rounds. dp_ftrl: one tree per floor(N / m) rounds (the last one partial),
+    each client in at most one round of each (tree.py); the trees compose."""
+    if mechanism == "banded_mf":  # one Gaussian release of C x, sensitivity sqrt(k) C (banded.py)
+        from .banded import participations
+
+        k = participations(rounds, num_clients, clients_per_round)
+        return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(k))
+    if mechanism == "dp_ftrl":
+        from .tree import rounds_per_tree
+
+        per_tree = rounds_per_tree(num_clients, clients_per_round)
+        full, rest = divmod(rounds, per_tree)
+        events = [dp_accounting.SelfComposedDpEvent(
+            dp_accounting.SingleEpochTreeAggregationDpEvent(noise_multiplier, per_tree), full)] if full else []
+        events += [dp_accounting.SingleEpochTreeAggregationDpEvent(noise_multiplier, rest)] if rest else []
+        return dp_accounting.ComposedDpEvent(events)
+    return dp_accounting.SelfComposedDpEvent(round_event(noise_multiplier, cohort, num_clients, clients_per_round),
+                                             rounds)
+
+
+def make_accountant(kind: str, cohort: str, mechanism: str = "gaussian"):
+    """dp_ftrl: zero-out adjacency (REPLACE_SPECIAL: one client's data replaced by a client that adds
+    nothing), the relation tree aggregation is analysed under; the population size is public."""
+    relation = (dp_accounting.NeighboringRelation.REPLACE_SPECIAL if mechanism in ("dp_ftrl", "banded_mf")
+                else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if cohort == "poisson"
                 else dp_accounting.NeighboringRelation.REPLACE_ONE)
     if kind == "rdp":
         return rdp.RdpAccountant(neighboring_relation=relation)
@@ -71,16 +101,15 @@ def make_accountant(kind: str, cohort: str):
 
 
 def epsilon(noise_multiplier: float, rounds: int, delta: float, cohort: str, num_clients: int,
-            clients_per_round: int, accountant: str = "rdp") -> float:
+            clients_per_round: int, accountant: str = "rdp", mechanism: str = "gaussian") -> float:
     """Epsilon at `delta` after `rounds` rounds (inf without noise, 0 before the first round)."""
     if rounds == 0:
         return 0.0
     if noise_multiplier <= 0:
         return math.inf
-    event = round_event(noise_multiplier, cohort, num_clients, clients_per_round)
-    acc = make_accountant(accountant, cohort)
+    acc = make_accountant(accountant, cohort, mechanism)
     with _quiet_absl():
-        acc.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
+        acc.compose(run_event(noise_multiplier, rounds, cohort, num_clients, clients_per_round, mechanism))
         return float(acc.get_epsilon(delta))
 
 
@@ -90,12 +119,27 @@ class Ledger:
     the rounds (~1 ms). PLD: the one-round privacy loss distribution the PLDAccountant builds, kept,
     and self-composed t times for round t (an FFT power; ~0.1-0.5 s on a CPU)."""
 
-    def __init__(self, noise_multiplier, delta, cohort, num_clients, clients_per_round, accountant):
+    def __init__(self, noise_multiplier, delta, cohort, num_clients, clients_per_round, accountant,
+                 mechanism="gaussian"):
         self.delta, self.kind, self.cohort = delta, accountant, cohort
-        self.event = round_event(noise_multiplier, cohort, num_clients, clients_per_round) if noise_multiplier > 0 else None
+        # dp_ftrl: the RDP of the trees so far, in closed form (no one-round curve to keep).
+        self.tree_args = ((noise_multiplier, delta, cohort, num_clients, clients_per_round, accountant, mechanism)
+                          if mechanism in ("dp_ftrl", "banded_mf") else None)
+        self.event = (round_event(noise_multiplier, cohort, num_clients, clients_per_round)
+                      if noise_multiplier > 0 and self.tree_args is None else None)
         self.one_round = None
 
+    @classmethod
+    def of(cls, cfg, noise_multiplier: float, num_clients: int) -> "Ledger":
+        """The ledger of a run with this config, population size and (resolved) noise multiplier."""
+        p = cfg.privacy
+        return cls(noise_multiplier, p.delta, cfg.train.cohort, num_clients, cfg.train.clients_per_round, p.accountant,
+                   p.mechanism)
+
     def epsilon_after(self, rounds: int) -> float:
+        if self.tree_args is not None:
+            z, delta, *rest = self.tree_args
+            return epsilon(z, rounds, delta, *rest)
         if self.event is None:
             return math.inf
         if rounds == 0:
@@ -121,11 +165,11 @@ class Ledger:
 
 
 def calibrate(target_epsilon: float, rounds: int, delta: float, cohort: str, num_clients: int,
-              clients_per_round: int, accountant: str = "rdp") -> float:
+              clients_per_round: int, accountant: str = "rdp", mechanism: str = "gaussian") -> float:
     """The smallest noise multiplier (to 1e-4 relative) whose `rounds` rounds spend at most
     `target_epsilon` at `delta`; the value returned is checked to land at or below the target."""
     def make_event(z):
-        return dp_accounting.SelfComposedDpEvent(round_event(z, cohort, num_clients, clients_per_round), rounds)
+        return run_event(z, rounds, cohort, num_clients, clients_per_round, mechanism)
 
     # PLD is slow at tiny multipliers and never looser than RDP: bracket its search by RDP's answer.
     bracket = dp_accounting.LowerEndpointAndGuess(1e-2, 1.0)
@@ -135,12 +179,13 @@ def calibrate(target_epsilon: float, rounds: int, delta: float, cohort: str, num
     try:
         with _quiet_absl():
             z = dp_accounting.calibrate_dp_mechanism(
-                lambda: make_accountant(accountant, cohort), make_event, target_epsilon, delta, bracket, tol=1e-4)
+                lambda: make_accountant(accountant, cohort, mechanism), make_event, target_epsilon, delta, bracket,
+                tol=1e-4)
     except (ValueError, dp_accounting.mechanism_calibration.NoBracketIntervalFoundError) as exc:
         raise ConfigError(f"privacy.target_epsilon={target_epsilon}: the accountant finds no noise multiplier "
                           f"reaching it at delta={delta} over {rounds} rounds ({exc})") from None
     # brentq returns a point within tol of the root, on either side: step up until the target holds.
-    while epsilon(z, rounds, delta, cohort, num_clients, clients_per_round, accountant) > target_epsilon:
+    while epsilon(z, rounds, delta, cohort, num_clients, clients_per_round, accountant, mechanism) > target_epsilon:
         z *= 1 + 1e-4
     return float(z)
 
@@ -152,7 +197,7 @@ def resolve_noise_multiplier(cfg) -> float | None:
         return None
     if p.target_epsilon > 0:
         return calibrate(p.target_epsilon, cfg.train.rounds, p.delta, cfg.train.cohort, cfg.partition.num_clients,
-                         cfg.train.clients_per_round, p.accountant)
+                         cfg.train.clients_per_round, p.accountant, p.mechanism)
     return float(p.noise_multiplier)
 
 
@@ -161,7 +206,7 @@ def describe(cfg, noise_multiplier: float, update_multiplier: float) -> str:
     p, t = cfg.privacy, cfg.train
     q = t.clients_per_round / cfg.partition.num_clients
     planned = epsilon(noise_multiplier, t.rounds, p.delta, t.cohort, cfg.partition.num_clients,
-                      t.clients_per_round, p.accountant)
+                      t.clients_per_round, p.accountant, p.mechanism)
     origin = (f"calibrated by {p.accountant} to target_epsilon={p.target_epsilon:g}" if p.target_epsilon > 0
               else "privacy.noise_multiplier")
     if p.adaptive_clip:
@@ -172,6 +217,25 @@ def describe(cfg, noise_multiplier: float, update_multiplier: float) -> str:
     else:
         split = ""
     clip = f"clip {p.clip_norm:g}" + (" (adaptive, quantile " f"{p.target_quantile:g})" if p.adaptive_clip else "")
-    return (f"privacy: user-level DP-FedAvg, {clip}, noise multiplier {noise_multiplier:.4g} ({origin}"
-            f"{split}), {t.cohort} cohorts at rate {q:.4g}; {t.rounds} rounds give epsilon "
-            f"{planned:.4g} at delta {p.delta:g} ({p.accountant})")
+    if p.mechanism == "dp_ftrl":
+        from .tree import rounds_per_tree
+
+        name, sampling = "DP-FTRL (tree aggregation)", (
+            f"sequential cohorts, a new tree every {rounds_per_tree(cfg.partition.num_clients, t.clients_per_round)} "
+            "rounds (each client at most once per tree)")
+    elif p.mechanism == "banded_mf":
+        from .banded import bands
+
+        name, sampling = f"DP-FTRL (banded matrix factorisation, {bands(cfg)} bands)", "sequential cohorts"
+    else:
+        name, sampling = "DP-FedAvg", f"{t.cohort} cohorts at rate {q:.4g}"
+    return (f"privacy: user-level {name}, {clip}, noise multiplier {noise_multiplier:.4g} ({origin}"
+            f"{split}), {sampling}; {t.rounds} rounds give epsilon "
+            f"{planned:.4g} at delta {p.delta:g} ({p.accountant}); {noise_mode(p.secure_noise)}")
+
+
+def noise_mode(secure: bool) -> str:
+    """How the noise was drawn, beside every printed epsilon."""
+    from .secret import SIMULATION
+
+    return "noise secret (a key from the OS's secure source, kept in the checkpoints only)" if secure else SIMULATION

@@ -2,44 +2,45 @@
 "Learning Differentially Private Recurrent Language Models", ICLR 2018, Algorithm 1).
 
 Per client (on its rank): everything the method's `collect` adds to the round's released segments is
-staged, its joint L2 norm taken once (accumulated in float64), and the whole contribution scaled by
-(C - r) / norm if its norm exceeds C - r (else added untouched) before it is rounded into the
-fixed-point sum. r bounds what that rounding can
-add to the norm (half a unit per coordinate), so the contribution as summed has norm <= C. Every
-contribution is weighted 1 / m, m = train.clients_per_round, the expected cohort size: a fixed
-denominator, as in the paper, so no client's weight depends on who else was sampled.
+staged; its contribution is what those adds sum to, segment by segment (a segment added twice counts
+twice), and its norm is m times the L2 norm of those weighted per-segment sums (accumulated in float64).
+Every add must carry the weight 1 / m, m = train.clients_per_round, the expected cohort size (a fixed
+denominator, as in the paper, so no client's weight depends on who else was sampled): another weight is
+refused. The whole contribution is scaled by (C - r) / norm if its norm exceeds C - r (else added
+untouched) before it is rounded into the fixed-point sum; r bounds what that rounding can add to the norm
+(half a unit per coordinate and add), so the contribution as summed has norm <= C.
 
 Per round (on every rank, after the one all_reduce): N(0, (z_Delta C)^2) on every coordinate of the
-summed contributions, divided by m, drawn from a generator seeded by (seed, round) on the run's device.
+summed contributions, divided by m, drawn from a generator seeded by (key, round) on the run's device,
+the key being the run's secret (privacy.secure_noise, secret.py) or, in keyed mode, the config's seed.
 Every rank draws the same noise, so the noisy model is the same on any number of ranks and after a
 resume. The server step that follows is post-processing.
 
-What the rounds release beside the model is listed in docs/privacy.md (train loss, sample and client
-counts are logged for the operator and are not covered).
+Beside the model a private run releases (metrics.jsonl, TensorBoard, summary.json) nothing computed from
+the clients' data without noise: the round's train loss and sample count (samples_per_s) are WITHHELD.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
+from ..errors import PluginError
+from . import secret
 from .adaptive import AdaptiveClip, count_noise_std, update_noise_multiplier
+from .banded import BandedFactorisation, bands
+from .tree import TreeAggregation, rounds_per_tree
 
 _NOISE_STREAM = 11  # beside population.py's streams: the round's noise never shifts a cohort or a client
 _UPDATE_NOISE, _COUNT_NOISE = 0, 1
+# Round metrics that are exact aggregates of the sampled clients (their losses, their sample counts): not
+# logged under DP.
+WITHHELD = ("train_loss", "samples_per_s")
 UNCLIPPED = "privacy_unclipped"  # adaptive clipping: the sum of the clients' centred reports
 
 
-def noise_seed(seed: int, round_idx: int, purpose: int) -> int:
-    return int(np.random.SeedSequence([seed, _NOISE_STREAM, round_idx, purpose]).generate_state(2, np.uint32)
-               .astype(np.uint64) @ np.array([1, 2**31], dtype=np.uint64))
-
-
 def standard_normal(seed: int, round_idx: int, purpose: int, numel: int, device: torch.device) -> torch.Tensor:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(noise_seed(seed, round_idx, purpose))
-    return torch.randn(numel, generator=generator, dtype=torch.float64, device=device)
+    return secret.keyed_normal([seed, _NOISE_STREAM, round_idx, purpose], numel, device)
 
 
 class _Staged:
@@ -50,26 +51,40 @@ class _Staged:
 
     def add(self, name, value, weight: float = 1.0) -> None:
         if name not in self.released:
-            raise ValueError(f"under privacy.mechanism=gaussian a client may only add to the released segments "
+            raise ValueError(f"under differential privacy (privacy.mechanism) a client may only add to the released segments "
                              f"({', '.join(self.released)}), not {name!r}")
         self.parts.append((name, torch.as_tensor(value), weight))
 
 
 class GaussianMechanism:
-    def __init__(self, cfg, algorithm_segments, noise_multiplier: float, device: torch.device):
+    def __init__(self, cfg, algorithm_segments, noise_multiplier: float, device: torch.device, ctx=None):
+        """`ctx`: the process group a secret key is sent through (None: one process)."""
         p = cfg.privacy
-        self.seed, self.device = cfg.seed, device
+        self.key = secret.NoiseKey(p.secure_noise, secret.draw(ctx) if p.secure_noise else cfg.seed)
+        self.device = device
         self.noise_multiplier = noise_multiplier  # z, what the accountant sees
         self.denominator = cfg.train.clients_per_round
         self.released = {s.name: s for s in algorithm_segments}  # all "fixed" (rules.py refuses others)
+        self.algorithm_name = cfg.algorithm.name
         self.numel = sum(s.numel for s in algorithm_segments)
         self.clip = AdaptiveClip(p.clip_norm, p.target_quantile, p.clip_lr,
                                  count_noise_std(p.count_noise_multiplier, self.denominator), self.denominator) \
             if p.adaptive_clip else None
         self.fixed_clip = p.clip_norm
+        # dp_ftrl: the noise of round t is the change in the tree's noise on the prefix sum (tree.py).
+        self.tree = (TreeAggregation(rounds_per_tree(cfg.partition.num_clients, self.denominator))
+                     if p.mechanism == "dp_ftrl" else None)
+        # banded_mf: the round's row of C^-1 Z for the factorisation of all train.rounds rounds (banded.py).
+        self.banded = (BandedFactorisation(cfg.train.rounds, bands(cfg)) if p.mechanism == "banded_mf" else None)
+        self.correlated = self.tree or self.banded
         self.update_multiplier = (update_noise_multiplier(noise_multiplier, self.clip.count_std)
                                   if self.clip else noise_multiplier)
         self.metrics: dict[str, float] = {}
+
+    @property
+    def sampling_seed(self) -> int:
+        """What the cohorts are drawn from: the secret key, or the config's seed (keyed mode)."""
+        return self.key.value
 
     @property
     def clip_norm(self) -> float:
@@ -89,11 +104,22 @@ class GaussianMechanism:
         clipping. One host sync a client (the norm), as StatBuffer.add's range check already has."""
         staged = _Staged(self.released)
         algorithm.collect(run, worker, staged)
-        norm = math.sqrt(sum(float(torch.linalg.vector_norm(value, dtype=torch.float64)) ** 2
-                             for _, value, _ in staged.parts))
-        # Half a unit of the fixed point per coordinate, in the units of the unweighted value.
-        slack = math.sqrt(sum(value.numel() * (2.0 ** -(stats.bits[name] + 1) / weight) ** 2
-                              for name, value, weight in staged.parts))
+        weight, summed, adds = self.weight(), {}, {}
+        for name, value, w in staged.parts:
+            if w != weight:
+                raise PluginError(f"under differential privacy (privacy.mechanism) every contribution is weighted 1 / "
+                                  f"train.clients_per_round = {weight:g} (run.weight), but algorithm.name="
+                                  f"{self.algorithm_name} added {name!r} with weight {w:g}; the clip and the "
+                                  "accountant assume that fixed denominator")
+            value = value.reshape(-1)
+            summed[name] = summed[name].to(torch.float64) + value.to(torch.float64) if name in summed else value
+            adds[name] = adds.get(name, 0) + 1
+        # Every add has the same weight: the norm of the unweighted per-segment sums is the contribution's.
+        norm = math.sqrt(sum(float(torch.linalg.vector_norm(total, dtype=torch.float64)) ** 2
+                             for total in summed.values()))
+        # Each add rounds to half a unit of the fixed point per coordinate, in the units of the unweighted value.
+        slack = math.sqrt(sum(self.released[name].numel * (k * 2.0 ** -(stats.bits[name] + 1) / weight) ** 2
+                              for name, k in adds.items()))
         limit = self.clip_norm - slack
         for name, value, weight in staged.parts:
             # Within the clip: added exactly as without DP (bit for bit). Beyond it: scaled onto it.
@@ -107,7 +133,8 @@ class GaussianMechanism:
         clip_used = self.clip_norm
         noisy = {}
         if self.update_multiplier > 0:
-            noise = standard_normal(self.seed, round_idx, _UPDATE_NOISE, self.numel, self.device)
+            noise = (self.correlated.round_noise(self.key.value, round_idx, self.numel, self.device) if self.correlated else
+                     standard_normal(self.key.value, round_idx, _UPDATE_NOISE, self.numel, self.device))
             std = self.update_multiplier * clip_used / self.denominator
             offset = 0
             for name, seg in self.released.items():
@@ -115,14 +142,24 @@ class GaussianMechanism:
                 offset += seg.numel
         self.metrics = {"privacy_clip_norm": clip_used}
         if self.clip:
-            count_noise = standard_normal(self.seed, round_idx, _COUNT_NOISE, 1, self.device)
+            count_noise = standard_normal(self.key.value, round_idx, _COUNT_NOISE, 1, self.device)
             self.metrics["privacy_unclipped_fraction"] = self.clip.update(reduced[UNCLIPPED][0], count_noise[0])
         return NoisyReduced(reduced, noisy)
 
     def state_dict(self) -> dict:
-        return self.clip.state_dict() if self.clip else {}
+        """Server state for the checkpoint; a secret key goes beside it (`write_key`), never in it."""
+        return {"noise": self.key.mode, **(self.clip.state_dict() if self.clip else {})}
 
-    def load_state_dict(self, state: dict) -> None:
+    def checkpoint(self, checkpoint_dir) -> dict:
+        """Rank 0, writing a checkpoint: a secret key into `checkpoint_dir` (owner-only); the state."""
+        secret.write(self.key, checkpoint_dir)
+        return self.state_dict()
+
+    def load_state_dict(self, state: dict, checkpoint_dir=None) -> None:
+        """`checkpoint_dir`: where a secret key was written (resume)."""
+        key = secret.restored(self.key.secret, state.get("noise"), checkpoint_dir)
+        if key is not None:
+            self.key = key
         if self.clip:
             self.clip.load_state_dict(state)
 

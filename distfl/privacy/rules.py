@@ -1,4 +1,4 @@
-"""Which runs keep a user-level guarantee under privacy.mechanism=gaussian; every other combination is a
+"""Which runs keep a user-level guarantee under privacy.mechanism (gaussian, dp_ftrl); every other combination is a
 ConfigError before any work (config.validate calls `check`).
 
 The guarantee covers what the server releases from the clients: the noised, clipped sum of their model
@@ -28,7 +28,7 @@ def check(v: dict, algorithm_class) -> None:
         return
     n, m = v["partition.num_clients"], v["train.clients_per_round"]
     name = v["algorithm.name"]
-    prefix = "privacy.mechanism=gaussian"
+    prefix = f"privacy.mechanism={v['privacy.mechanism']}"
     if not 0 < v["privacy.delta"] < 1:
         raise ConfigError(f"{prefix} needs privacy.delta in (0, 1), the delta of the (epsilon, delta) guarantee; "
                           f"a common choice is 1/num_clients^1.1 = {1 / n ** 1.1:.3g}")
@@ -40,9 +40,12 @@ def check(v: dict, algorithm_class) -> None:
     if -1 < z < 0:
         raise ConfigError(f"privacy.noise_multiplier must be >= 0 (or -1: not set), got {z}")
     cohort = v["train.cohort"]
-    if cohort == "sequential":
-        raise ConfigError(f"{prefix}: train.cohort=sequential is a fixed schedule of clients, which no accountant "
-                          "bounds (no sampling amplifies privacy); use train.cohort=poisson (or random)")
+    if v["privacy.mechanism"] in ("dp_ftrl", "banded_mf"):
+        check_dp_ftrl(v, prefix)
+    elif cohort == "sequential":
+        raise ConfigError(f"{prefix}: train.cohort=sequential is a fixed schedule of clients, which no sampling "
+                          "accountant bounds; use train.cohort=poisson (or random), or privacy.mechanism=dp_ftrl "
+                          "(tree aggregation, made for cyclic participation)")
     if cohort == "random" and v["privacy.accountant"] == "pld":
         raise ConfigError(f"{prefix}: privacy.accountant=pld bounds Poisson sampling only; use train.cohort=poisson "
                           "with pld, or privacy.accountant=rdp for train.cohort=random")
@@ -67,6 +70,10 @@ def check(v: dict, algorithm_class) -> None:
     if v["calibration.method"] != "none":
         raise ConfigError(f"{prefix}: calibration.method={v['calibration.method']} sums every client's feature "
                           "statistics (Z^T Z, Z^T Y) unclipped and unnoised; set calibration.method=none")
+    if v["data.normalize"] == "mean_std":
+        raise ConfigError(f"{prefix}: data.normalize=mean_std computes the mean and std of every client's training "
+                          "inputs and releases them un-noised (in every model's inputs and summary.json); use "
+                          "data.normalize=none, or auto (fixed published statistics)")
     if v["eval.clients"]:
         raise ConfigError(f"{prefix}: eval.clients releases each client's own accuracy (and its label histogram "
                           "through its test split) unnoised; set eval.clients=false")
@@ -85,9 +92,32 @@ def check(v: dict, algorithm_class) -> None:
                               "and the count); raise privacy.count_noise_multiplier")
 
 
+def check_dp_ftrl(v: dict, prefix: str) -> None:
+    """DP-FTRL's accounting (tree.py, banded.py) holds for cyclic participation: each client at most once in any
+    floor(N / m) consecutive rounds."""
+    if v["train.cohort"] != "sequential":
+        raise ConfigError(f"{prefix} is accounted for train.cohort=sequential (each client once per "
+                          f"floor(num_clients / clients_per_round) rounds); got train.cohort={v['train.cohort']}, "
+                          "under which a client can join a tree twice (use privacy.mechanism=gaussian for it)")
+    if v["train.clients_per_round"] > v["partition.num_clients"]:
+        raise ConfigError(f"{prefix}: train.clients_per_round={v['train.clients_per_round']} exceeds "
+                          f"partition.num_clients={v['partition.num_clients']}, so a round would hold a client twice")
+    if v["privacy.accountant"] != "rdp":
+        raise ConfigError(f"{prefix} is accounted by the rdp accountant only (tree aggregation: dp-accounting's "
+                          "SingleEpochTreeAggregationDpEvent); set privacy.accountant=rdp")
+    separation = v["partition.num_clients"] // v["train.clients_per_round"]
+    if v["privacy.mechanism"] == "banded_mf" and v["privacy.bands"] > separation:
+        raise ConfigError(f"privacy.bands={v['privacy.bands']} exceeds the {separation} rounds between a client's "
+                          "participations (floor(num_clients / clients_per_round)), past which banded noise would "
+                          f"correlate two of them; set privacy.bands <= {separation} (0: {separation})")
+    if v["privacy.adaptive_clip"]:
+        raise ConfigError(f"{prefix}: privacy.adaptive_clip is built for privacy.mechanism=gaussian only "
+                          "(its clipped count is noised once per round, not by the tree); set adaptive_clip=false")
+
+
 def check_model_buffers(num_buffers: int, model_name: str) -> None:
     """A plugin model's float buffers (BatchNorm statistics) would be averaged unclipped."""
     if num_buffers:
-        raise ConfigError(f"privacy.mechanism=gaussian: model.name={model_name} has {num_buffers} float buffer "
+        raise ConfigError(f"privacy.mechanism: model.name={model_name} has {num_buffers} float buffer "
                           "values (BatchNorm running statistics?), averaged over the clients unclipped; use a model "
                           "without them")
