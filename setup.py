@@ -15,6 +15,7 @@ setup(
         "submitit",
         "matplotlib",  # `distfl report`: its figures (PNG, PDF, SVG; Agg backend)
         "dp-accounting==0.6.0",  # privacy.mechanism=gaussian: Google's RDP and PLD accountants (pulls scipy, dm-tree, attrs)
+        "h5py==3.16.0",  # data.dataset=tff: TFF's HDF5 client data
     ],
     extras_require={
         # output.trackers: mlflow (the tracking client; its local file store needs no server) and wandb

@@ -70,14 +70,9 @@ def make_config(config=None, resume=None, **overrides):
     if resume is not None:
         if config is not None:
             raise ConfigError("give either config or resume=RUN_DIR, not both (a resumed run uses its saved config)")
-        from .cli import _saved_config
+        from .config.resume import saved_run_config
 
-        run_dir = Path(resume)
-        saved = run_dir / "config.yaml"
-        if not saved.exists():
-            raise ConfigError(f"resume={run_dir}: no config.yaml there; is it a distfl run directory?")
-        base = _saved_config(saved)
-        base.setdefault("output", {})["dir"] = str(run_dir)
+        base, saved = saved_run_config(resume, "resume=")
         return config_from_dict(base, items, source=str(saved))
     if config is None or isinstance(config, (str, Path)):
         return load_config(None if config is None else str(config), items)

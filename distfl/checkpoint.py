@@ -396,3 +396,12 @@ def _orphaned_holder(holder: str) -> int | None:
         return None
     parent = int(stat.rpartition(")")[2].split()[1])
     return int(match[1]) if parent != int(match[3]) else None
+
+
+def to_cpu(obj):
+    """Tensors in `obj` (a tensor or a dict of them, nested) moved to the CPU, for a checkpoint."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    return obj

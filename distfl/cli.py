@@ -17,7 +17,8 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl train CONFIG --nproc N [key=value ...]     N ranks under torchrun, started by distfl
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
-       distfl bench [--suite runtime|ffc|tct|cross-device|startup] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N]
+       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
@@ -40,14 +41,9 @@ def cmd_train(args) -> int:
     if args.resume:
         if args.config is not None:
             raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
-        run_dir = Path(args.resume)
-        saved = run_dir / "config.yaml"
-        if not saved.exists():
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a distfl run directory?")
-        from .config.resume import with_previous_defaults
+        from .config.resume import saved_run_config
 
-        base = with_previous_defaults(_saved_config(saved))
-        base.setdefault("output", {})["dir"] = str(run_dir)
+        base, saved = saved_run_config(args.resume, "--resume")
         cfg = config_from_dict(base, args.overrides, source=str(saved))
     else:
         if args.config is None:
@@ -62,24 +58,6 @@ def cmd_train(args) -> int:
     summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     _print_result(summary, cfg)
     return 0
-
-
-def _saved_config(saved: Path) -> dict:
-    import yaml
-
-    try:
-        base = yaml.safe_load(saved.read_text())
-    except RecursionError:
-        raise ConfigError(f"--resume: cannot read {saved}: it is nested too deeply to be a distfl config; it is "
-                          "the run's config as distfl wrote it: restore it (every checkpoint's state.pt holds it too)") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--resume: cannot read {saved}: {str(exc).splitlines()[0]}; it is the run's config "
-                          "as distfl wrote it: restore it (every checkpoint's state.pt holds it too)") from None
-    if not isinstance(base, dict):
-        raise ConfigError(f"--resume: {saved} is {'empty' if base is None else 'not a mapping of config keys'}; "
-                          "it is the run's config as distfl wrote it: restore it (every checkpoint's state.pt "
-                          "holds it too)")
-    return base
 
 
 def _train_under_torchrun(args) -> int:
@@ -145,13 +123,24 @@ def cmd_partition(args) -> int:
     seed = data_seed(cfg)
     data = load_dataset(cfg.data, seed)
     labels = data.train_y.numpy()
-    parts = partition(labels, cfg.partition, data.num_classes, seed)
+    parts = partition(labels, cfg.partition, data.num_classes, seed, natural=data.train_offsets)
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
           f"{cfg.partition.num_clients} clients, seed {seed}")
     print(describe(parts, labels, data.num_classes))
     if args.out is not None:
         save_partition(parts, args.out)
         print(f"wrote {len(parts)} clients' training-set indices to {args.out} (client_0 .. client_{len(parts) - 1})")
+    return 0
+
+
+def cmd_data(args) -> int:
+    from .data.prepared import describe, load_prepared, read_source, write_prepared
+
+    fed = read_source(args.name, args.source, args.split, args.seed)
+    write_prepared(fed, args.out, args.name, args.source)
+    print(f"prepared {args.name} from {args.source}: {describe(load_prepared(args.out))}")
+    print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
+          f"partition.scheme=natural partition.num_clients={fed.num_clients}")
     return 0
 
 
@@ -253,12 +242,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "named client_<id>, in the order training uses")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_partition)
+    p = sub.add_parser("data", help="prepare a downloaded federated dataset once into a memory-mapped folder")
+    p.add_argument("action", choices=["prepare"])
+    p.add_argument("name", help="the source format: leaf (a LEAF dataset's data/ folder) or tff (the folder of "
+                                "TFF's PREFIX_train.h5 and PREFIX_test.h5)")
+    p.add_argument("--from", dest="source", required=True, metavar="DIR", help="the downloaded dataset")
+    p.add_argument("--out", required=True, metavar="FOLDER", help="the folder to write (data.path of "
+                                                                  "data.dataset=prepared)")
+    p.add_argument("--split", choices=["sample", "user"], default="sample",
+                   help="leaf, from all_data/ only: LEAF's sample-wise or user-wise split (default sample)")
+    p.add_argument("--seed", type=int, default=0, help="leaf, from all_data/ only: the split's seed (default 0)")
+    p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
     p.add_argument("--out", default="bench/results.json", help="where to write the JSON results")
     p.add_argument("--rounds", type=int, default=10, help="FL rounds per measurement")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
-    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup"], default="runtime",
+    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup", "system"], default="runtime",
                    help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
                         "extra phases against a training round; cross-device: seconds per round one client "
                         "at a time versus packs (runtime.pack_size); startup: what a short 2-rank run spends outside training "

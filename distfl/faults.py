@@ -259,3 +259,12 @@ def run_dir_errors(run_dir: Path):
         raise ConfigError(f"output.dir {run_dir}: cannot write {exc.filename or run_dir}: {exc.strerror or exc}") \
             from None
 
+
+
+def attempt(action) -> Exception | None:
+    """Run `action`; return the exception it raised instead of raising it (cleanup on a failing run)."""
+    try:
+        action()
+    except Exception as exc:
+        return exc
+    return None

@@ -65,7 +65,7 @@ class RunLogger:
     def _params(self, config: dict | None = None) -> dict:
         """The HParams columns: keys that differ from their defaults, the keys that name a run, the run's name."""
         from .config import config_to_dict
-        from .schema import Config
+        from .config.schema import Config
 
         if config is None:
             try:
@@ -230,21 +230,7 @@ def result_lines(summary: dict, run_dir: Path) -> list[str]:
                      + (f"; {summary['clients_never_sampled']} client(s) never sampled"
                         if summary.get("clients_never_sampled") else ""))
     if summary.get("privacy"):
-        lines.append(guarantee_line(summary["privacy"]))
+        from .privacy.accountant import guarantee
+
+        lines.append(guarantee(summary["privacy"]))
     return lines
-
-
-def guarantee_line(privacy: dict) -> str:
-    """A private run's guarantee, one line (the run's last; `distfl report`); keyed noise says it is a
-    simulation."""
-    from .privacy.secret import SIMULATION
-
-    eps = privacy["epsilon"]
-    text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
-    return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
-            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, "
-            + (f"DP-FTRL, a tree every {privacy['rounds_per_tree']} rounds" if privacy.get("rounds_per_tree") else
-               f"DP-FTRL, banded matrix factorisation of {privacy['bands']} bands" if privacy.get("bands") else
-               f"{privacy['cohort']} cohorts at rate {privacy['sampling_rate']:.4g}")
-            + f", noise multiplier {privacy['noise_multiplier']:.4g})"
-            f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}")

@@ -24,6 +24,8 @@ BUILTIN_METHODS = {
     "perfedavg": "distfl.algorithms.perfedavg:PerFedAvg",
     "fedrod": "distfl.algorithms.fedrod:FedRoD",
     "pfedme": "distfl.algorithms.pfedme:PFedMe",
+    "fedproto": "distfl.algorithms.fedproto:FedProto",
+    "fedala": "distfl.algorithms.fedala:FedALA",
 }
 
 

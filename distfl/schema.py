@@ -1,9 +1,5 @@
-"""Old import path of `distfl.config.schema` (the config's dataclasses), kept for code that imports it."""
-from distfl.config.schema import (FEATURE_DIM_MODELS, KEYS, NUM_CLASSES, SECTIONS, AggregationConfig, AlgorithmConfig,
-                                  CalibrationConfig, CheckpointConfig, Config, DataConfig, EvalConfig, ModelConfig,
-                                  OutputConfig, PartitionConfig, PrivacyConfig, RuntimeConfig, ServerConfig, TCTConfig,
-                                  TrainConfig)
+"""Old import path of `distfl.config.schema` (the config's dataclasses), kept for code that imports it:
+every public name of that module, whatever sections it grows."""
+from distfl.config import schema as _schema
 
-__all__ = ["FEATURE_DIM_MODELS", "KEYS", "NUM_CLASSES", "SECTIONS", "AggregationConfig", "AlgorithmConfig",
-           "CalibrationConfig", "CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OutputConfig",
-           "PartitionConfig", "PrivacyConfig", "RuntimeConfig", "ServerConfig", "TCTConfig", "TrainConfig"]
+globals().update({name: value for name, value in vars(_schema).items() if not name.startswith("_")})

@@ -47,3 +47,22 @@ def test_the_python_tutorial_runs_as_written(tmp_path):
     compare = tmp_path / "runs" / "notebook" / "compare"
     assert len(list(compare.glob("*/seed=*/summary.json"))) == 4
     assert (compare / "report" / "report.csv").read_text().startswith("algorithm.name,")
+
+
+def test_python_resume_reads_the_saved_config_as_the_cli_does(tmp_path):
+    """A saved config that predates a key whose default changed (eval.finetune_optimizer: "train" before it)
+    is resumed at the value it ran with from Python as from `distfl train --resume`: the same resolved config."""
+    import yaml
+
+    from distfl.api import make_config
+    from distfl.config import dump_config
+
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    saved = yaml.safe_load(write_config(tmp_path / "c.yaml", eval={"every": 3, "clients": True}).read_text())
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))  # lacks the key, as an older distfl wrote it
+    proc = run_cli(["train", "--resume", run_dir, "--print-config", "train.rounds=8"])
+    assert proc.returncode == 0, proc.stderr
+    cfg = make_config(resume=run_dir, train__rounds=8)
+    assert cfg.eval.finetune_optimizer == "train"
+    assert dump_config(cfg) == proc.stdout

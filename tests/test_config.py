@@ -118,7 +118,7 @@ def test_config_keys():
             controller, used_by = key.applies
             valid = KEYS[controller].choices or list(ALGORITHMS)
             assert set(used_by) <= set(valid), key.name
-    assert set(KEYS["data.dataset"].choices) == set(NUM_CLASSES) | {"synthetic", "files"}
+    assert set(KEYS["data.dataset"].choices) == set(NUM_CLASSES) | {"synthetic", "files", "leaf", "tff", "prepared"}
     # A range or a choice list holds the key's own default.
     for key in KEYS.values():
         assert key.choices is None or set(key.default if key.type is list else [key.default]) <= set(key.choices), key.name

@@ -98,3 +98,24 @@ def test_a_deleted_metrics_file_is_restored_from_the_checkpoint(runs, tmp_path):
             "the checkpoint's copy") in proc.stderr
     assert [r["round"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
     assert [r["train_loss"] for r in metrics(run)] == [r["train_loss"] for r in runs["through_rows"]]
+
+
+def test_a_byte_flipped_in_a_secret_noise_key_falls_back_to_the_older_checkpoint(tmp_path):
+    """privacy.secure_noise writes its key into each checkpoint (noise_key, listed in the manifest): one
+    flipped byte there leaves the older checkpoint, whose key is the same, and the run resumes exactly as an
+    undamaged copy of it does (another key would give other noise: another model)."""
+    cfg = write_config(tmp_path / "small.yaml")
+    private = ["privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform",
+               "privacy.secure_noise=true", "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3",
+               "checkpoint.every=1", "checkpoint.keep=2"]
+    train_ok(cfg, f"output.dir={tmp_path / 'stopped'}", *private, "train.rounds=4")
+    clean, damaged = copy(tmp_path / "stopped", tmp_path / "clean"), copy(tmp_path / "stopped", tmp_path / "damaged")
+    key = damaged / "checkpoints" / "round_000004" / "noise_key"
+    data = bytearray(key.read_bytes())
+    data[5] = ord("0") if data[5] != ord("0") else ord("1")  # still a hex digit: only the manifest can tell
+    key.write_bytes(bytes(data))
+    for run in (clean, damaged):
+        proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
+        assert proc.returncode == 0, proc.stderr
+    assert "round_000004" in proc.stderr and "noise_key" in proc.stderr
+    assert summary(damaged)["model_sha256"] == summary(clean)["model_sha256"]

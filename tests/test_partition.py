@@ -30,8 +30,9 @@ def classes_of(part, labels):
 
 def test_covers_every_scheme_in_the_schema():
     # longtail clients may overlap (tests/test_partition_longtail.py), so it is not in the disjoint set;
-    # file reads the split as it is (tests/test_plugins.py).
-    assert sorted(KEYS["partition.scheme"].choices) == sorted(SCHEMES + ["longtail", "file"])
+    # file reads the split as it is (tests/test_plugins.py), natural the dataset's clients
+    # (tests/test_fedprox_synthetic.py).
+    assert sorted(KEYS["partition.scheme"].choices) == sorted(SCHEMES + ["longtail", "file", "natural"])
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

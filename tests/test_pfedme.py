@@ -61,8 +61,9 @@ def test_a_round_recomputed_from_algorithm_1(tmp_path):
 
 
 def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
+    # eta lam = 0.15 (the paper's eta is 0.005 at lam 15): the small config's lr 0.1 x 15 diverges
     one = personal_one_two_resumed(small_config, tmp_path, ["algorithm.name=pfedme", "eval.clients=true",
-                                                            "algorithm.options.steps=2"], "theta")
+                                                            "algorithm.options.steps=2", "train.lr=0.01"], "theta")
     assert one["client_finetune_epochs"] == 0
 
 

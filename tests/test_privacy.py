@@ -600,6 +600,32 @@ def test_banded_columns_b_apart_are_orthogonal_so_k_participations_cost_sqrt_k()
             pytest.approx(expected.get_epsilon(delta), rel=1e-12)
 
 
+def test_banded_noise_in_a_run_is_z_clip_over_m_times_c_inverse_of_the_keyed_normals(tmp_path, small_config):
+    """In a real run whose clients contribute nothing (train.lr 1e-30 rounds every update to 0 in the
+    fixed-point sum), server sgd at lr 1 without momentum moves the model by exactly the released noise:
+    round t's move is (z C / m) w_t with C_band w = Z, Z the keyed normals of rounds 1..t (seed 3),
+    recomputed here by a dense triangular solve of the banded Toeplitz matrix (Choquette-Choo et al. 2023,
+    Sec. 3): the scale and the correlation over rounds the accountant's sensitivity assumes."""
+    z, clip, m, rounds = 0.8, 0.3, 3, 5  # 12 clients, 3 a round: 4 bands
+    train_ok(small_config, f"output.dir={tmp_path / 'run'}", *DP, "privacy.mechanism=banded_mf",
+             "train.cohort=sequential", f"train.clients_per_round={m}", f"privacy.noise_multiplier={z}",
+             f"privacy.clip_norm={clip}", "train.lr=1e-30", "server.momentum=0", f"train.rounds={rounds}",
+             "checkpoint.every=1", "checkpoint.keep=10")
+    params = [torch.load(tmp_path / "run" / "checkpoints" / checkpoint.checkpoint_name("round", t) / "state.pt",
+                         weights_only=True)["params"].double() for t in range(1, rounds + 1)]
+    c = banded.optimise(rounds, 4)
+    band = np.zeros((rounds, rounds))
+    for s in range(rounds):
+        for i in range(min(4, rounds - s)):
+            band[s + i, s] = c[i]
+    normals = np.stack([secret.keyed_normal([3, banded._MF_STREAM, t], params[0].numel(), torch.device("cpu")).numpy()
+                        for t in range(1, rounds + 1)])
+    w = np.linalg.solve(band, normals)  # C^-1 Z, round by round
+    for t in range(2, rounds + 1):
+        moved = (params[t - 1] - params[t - 2]).numpy()
+        assert np.abs(moved - z * clip / m * w[t - 1]).max() < 1e-6  # float32 parameters
+
+
 def test_banded_run_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path, small_config):
     private = [*DP, "privacy.mechanism=banded_mf", "train.cohort=sequential", "train.clients_per_round=3",
                "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3", "server.momentum=0.5", "train.rounds=7"]

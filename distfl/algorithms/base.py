@@ -340,3 +340,16 @@ def refuse_batchnorm(worker, cfg, why: str) -> None:
     if worker.buffers.numel() or worker.int_buffers:
         raise ConfigError(f"algorithm.name={cfg.algorithm.name} {why}; model.name={cfg.model.name} has BatchNorm "
                           "statistics: use a model without BatchNorm (e.g. model.norm=gn)")
+
+
+def flat_views(worker) -> list[tuple[str, slice, torch.Size]]:
+    """(name, slice of the flat vector, shape) of each parameter, in the flat layout's order."""
+    shapes = {name: p.shape for name, p in worker.module.named_parameters()}
+    return [(name, where, shapes[name]) for name, where in worker.param_slices.items()]
+
+
+def call_at(model, views, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The model's output at the flat parameters `flat` (differentiable in `flat`), its own left as they are."""
+    from torch.func import functional_call
+
+    return functional_call(model, {name: flat[where].view(shape) for name, where, shape in views}, (x,))

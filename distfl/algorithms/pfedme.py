@@ -18,10 +18,9 @@ step would update the running statistics K times).
 from dataclasses import dataclass, field
 
 import torch
-from torch.func import functional_call
 
 from ..errors import ConfigError
-from .base import Algorithm, refuse_batchnorm
+from .base import Algorithm, call_at, flat_views, refuse_batchnorm
 
 
 @dataclass
@@ -48,8 +47,7 @@ class PFedMe(Algorithm):
             raise ConfigError(f"algorithm.options.personal_lr={o.personal_lr} x algorithm.options.lam={o.lam} >= 2: "
                               "the inner steps on theta diverge (their proximal part multiplies theta - w by "
                               "1 - personal_lr x lam); lower one of them")
-        shapes = {name: p.shape for name, p in worker.module.named_parameters()}
-        self.views = [(name, where, shapes[name]) for name, where in worker.param_slices.items()]
+        self.views = flat_views(worker)
         self.theta = None  # the personalised model of the client training now
 
     def evaluated_finetune_epochs(self) -> int:
@@ -59,17 +57,14 @@ class PFedMe(Algorithm):
         super().begin_client(run, worker)
         self.theta = worker.params.detach().clone()
 
-    def _call(self, model, flat, x):
-        return functional_call(model, {name: flat[where].view(shape) for name, where, shape in self.views}, (x,))
-
     def local_loss(self, model, x, y, run):
         o, w = self.options, self.layout.params.detach()
         for _ in range(o.steps):
             theta = self.theta.detach().requires_grad_()
-            (grad,) = torch.autograd.grad(model.loss(self._call(model, theta, x), y), theta)
+            (grad,) = torch.autograd.grad(model.loss(call_at(model, self.views, theta, x), y), theta)
             self.theta = (theta - o.personal_lr * (grad + o.lam * (theta - w))).detach()
         with torch.no_grad():
-            value = model.loss(self._call(model, self.theta, x), y)
+            value = model.loss(call_at(model, self.views, self.theta, x), y)
         pull = sum(((p - self.theta[where].view(shape)) ** 2).sum()
                    for p, (_, where, shape) in zip(model.parameters(), self.views))
         pull = 0.5 * o.lam * pull

@@ -6,6 +6,7 @@ shared harness (harness.py):
                      sum's cost, pfl-research beside it (cross_device.py)
   ffc, tct           a paper method's extra phases against a training round (ffc.py, tct.py)
   startup            where a short run's time goes that is not training (startup.py)
+  system             the virtual clock's cost per round and the async schedule's rate (system.py)
 
 Each writes JSON with every raw timing and a markdown table beside it (bench/<suite>.json and .md;
 the runtime suite: bench/results.json).
@@ -23,7 +24,7 @@ from pathlib import Path
 from .harness import _command_line, log
 
 
-SUITES = ("runtime", "ffc", "tct", "cross-device", "startup")
+SUITES = ("runtime", "ffc", "tct", "cross-device", "startup", "system")
 
 
 def _raise_on_sigterm(signum, frame):
@@ -43,13 +44,13 @@ def main_suite(args) -> int:
     `--suite startup`: what a run spends outside training."""
     import torch
 
-    from . import cross_device, ffc, startup, tct
+    from . import cross_device, ffc, startup, system, tct
 
     quick = getattr(args, "quick", False)
     repeats = 1 if quick else int(args.repeats)
     suite = args.suite
     out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
-    module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup}[suite]
+    module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup, "system": system}[suite]
     if suite == "startup":
         res = startup.bench(repeats, log, 2 if quick else int(args.rounds))
     elif suite == "cross-device":

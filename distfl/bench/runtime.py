@@ -116,8 +116,9 @@ def time_privacy_ops(private: InProcess, repeats: int = 200) -> dict:
 def time_ranks(nproc: int, config_path: str, tmp: str, tag: str) -> dict:
     """`distfl train` under torchrun with `nproc` processes; the sum of metrics.jsonl's round_s."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"ranks{nproc}_{tag}_", dir=tmp))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "distfl", "train", config_path, f"output.dir={run_dir}"]
+    from ..launch import torchrun_command
+
+    cmd = torchrun_command(nproc, ["train", config_path, f"output.dir={run_dir}"])
     _run(cmd, str(run_dir), f"{nproc}-rank run")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     summary = json.loads((run_dir / "summary.json").read_text())

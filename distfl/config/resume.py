@@ -9,11 +9,14 @@ copy of a TCT run directory whose stage 1 is done. The runner refuses them once 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from distfl.config.load import config_to_dict
 from distfl.config.renamed import upgraded
 from distfl.config.schema import KEYS, SECTIONS, Config
 from distfl.config.validate import key_applies
 from distfl.config.values import flatten_dict
+from distfl.errors import ConfigError
 
 
 def _by_section(keys: list[str]) -> tuple[str, ...]:
@@ -56,6 +59,33 @@ def with_previous_defaults(saved: dict) -> dict:
             if isinstance(section, dict):  # else not a config: loading it says what is wrong
                 section[last] = value
     return saved
+
+
+def saved_run_config(run_dir, flag: str) -> tuple[dict, Path]:
+    """RUN_DIR/config.yaml as a resume reads it (`distfl train --resume`, `distfl.train(resume=...)`):
+    nested, each key it predates at the value it ran with, output.dir the run directory; and its path.
+    `flag` names the option in the error lines ("--resume" or "resume=")."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        raise ConfigError(f"{flag}{'' if flag.endswith('=') else ' '}{run_dir}: no config.yaml there; is it a "
+                          "distfl run directory?")
+    restore = "it is the run's config as distfl wrote it: restore it (every checkpoint's state.pt holds it too)"
+    try:
+        base = yaml.safe_load(saved.read_text())
+    except RecursionError:
+        raise ConfigError(f"{flag.rstrip('=')}: cannot read {saved}: it is nested too deeply to be a distfl config; "
+                          f"{restore}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{flag.rstrip('=')}: cannot read {saved}: {str(exc).splitlines()[0]}; {restore}") from None
+    if not isinstance(base, dict):
+        raise ConfigError(f"{flag.rstrip('=')}: {saved} is {'empty' if base is None else 'not a mapping of config keys'}; "
+                          f"{restore}")
+    base = with_previous_defaults(base)
+    base.setdefault("output", {})["dir"] = str(run_dir)
+    return base, saved
 
 
 class Blockers(list):

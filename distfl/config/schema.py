@@ -40,9 +40,9 @@ TRACKERS = ["tensorboard", "mlflow", "wandb"]  # output.trackers: the names it m
 
 @dataclass
 class DataConfig:
-    dataset: str = key("fmnist", choices=["fmnist", "cifar10", "cifar100", "synthetic", "files"])  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path)
+    dataset: str = key("fmnist", choices=["fmnist", "cifar10", "cifar100", "synthetic", "files", "fedprox_synthetic", "leaf", "tff", "prepared"])  # fmnist | cifar10 | cifar100 | synthetic | files (your own data at data.path) | fedprox_synthetic (FedProx's Synthetic(alpha, beta) / Synthetic-IID federation: 30 devices, 60 features, 10 classes, generated from the data seed; partition.scheme=natural, docs/datasets.md) | leaf (LEAF's JSON files at data.path: FEMNIST, Shakespeare, vectors; docs/datasets.md) | tff (TFF's HDF5 files at data.path: fed_emnist, fed_emnist_digitsonly, fed_cifar100) | prepared (the memory-mapped folder `distfl data prepare` wrote, at data.path)
     root: str = "./data"  # where to look for (and download) the dataset files
-    path: str = key("", applies=("data.dataset", ["files"]))  # files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
+    path: str = key("", applies=("data.dataset", ["files", "leaf", "tff", "prepared"]))  # leaf: a LEAF dataset's data/ folder (train/ and test/, or all_data/). tff: the folder with PREFIX_train.h5 and PREFIX_test.h5. prepared: the folder `distfl data prepare` wrote. files: an .npz with x_train, y_train, x_test, y_test (images N x C x H x W, or vectors N x D), or a folder with train/ and test/ ImageFolder trees (docs/extending.md)
     download: bool = True  # allow a torchvision download when no local copy is found
     augment: str = key("auto", choices=["auto", "none", "crop_flip"])  # auto (crop+flip for CIFAR, none otherwise) | none | crop_flip
     normalize: str = key("auto", choices=["auto", "none", "mean_std"])  # input scaling after pixels / 255: auto (CIFAR: (x - mean) / std with the fixed per-channel stats in distfl/data/datasets.py CIFAR_STATS; fmnist, synthetic, files: none) | none (the [0, 1] pixels; files and synthetic: as read or generated) | mean_std ((x - mean) / std per channel, both splits, with the mean and population std of the training split computed in float64; FMNIST: 0.2860 / 0.3530)
@@ -51,11 +51,15 @@ class DataConfig:
     synthetic_classes: int = key(10, range=">= 2", limit=10**6)  # synthetic: number of classes
     synthetic_image_size: int = key(8, range=">= 1", limit=4096)  # synthetic: images are channels x size x size
     synthetic_channels: int = key(1, range=">= 1", limit=1024)  # synthetic: image channels
+    synthetic_alpha: float = key(0.0, range=">= 0", applies=("data.dataset", ["fedprox_synthetic"]))  # fedprox_synthetic: alpha, the spread of the devices' models (u_k ~ N(0, alpha); paper: 0, 0.5, 1)
+    synthetic_beta: float = key(0.0, range=">= 0", applies=("data.dataset", ["fedprox_synthetic"]))  # fedprox_synthetic: beta, the spread of the devices' feature means (B_k ~ N(0, beta); paper: 0, 0.5, 1)
+    leaf_split: str = key("sample", choices=["sample", "user"], applies=("data.dataset", ["leaf"]))  # leaf, when data.path holds only all_data/: split it as LEAF's split_data.py does, 90% to training, keyed by the data seed: sample (each user's samples) | user (whole users; the test users form the test split only)
+    synthetic_iid: bool = key(False, applies=("data.dataset", ["fedprox_synthetic"]))  # fedprox_synthetic: Synthetic-IID instead (one model and zero-mean features for all devices; alpha and beta unused)
 
 
 @dataclass
 class PartitionConfig:
-    scheme: str = key("dirichlet", choices=["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file"])  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path)
+    scheme: str = key("dirichlet", choices=["iid", "dirichlet", "n_classes", "shards", "quantity", "longtail", "file", "natural"])  # iid | dirichlet | n_classes | shards | quantity | longtail | file (the split in partition.path) | natural (the clients the dataset comes with, each with its own training samples; data.dataset=fedprox_synthetic, leaf, tff or prepared; num_clients must equal their count)
     num_clients: int = key(100, range=">= 1", limit=10**7)  # total clients in the population
     path: str = key("", applies=("partition.scheme", ["file"]))  # file: an .npz with one int64 array of training-set indices per client, client_0 .. client_{num_clients-1} (what `distfl partition --out` writes)
     alpha: float = key(0.5, range="> 0", applies=("partition.scheme", ["dirichlet", "quantity"]))  # Dirichlet concentration: label proportions (dirichlet) or client sizes (quantity)
@@ -70,7 +74,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = key("simplecnn", choices=["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn"], plugin=True)  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
+    name: str = key("simplecnn", choices=["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm"], plugin=True)  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model) | femnist_cnn (LEAF's FEMNIST CNN) | char_lstm (LEAF's Shakespeare LSTM: 8-d embedding, 2 LSTM layers of 256), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = key("bn", choices=["bn", "gn"], applies=("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]))  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = key(2, range=">= 1", limit=64, applies=("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]))  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = key(64, range=">= 1", limit=8192, applies=("model.name", ["mlp"]))  # mlp: hidden width (two hidden layers)
@@ -108,7 +112,7 @@ class CalibrationConfig:
 
 @dataclass
 class TCTConfig:
-    stage1: str = key("fedavg", choices=["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"], applies=("algorithm.name", ["tct"]), resumable="phase")  # the stage-1 algorithm (train.rounds rounds of it; its options are algorithm.options)
+    stage1: str = key("fedavg", choices=["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"], applies=("algorithm.name", ["tct"]), resumable="phase")  # the stage-1 algorithm (train.rounds rounds of it; its options are the algorithm.* keys)
     p: int = key(100000, range=">= 1", applies=("algorithm.name", ["tct"]), resumable="phase")  # eNTK feature dimension: random coordinates of each per-sample gradient (paper: 100,000); all of them if the model has fewer
     coordinate_seed: int = key(123, range=">= 0", seed_max=2**64 - 1, applies=("algorithm.name", ["tct"]), resumable="phase")  # seed of the coordinate subset (Algorithm 3: 123)
     coordinate_order: str = key("parameter", choices=["parameter", "drawn"], applies=("algorithm.name", ["tct"]), resumable="phase", previous="drawn")  # parameter (Algorithm 3's coordinates stored in parameter order: whole layers are written directly, faster) | drawn (in randperm's order, as the released code); stage 2 is the same up to float round-off (docs/algorithms/tct.md)
@@ -166,13 +170,14 @@ class TrainConfig:
 class EvalConfig:
     every: int = key(5, range=">= 1", resumable=True)  # evaluate the global model every this many rounds (and after the last)
     batch_size: int = key(1000, range=">= 1", resumable=True)  # evaluation batch size
-    clients: bool = key(False, resumable=True)  # also score every client's own model (FedBN: with its own BatchNorm; tct: stage 2's linear model on eNTK features, in its stage-2 evaluations) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10
-    client_split: str = key("test", choices=["test", "holdout"])  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
+    clients: bool = key(False, resumable=True)  # also score every client's own model (FedBN: with its own BatchNorm; tct: stage 2's linear model on eNTK features, in its stage-2 evaluations) on its local test set, drawn from the test split with the client's label distribution (seed, client); logs client_acc_mean, _std, _min, _p10 (each client counted once), client_acc_weighted_mean (every client's test samples pooled) and clients_never_sampled
+    client_split: str = key("test", choices=["test", "holdout"])  # eval.clients: where each client's local test set comes from: test (drawn from the test split with the client's label distribution; with partition.scheme=natural, the client's own test samples from the source) | holdout (a stratified fraction eval.client_holdout of the client's own training data, drawn from (seed, client) and never trained on: sizes and weights count the rest). holdout needs eval.clients=true; neither key may change on resume
     client_test_size: int = key(0, range=">= 0", limit=10**7, resumable=True)  # eval.clients, client_split=test: samples in each client's local test set (0: its share of the test split, n_k * |test| / |train|, at least 1)
     finetune_epochs: int = key(0, range=">= 0", resumable=True)  # eval.clients: each client first fine-tunes the model it is scored with (the global model; FedBN: with its own BatchNorm) for this many epochs of plain local SGD on its own training data (train.batch_size, the optimizer of eval.finetune_optimizer; batches keyed by (seed, client)): "FedAvg + fine-tuning". The client_acc_* statistics are then the fine-tuned models' (summary.json: client_finetune_epochs); test_acc and the global model are unchanged. 0: off. Needs eval.clients=true; refused for personalised methods (fedbabu: algorithm.options.finetune_epochs) and tct (its clients are scored with stage 2's linear model)
     finetune_optimizer: str = key("own", choices=["own", "train"], resumable=True, previous="train")  # the optimizer of every fine-tuning before per-client scoring (eval.finetune_epochs, fedbabu's algorithm.options.finetune_epochs): own (SGD at eval.finetune_lr with eval.finetune_momentum, no weight decay: FedBABU's protocol) | train (the lr of the last round trained with train.momentum and train.weight_decay: the only behaviour before this key, kept to reproduce earlier runs; a saved config without the key resumes with it)
     finetune_lr: float = key(0.001, range="> 0", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's lr (FedBABU's paper: 1e-3)
     finetune_momentum: float = key(0.9, range="[0, 1)", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's momentum, restarted for each client (FedBABU's paper: 0.9)
+    train_metrics: bool = key(False, resumable=True)  # also score the global model on the whole training split at each evaluation: global_train_loss and global_train_acc (FedProx's "training loss": the global model's loss on every client's training data, weighted by samples)
     client_holdout: float = key(0.1, range="(0, 1)", applies=("eval.client_split", ["holdout"]))  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 
 
@@ -180,11 +185,11 @@ class EvalConfig:
 class OutputConfig:
     dir: str = "runs/example"  # run directory: config, metrics.jsonl, summary.json, TensorBoard, checkpoints
     tensorboard: bool = key(True, resumable=True)  # write TensorBoard event files (rank 0); false leaves tensorboard out of output.trackers
+    progress: str = key("auto", choices=["auto", "bar", "log", "none"], resumable=True)  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
     trackers: list = key(["tensorboard"], choices=TRACKERS, resumable=True)  # where rank 0 logs the round's scalars, the config and the final metrics, besides metrics.jsonl: any of tensorboard (RUN_DIR/tb), mlflow (pip install distfl[mlflow]; output.mlflow_uri), wandb (pip install distfl[wandb]; output.wandb_mode). A YAML list, or tensorboard,mlflow in an override; [] for none
     experiment: str = key("distfl", resumable=True)  # output.trackers: the MLflow experiment and the W&B project the run is logged under
     mlflow_uri: str = key("", resumable=True)  # output.trackers has mlflow: its tracking URI; "" = file:./mlruns (a local file store in the working directory; view it with `mlflow ui --backend-store-uri ./mlruns`)
     wandb_mode: str = key("offline", choices=["offline", "online"], resumable=True)  # output.trackers has wandb: offline (written to RUN_DIR/wandb, no network; upload later with `wandb sync`) | online (needs `wandb login`)
-    progress: str = key("auto", choices=["auto", "bar", "log", "none"], resumable=True)  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
 
 
 @dataclass
@@ -221,6 +226,34 @@ class PrivacyConfig:
 
 
 @dataclass
+class SystemConfig:
+    speed: str = "constant:1"  # each client's compute time per training sample's forward pass in ms (FedScale's `computation`), keyed by (seed, client): constant:V | uniform:LO,HI | lognormal:MU,SIGMA (exp(MU + SIGMA N(0,1))) | list:V1,V2,... (each client one value, drawn uniformly). The whole system section is off (today's rounds, no virtual clock) while every key holds its default (docs/system.md)
+    reference_flops: float = key(0.0, range=">= 0")  # > 0: system.speed (or the capacity file) was measured on a model of this many forward FLOPs per sample; every client's compute time is scaled by this model's FLOPs / this (counted on one sample at start by torch's FlopCounterMode). 0: no scaling
+    compute_factor: float = key(3.0, range="> 0")  # a sample's training time is this many times its forward pass (FedScale's 3: the backward pass takes about 2x)
+    bandwidth: str = "constant:inf"  # each client's download bandwidth in kbit/s (FedScale's `communication`; 1 kbit = 1024 bits), a spec as system.speed; inf: transfers take no time
+    upload_bandwidth: str = "same"  # each client's upload bandwidth in kbit/s: same (its download bandwidth, FedScale's one figure) | a spec as system.speed, drawn independently
+    capacity_file: str = ""  # FedScale's client_device_capacity (a pickle, or the JSON `python -m distfl.system.traces convert` writes): id -> {computation: ms per sample, communication: kbit/s}, client k taking the entry with key (k + 1) mod the file's length, as FedScale maps its 1-based ids; replaces system.speed and both bandwidths
+    availability: str = key("always", choices=["always", "trace", "diurnal"])  # always | trace (FedScale's client_behave_trace in system.trace_file) | diurnal (each client online system.diurnal_online of every system.diurnal_period_s, from a phase keyed by (seed, client))
+    trace_file: str = key("", applies=("system.availability", ["trace"]))  # availability=trace: FedScale's client_behave_trace (a pickle, or its JSON conversion): id -> {active: [s], inactive: [s], finish_time: s, ...}; client k takes the entry at position (k + 1) mod the file's length, as FedScale; online while active[i] <= (t mod finish_time) <= inactive[i] for some i
+    diurnal_period_s: float = key(86400.0, range="> 0", applies=("system.availability", ["diurnal"]))  # availability=diurnal: the length of a day in virtual seconds
+    diurnal_online: float = key(0.5, range="(0, 1]", applies=("system.availability", ["diurnal"]))  # availability=diurnal: the fraction of each period a client is online
+    unavailable: str = key("skip", choices=["skip", "fail"])  # availability: skip (a round samples only clients online when it starts) | fail (it samples from all; an offline client fails, counted as dropped)
+    dropout: float = key(0.0, range="[0, 1)")  # probability that a sampled client drops out (starts and never reports), keyed by (seed, round, client); also a client whose availability ends before it finishes is dropped
+    round: str = key("wait_all", choices=["wait_all", "deadline", "overselect"])  # synchronous rounds: wait_all (the slowest reporting client sets the round's length) | deadline (clients not done by system.deadline_s are late and dropped, or send partial work with system.partial_work) | overselect (sample ceil(system.overselect x clients_per_round), keep the first clients_per_round to finish)
+    deadline_s: float = key(0.0, range=">= 0", applies=("system.round", ["deadline"]))  # round=deadline: the round's length in virtual seconds (> 0)
+    partial_work: bool = key(False, applies=("system.round", ["deadline"]))  # round=deadline: a late client sends the local steps it finished by the deadline (FedProx's variable local work) instead of being dropped; one with no finished step is dropped
+    overselect: float = key(1.3, range=">= 1")  # round=overselect: clients sampled per client kept (Bonawitz et al. 2019, FedScale: 1.3)
+    async_mode: str = key("none", choices=["none", "fedbuff", "fedasync"])  # asynchronous aggregation (the issue's system.async; `async` is a Python keyword): none | fedbuff (Nguyen et al. 2022) | fedasync (Xie et al. 2019). train.rounds counts server steps
+    buffer_size: int = key(10, range=">= 1", applies=("system.async_mode", ["fedbuff"]))  # fedbuff: K, client updates per server step
+    concurrency: int = key(0, range=">= 0", applies=("system.async_mode", ["fedbuff", "fedasync"]))  # fedbuff, fedasync: C, clients training at once (0: train.clients_per_round)
+    max_staleness: int = key(-1, range=">= -1", applies=("system.async_mode", ["fedbuff", "fedasync"]))  # fedbuff, fedasync: updates staler than this many server steps are discarded (-1: none)
+    staleness: str = key("constant", choices=["constant", "polynomial", "hinge"], applies=("system.async_mode", ["fedbuff", "fedasync"]))  # fedbuff, fedasync: weight of an update s server steps stale: constant (1) | polynomial ((1 + s)^-a) | hinge (1 for s <= b, else 1 / (a (s - b) + 1))
+    staleness_a: float = key(0.5, range=">= 0", applies=("system.staleness", ["polynomial", "hinge"]))  # staleness=polynomial, hinge: a
+    staleness_b: float = key(4.0, range=">= 0", applies=("system.staleness", ["hinge"]))  # staleness=hinge: b
+    async_alpha: float = key(0.6, range="(0, 1]", applies=("system.async_mode", ["fedasync"]))  # fedasync: mixing weight alpha, w <- (1 - alpha_t) w + alpha_t w_client with alpha_t = alpha x the staleness weight
+
+
+@dataclass
 class Config:
     seed: int = key(0, range=">= 0", seed_max=2**32 - 1)  # seeds partition, model init, cohorts and every client's local randomness
     data: DataConfig = field(default_factory=DataConfig)
@@ -237,12 +270,13 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
 
 
 # The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.
 FEATURE_DIM_MODELS = ["simplecnn"]
 
-NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100}
+NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "cifar100": 100, "fedprox_synthetic": 10}
 
 
 @dataclass(frozen=True)

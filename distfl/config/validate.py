@@ -9,7 +9,6 @@ import difflib
 import math
 import typing
 import warnings
-from pathlib import Path
 
 from distfl.config.schema import FEATURE_DIM_MODELS, KEYS, NUM_CLASSES, Config
 from distfl.config.values import (INT_MAX, SYNTHETIC_MAX_ELEMENTS, caller_stacklevel, choice_error, convert, float32,
@@ -153,26 +152,6 @@ def _plugin_in_range(name: str, option: str, value, spec) -> bool:
                           "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\", \"(0, 1)\"") from None
 
 
-def _check_files(v: dict) -> None:
-    """data.path and partition.path exist when their choice needs them (read when the run loads data)."""
-    needs = {"data.path": (v["data.dataset"] == "files", "data.dataset=files",
-                           "an .npz with x_train, y_train, x_test, y_test, or a folder with train/ and test/ ImageFolder trees"),
-             "partition.path": (v["partition.scheme"] == "file", "partition.scheme=file",
-                                "an .npz with one index array per client, client_0 .. client_{N-1}")}
-    for key, (needed, choice, what) in needs.items():
-        if needed and not v[key]:
-            raise ConfigError(f"{choice} needs {key}: {what}")
-        if needed and not Path(v[key]).exists():
-            raise ConfigError(f"{key}: {v[key]} does not exist (expected {what})")
-    if v["partition.scheme"] == "file":
-        from distfl.data.partition import file_client_count
-
-        count = file_client_count(v["partition.path"])
-        if count != v["partition.num_clients"]:
-            raise ConfigError(f"partition.path {v['partition.path']} holds {count} clients but partition.num_clients="
-                              f"{v['partition.num_clients']}; set partition.num_clients={count}")
-
-
 def validate(cfg: Config) -> None:
     """Raise ConfigError for a wrong type, unknown choice, out-of-range value or impossible combination."""
     v = _values(cfg)
@@ -190,7 +169,9 @@ def validate(cfg: Config) -> None:
     method = _method(cfg)
     declared = _plugin_or_built_in(v["algorithm.name"])
     cfg.algorithm.options = _algorithm_options(method, v["algorithm.name"], v[OPTIONS_KEY])
-    _check_files(v)
+    from distfl.data.paths import check_data_files
+
+    check_data_files(v)
 
     if v["train.clients_per_round"] > v["partition.num_clients"]:
         raise ConfigError(
@@ -224,7 +205,10 @@ def validate(cfg: Config) -> None:
 
     from distfl.privacy import rules as privacy_rules
 
+    from distfl.system import rules as system_rules
+
     privacy_rules.check(v, declared)
+    system_rules.check(v)
 
 
 def _plugin_or_built_in(name: str) -> type:

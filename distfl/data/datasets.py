@@ -20,7 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from distfl.checkpoint import file_sha256
+from distfl.data.fedprox_synthetic import load_fedprox_synthetic
+from distfl.data.leaf import load_leaf
+from distfl.data.natural import Federated
 from distfl.data.npz import npz_errors
+from distfl.data.prepared import load_prepared
+from distfl.data.tff import load_tff
 from distfl.errors import DataError
 from distfl.config.schema import DataConfig
 
@@ -55,6 +60,10 @@ class Dataset:
     # What the data were read from: role ("data.path", "train-images-idx3-ubyte", ...) -> (path, SHA-256
     # of the bytes read); a resumed run refuses data whose bytes changed since it started. {} when synthetic.
     sources: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # A natural federation's clients (distfl/data/natural.py), else None: client k's training samples are
+    # train_x[train_offsets[k]:train_offsets[k + 1]], its own test samples test_x[test_offsets[k]:...].
+    train_offsets: np.ndarray | None = None
+    test_offsets: np.ndarray | None = None
 
     @property
     def input_shape(self) -> tuple:
@@ -80,9 +89,22 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
         ds = _make_synthetic(cfg, seed)
     elif cfg.dataset == "files":
         ds = _load_files(cfg.path)
+    elif cfg.dataset == "fedprox_synthetic":
+        ds = from_federated(load_fedprox_synthetic(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_iid, seed))
+    elif cfg.dataset == "leaf":
+        ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed))
+    elif cfg.dataset == "tff":
+        ds = from_federated(load_tff(cfg.path))
+    elif cfg.dataset == "prepared":
+        ds = from_federated(load_prepared(cfg.path))
     else:
-        raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic, files")
+        raise DataError(f"unknown data.dataset {cfg.dataset!r}; valid: fmnist, cifar10, cifar100, synthetic, files, "
+                        "fedprox_synthetic, leaf, tff, prepared")
 
+    if not ds.train_x.is_floating_point() and (cfg.normalize == "mean_std" or cfg.augment == "crop_flip"):
+        key = "data.normalize=mean_std" if cfg.normalize == "mean_std" else "data.augment=crop_flip"
+        raise DataError(f"{key} scales or crops images, but {ds.name}'s inputs are token indices "
+                        f"({ds.train_x.dtype}); use data.normalize=none and data.augment=none")
     if cfg.normalize == "mean_std":
         ds = normalized(ds, *training_mean_std(ds.train_x))
     elif cfg.normalize == "auto" and cfg.dataset in CIFAR_STATS:
@@ -145,6 +167,13 @@ def random_crop_flip(x: torch.Tensor, padding: int = 4) -> torch.Tensor:
     ]
     flip = torch.rand(n, device=dev) < 0.5
     return torch.where(flip[:, None, None, None], crops.flip(3), crops)
+
+
+def from_federated(fed: Federated) -> Dataset:
+    """A natural federation (distfl/data/natural.py) as a Dataset whose offsets keep its clients."""
+    return Dataset(torch.from_numpy(fed.train_x), torch.from_numpy(fed.train_y), torch.from_numpy(fed.test_x),
+                   torch.from_numpy(fed.test_y), fed.num_classes, name=fed.name, augment=None, sources=fed.sources,
+                   train_offsets=fed.train_offsets, test_offsets=fed.test_offsets)
 
 
 # ---------------------------------------------------------------- Fashion-MNIST

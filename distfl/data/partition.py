@@ -15,13 +15,17 @@ import random
 
 import numpy as np
 
+from distfl.data.natural import natural_parts
 from distfl.data.npz import npz_errors
 from distfl.errors import DataError
 from distfl.config.schema import PartitionConfig
 
 
-def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: int) -> list[np.ndarray]:
-    """One shuffled int64 array of dataset indices per client (len == cfg.num_clients)."""
+def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: int,
+              natural: np.ndarray | None = None) -> list[np.ndarray]:
+    """One shuffled int64 array of dataset indices per client (len == cfg.num_clients).
+
+    `natural`: the dataset's client offsets (Dataset.train_offsets), which scheme `natural` follows."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or len(labels) == 0:
         raise DataError(f"partition needs a non-empty 1-D label array, got shape {labels.shape}")
@@ -37,11 +41,19 @@ def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: 
         "quantity": _quantity,
         "longtail": _longtail,
         "file": _from_file,
+        "natural": None,
     }
     if cfg.scheme not in schemes:
         raise DataError(f"unknown partition.scheme {cfg.scheme!r}; valid: {', '.join(schemes)}")
 
     rng = np.random.RandomState(seed)
+    if cfg.scheme == "natural":  # int64 ranges already, used as the source orders them; empty clients refused
+        parts = natural_parts(natural, cfg.num_clients)
+        empty = np.flatnonzero(np.diff(np.asarray(natural)) == 0)
+        if len(empty):
+            raise DataError(f"the dataset's client {int(empty[0])} has no training sample ({len(empty)} such clients); "
+                            "every client of a natural partition needs one: drop them from the source")
+        return parts
     if cfg.scheme == "n_classes":
         parts = _n_classes(labels, cfg, num_classes, rng, random.Random(seed))
     else:
@@ -55,7 +67,7 @@ def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: 
                 f"partition scheme {cfg.scheme!r} left client {client} with no samples "
                 f"({len(labels)} samples, {cfg.num_clients} clients); use fewer clients or another scheme"
             )
-        if cfg.scheme != "file":  # a split from a file is used as it is
+        if cfg.scheme not in ("file", "natural"):  # a split from a file or the source is used as it is
             rng.shuffle(part)  # NIID-Bench shuffles each client's list
         out.append(part)
     return out

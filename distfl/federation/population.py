@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import torch
 
 # Distinct streams for distinct purposes, so adding a random draw in one never shifts another.
 _COHORT_STREAM = 1
@@ -17,8 +18,12 @@ class Population:
         self.sizes = np.array([len(p) for p in self.indices], dtype=np.int64)
         # class_counts[k, c]: samples of class c held by client k (label-histogram methods, reports).
         self.class_counts = None
-        if labels is not None:
-            self.class_counts = np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in self.indices])
+        if labels is not None:  # one bincount over (client, label) pairs: the same counts, O(samples) not O(clients) calls
+            owner = np.repeat(np.arange(len(self.indices), dtype=np.int64), self.sizes)
+            flat = np.concatenate(self.indices) if self.indices else np.zeros(0, dtype=np.int64)
+            pairs = owner * num_classes + np.asarray(labels)[flat]
+            self.class_counts = np.bincount(pairs, minlength=len(self.indices) * num_classes).reshape(
+                len(self.indices), num_classes)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -44,10 +49,27 @@ class Population:
     def fingerprint(self) -> int:
         """A 62-bit digest of the partition, to check that all ranks built the same one."""
         digest = hashlib.sha256()
-        for idx in self.indices:
-            digest.update(len(idx).to_bytes(8, "little"))
-            digest.update(idx.tobytes())
+        digest.update(self.sizes.astype("<i8").tobytes())  # the sizes cut the concatenation into clients
+        for start in range(0, len(self.indices), 4096):  # in blocks: O(samples) bytes, few calls
+            digest.update(np.concatenate(self.indices[start:start + 4096]).astype("<i8").tobytes())
         return int.from_bytes(digest.digest()[:8], "little") >> 2
+
+
+class DeviceIndices:
+    """`Population.indices` as int64 tensors on `device`, each made when first used and then kept: set-up
+    costs nothing per client, so a population of 342,477 clients starts as fast as one of 1,000."""
+
+    def __init__(self, indices: list[np.ndarray], device):
+        self._indices, self._device, self._made = indices, device, {}
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, client: int) -> torch.Tensor:
+        tensor = self._made.get(client)
+        if tensor is None:
+            tensor = self._made[client] = torch.from_numpy(self._indices[client]).to(self._device)
+        return tensor
 
 
 def client_seed(seed: int, round_idx: int, client_id: int) -> int:

@@ -14,7 +14,6 @@ README, Reproducibility). Why it holds:
 from __future__ import annotations
 
 import json
-import math
 import signal
 import sys
 import time
@@ -30,22 +29,24 @@ from ..config.resume import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
+from ..data.natural import natural_test_sets
 from ..data.partition import partition
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
-from .aggregate import LOSS_BOUND, Segment, StatBuffer, round_segments
+from ..system import build as build_system
+from .aggregate import StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
+from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size, train_pack
-from .population import Population, place, place_packs
+from .population import DeviceIndices, Population, place, place_packs
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
 from . import run_dir, stopping, summary
-
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
@@ -83,7 +84,7 @@ class Trainer:
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
         labels = self.data.train_y.cpu().numpy()
-        parts = partition(labels, cfg.partition, self.data.num_classes, seed)
+        parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
         self.data_sources = {role: {"path": path, "sha256": digest}
                              for role, (path, digest) in self.data.sources.items()}
@@ -95,12 +96,15 @@ class Trainer:
         if holdout:
             parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, seed)
         self.population = Population(parts, labels, self.data.num_classes)
-        self.client_indices = [torch.from_numpy(p).to(self.device) for p in self.population.indices]
+        self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
             if holdout:
                 sets = held
                 self.client_test_x, self.client_test_y = self.data.train_x, self.data.train_y
+            elif cfg.partition.scheme == "natural":  # each client's own test samples, as the source splits them
+                sets = natural_test_sets(self.data.test_offsets)
+                self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
             else:
                 sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
                                         cfg.eval.client_test_size, seed)
@@ -140,6 +144,7 @@ class Trainer:
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
+        self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
         # A method may need the store beside its rounds' own state (client_store: TCT's stage 2).
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
                       if self.algorithm.stateful or algorithm_class(cfg.algorithm.name).client_store else None)
@@ -212,6 +217,8 @@ class Trainer:
         self.algorithm.load_server_state(state["server"])
         if self.privacy is not None:
             self.privacy.load_state_dict(state["privacy"], path)
+        if self.system is not None:
+            self.system.load_state_dict(state["system"])
         self.progress = dict(state["progress"])
         self.start_round = state["round"] + 1
         self.last_round = state["round"]
@@ -296,14 +303,15 @@ class Trainer:
                 "step": step,
                 "phases_done": list(self.phases_done),
                 "phase_results": dict(self.phase_results),
-                "phase_state": _to_cpu(self.phase_state),
+                "phase_state": checkpoint.to_cpu(self.phase_state),
                 "frozen": [t.cpu() for t in self.worker.frozen],
                 "params": self.global_params.cpu(),
                 "buffers": self.global_buffers.cpu(),
                 "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
-                "server": _to_cpu(self.algorithm.server_state()),
+                "server": checkpoint.to_cpu(self.algorithm.server_state()),
                 # privacy: the mechanism's state; a secret noise key goes beside state.pt, owner-only
                 "privacy": self.privacy.checkpoint(checkpoint.staging_dir(self.run_dir, name)) if self.privacy else {},
+                **({"system": self.system.state_dict()} if self.system is not None else {}),
                 "progress": dict(self.progress),
                 "config": config_to_dict(self.cfg),
                 "data": self.data_sources,
@@ -336,8 +344,10 @@ class Trainer:
     def run_round(self, round_idx: int) -> dict:
         cfg, ctx = self.cfg, self.ctx
         self.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
-        cohort = self.population.cohort(cfg.seed if self.privacy is None else self.privacy.sampling_seed,  # DP: secret
-                                        round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        plan = self.system.plan_round(round_idx) if self.system is not None else None  # who reports, on the clock
+        cohort = plan.kept if plan else self.population.cohort(
+            cfg.seed if self.privacy is None else self.privacy.sampling_seed,  # DP: secret
+            round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         if self.pack_size == 1:
             packs = [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
         else:
@@ -358,8 +368,14 @@ class Trainer:
             run = runs[0]
             self.worker.load(self.global_params, self.global_buffers)
             self.algorithm.begin_client(run, self.worker)
-            train_client(self.worker, self.data, self.client_indices[run.client_id], run, cfg.train, self.algorithm)
+            train_client(self.worker, self.data, self.client_indices[run.client_id], run,
+                         self._train_cfg(run.client_id), self.algorithm)
             self._contribute(run, stats)
+        return self.finish_round(round_idx, cohort, stats, plan.metrics() if plan else {})
+
+    def finish_round(self, round_idx: int, cohort: list[int], stats: StatBuffer, extra: dict) -> dict:
+        """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row."""
+        cfg, ctx = self.cfg, self.ctx
         stats.add("stop", int(self.stop_requested))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = stats.reduce(ctx)
@@ -394,18 +410,21 @@ class Trainer:
         samples = int(reduced["samples"][0])
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
                 "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
-                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy}
+                "server_lr": server_lr, **self.algorithm.round_metrics, **privacy, **extra}
+
+    def _train_cfg(self, client_id: int):  # train.* as the client trains this round (system.partial_work)
+        return self.cfg.train if self.system is None else self.system.train_cfg(client_id, self.cfg.train)
 
     def _samples_trained(self, client_id: int) -> int:
-        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self.cfg.train)
+        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self._train_cfg(client_id))
 
     def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
         n = int(self.population.sizes[client_id])
         run = ClientRun(
             client_id=client_id, round_idx=round_idx, num_samples=n,
             weight=self.algorithm.client_weight(client_id, cohort),
-            steps=local_steps(n, self.cfg.train.batch_size, self.cfg.train.local_epochs, self.cfg.train.local_steps,
-                              self.worker.fold_single),
+            steps=local_steps(n, self.cfg.train.batch_size, self._train_cfg(client_id).local_epochs,
+                              self._train_cfg(client_id).local_steps, self.worker.fold_single),
             global_params=self.global_params)
         if self.store is not None and self.algorithm.stateful:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
@@ -441,22 +460,14 @@ class Trainer:
         self.worker.load(*self.algorithm.evaluation_model(self.global_params, self.global_buffers))
         model = self.worker.module
         model.eval()
-        x, y = self.data.test_x, self.data.test_y
-        starts = list(range(0, len(y), self.cfg.eval.batch_size))
-        batch = self.cfg.eval.batch_size
-        segments = [Segment("loss_sum", 1, bound=LOSS_BOUND * batch), Segment("correct", 1, kind="int")]
-        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []),
-                           self.device, len(starts))
-        for start in starts[self.ctx.rank :: self.ctx.world_size]:
-            end = start + self.cfg.eval.batch_size
-            logits = model(x[start:end])
-            stats.add("correct", (logits.argmax(1) == y[start:end]).sum())
-            stats.add("loss_sum", model.loss(logits, y[start:end], reduction="sum"))
+        splits = eval_splits(self.data, self.cfg.eval.train_metrics)
+        segments, terms = split_segments(splits, self.cfg.eval.batch_size)
+        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []), self.device, terms)
+        add_split_counts(model, stats, splits, self.cfg.eval.batch_size, self.ctx)
         if clients:
             add_client_counts(self, stats)
         reduced = stats.reduce(self.ctx, name="eval")
-        loss = math.nan if reduced.problems() else reduced.scalar("loss_sum") / len(y)
-        metrics = {"test_acc": int(reduced["correct"][0]) / len(y), "test_loss": loss}
+        metrics = split_metrics(reduced, splits)
         if clients:
             metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self))
         return metrics
@@ -491,7 +502,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 stopping.check_launcher(self, logger)
                 self.where = f"round {t}"
-                row = self.run_round(t)
+                row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
+                    else self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
                 for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic
@@ -541,7 +553,7 @@ class Trainer:
                                           self.started)
             status, error = "failed", self.failure.line
         finally:
-            closed = _attempt(logger.close)
+            closed = faults.attempt(logger.close)
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
         if closed is not None and status == "completed":  # e.g. TensorBoard's last flush on a full disk
@@ -551,7 +563,7 @@ class Trainer:
         if status == "failed":
             # Where the disk allows: the run's summary must not keep an earlier run's "completed".
             if self.ctx.is_main:
-                _attempt(lambda: checkpoint.atomic_write_text(
+                faults.attempt(lambda: checkpoint.atomic_write_text(
                     json.dumps(summary.build(self, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
         result = summary.build(self, status, error)
@@ -631,20 +643,3 @@ def _accountant():
     from ..privacy import accountant
 
     return accountant
-
-
-def _attempt(action) -> Exception | None:
-    """Run `action`; return the exception it raised instead of raising it (cleanup on a failing run)."""
-    try:
-        action()
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj

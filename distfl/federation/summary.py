@@ -74,4 +74,6 @@ def build(trainer, status: str, error: str | None) -> dict:
         # Resumes on another device, thread count, determinism or torch build ([{after_round, was, now}]);
         # empty: one runtime throughout, so the run is reproducible from its config on that runtime
         "runtime_changes": trainer.runtime_changes,
+        # system.*: the virtual clock's time at the end of the last round, in seconds
+        **({"virtual_time_s": trainer.system.now_s} if trainer.system is not None else {}),
     }

@@ -20,6 +20,9 @@ No model contains dropout or in-place activations.
 | senet18     | ResNet-18 + SE (ratio 16), BN or GN (SphereFed)   | 11,263,042 (3x32x32)               | 11,309,212 (3x32x32) |
 | mobilenetv2 | CIFAR MobileNetV2, d = 1280, BN or GN (SphereFed) | 2,237,770 (3x32x32)                | 2,353,060 (3x32x32)  |
 | pfl_cnn     | pfl-research's CIFAR-10 simple CNN (bench)        | 1,626,442 (3x32x32)                |                      |
+| mclr        | FedProx's multinomial logistic regression         | 610 (1x1x60)                       |                      |
+| femnist_cnn | LEAF's FEMNIST CNN, 62 classes                    | 6,603,710 (1x28x28)                |                      |
+| char_lstm   | LEAF's Shakespeare LSTM, 80 characters            | 817,872 (80 character indices)     |                      |
 
 `model.name: package.module:build` (or a name registered in the entry-point group `distfl.models`) calls
 the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return.
@@ -34,7 +37,10 @@ from distfl.config.validate import check_feature_dim
 from distfl.errors import ConfigError
 from distfl.models.base import Classifier
 from distfl.models.cifar_cnn import build_cifar_cnn
+from distfl.models.char_lstm import build_char_lstm
+from distfl.models.femnist_cnn import build_femnist_cnn
 from distfl.models.lenet import build_lenet5
+from distfl.models.mclr import build_mclr
 from distfl.models.mlp import build_mlp
 from distfl.models.mobilenetv2 import build_mobilenetv2
 from distfl.models.pfl_cnn import build_pfl_cnn
@@ -61,7 +67,13 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
     "senet18": lambda cfg, shape, k: build_senet18(shape, k, cfg.norm, cfg.gn_groups),
     "mobilenetv2": lambda cfg, shape, k: build_mobilenetv2(shape, k, cfg.norm, cfg.gn_groups),
     "pfl_cnn": lambda cfg, shape, k: build_pfl_cnn(shape, k),
+    "mclr": lambda cfg, shape, k: build_mclr(shape, k),
+    "femnist_cnn": lambda cfg, shape, k: build_femnist_cnn(shape, k),
+    "char_lstm": lambda cfg, shape, k: build_char_lstm(shape, k),
 }
+
+# Models whose inputs are token sequences (int64, B x L) rather than images C x H x W.
+SEQUENCE_MODELS = ("char_lstm",)
 
 
 # Models whose local training step is faster on the CPU with channels_last batches (runtime.channels_last:
@@ -100,7 +112,11 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         shape = tuple(int(s) for s in input_shape)
     except (TypeError, ValueError):
         raise ConfigError(f"input shape must be (channels, height, width) (got {input_shape!r})") from None
-    if len(shape) != 3 or min(shape) < 1:
+    if cfg.name in SEQUENCE_MODELS:
+        if len(shape) != 1 or shape[0] < 1:
+            raise ConfigError(f"model.name={cfg.name} reads token sequences (length L), but the data's inputs have "
+                              f"shape {input_shape!r}: use it with character data (data.dataset=leaf, Shakespeare)")
+    elif len(shape) != 3 or min(shape) < 1:
         raise ConfigError(f"input shape must be (channels, height, width) with positive sizes (got {input_shape!r})")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"the number of classes must be a positive integer (got {num_classes!r})")

@@ -234,6 +234,22 @@ def describe(cfg, noise_multiplier: float, update_multiplier: float) -> str:
             f"{planned:.4g} at delta {p.delta:g} ({p.accountant}); {noise_mode(p.secure_noise)}")
 
 
+def guarantee(privacy: dict) -> str:
+    """A private run's guarantee from its summary.json `privacy` entry, one line (the run's last); keyed
+    noise says it is a simulation."""
+    from .secret import SIMULATION
+
+    eps = privacy["epsilon"]
+    text = f"epsilon {eps:.4g}" if eps is not None else "no finite epsilon (noise_multiplier 0)"
+    return (f"privacy: user-level (epsilon, delta)-DP with {text} at delta {privacy['delta']:g} after "
+            f"{privacy['rounds']} rounds ({privacy['accountant']} accountant, "
+            + (f"DP-FTRL, a tree every {privacy['rounds_per_tree']} rounds" if privacy.get("rounds_per_tree") else
+               f"DP-FTRL, banded matrix factorisation of {privacy['bands']} bands" if privacy.get("bands") else
+               f"{privacy['cohort']} cohorts at rate {privacy['sampling_rate']:.4g}")
+            + f", noise multiplier {privacy['noise_multiplier']:.4g})"
+            f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}")
+
+
 def noise_mode(secure: bool) -> str:
     """How the noise was drawn, beside every printed epsilon."""
     from .secret import SIMULATION

@@ -18,7 +18,8 @@ esac
 # The method's keys on top of the protocol. Choices (results.md says why): FedProx mu 0.01 (NIID-Bench's
 # default); GMA tau 0.4 (its FMNIST value); SphereFed at lr 0.2 (its MSE loss needs a larger step:
 # configs/paper/spherefed/fmnist_sphere.yaml) with FFC; MOON on the network with its 256-d projection head;
-# TCT: 20 rounds of FedAvg, then stage 2 at the reduced p = 4,096 of experiments/tct.
+# TCT: 20 rounds of FedAvg, then stage 2 at the reduced p = 4,096 of experiments/tct; pFedMe at the paper's
+# eta 0.005 (its w step diverges at lr x lam >= ~1.5: docs/algorithms/pfedme.md).
 declare -A KEYS=(
   [fedavg]="algorithm.name=fedavg"
   [fedavg_ft]="algorithm.name=fedavg eval.finetune_epochs=5"
@@ -43,8 +44,13 @@ declare -A KEYS=(
   [lgfedavg]="algorithm.name=lgfedavg"
   [fedlc]="algorithm.name=fedlc"
   [fedntd]="algorithm.name=fedntd"
+  [perfedavg]="algorithm.name=perfedavg"
+  [pfedme]="algorithm.name=pfedme train.lr=0.005"
+  [fedrod]="algorithm.name=fedrod"
+  [fedproto]="algorithm.name=fedproto"
+  [fedala]="algorithm.name=fedala"
 )
-ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft local lgfedavg fedlc fedntd"
+ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft local lgfedavg fedlc fedntd perfedavg pfedme fedrod fedproto fedala"
 OUT=experiments/all_methods/runs
 PROTOCOL="train.rounds=100 eval.every=10"
 for method in ${METHODS:-$ORDER}; do

@@ -22,9 +22,11 @@ GROUPS = [
     ("the five papers", ["fedadc", "slowmo", "fedfor", "gma", "spherefed", "tct"]),
     ("global-model baselines", ["moon", "fedexp"]),
     ("label skew", ["fedlc", "fedntd"]),
-    ("personalised", ["local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl"]),
+    ("personalised", ["local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "perfedavg",
+                      "pfedme", "fedrod", "fedproto", "fedala"]),
 ]
-PERSONALISED = {"local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl"}
+PERSONALISED = {"local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "perfedavg", "pfedme",
+                "fedrod", "fedproto", "fedala"}
 LABELS = {"slowmo": "slowmo (FedADC's baseline)", "gma": "fedavg + GMA", "spherefed": "SphereFed + FFC",
           "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)",
           "local": "local only"}

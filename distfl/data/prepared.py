@@ -1,0 +1,119 @@
+"""`distfl data prepare NAME --from DIR --out OUT`: a natural federation read once from its published
+files (LEAF's JSON takes minutes to parse) and written as a folder of plain .npy arrays that a run
+memory-maps (`data.dataset: prepared`, `data.path: OUT`):
+
+    OUT/meta.json        {"format": "distfl-prepared-1", "name", "num_classes", "num_clients", "source", "from"}
+    OUT/train_x.npy      every client's training inputs, client after client (float32 or int64)
+    OUT/train_y.npy      int64 labels
+    OUT/train_offsets.npy  int64, clients + 1: client k holds rows train_offsets[k]:train_offsets[k + 1]
+    OUT/test_x.npy, test_y.npy, test_offsets.npy   the same for the test split (test_offsets: the clients'
+                         own test rows; rows after test_offsets[-1] belong to no training client)
+    OUT/client_ids.npy   the source's client names (a fixed-width unicode array: no pickle)
+
+A run opens the arrays with np.load(mmap_mode="c"): pages are read when a batch touches them, so opening
+costs the same for 1,000 clients as for 342,477. The SHA-256 of the folder's files is recorded in the
+run's checkpoints like any data file's, and a resume refuses a folder whose bytes changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from distfl.data.natural import Federated
+from distfl.errors import DataError
+
+FORMAT = "distfl-prepared-1"
+ARRAYS = ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offsets", "client_ids")
+SOURCES = ("leaf", "tff")
+
+
+def read_source(name: str, folder: str, split: str, seed: int) -> Federated:
+    if name == "leaf":
+        from distfl.data.leaf import load_leaf
+
+        return load_leaf(folder, split, seed)
+    if name == "tff":
+        from distfl.data.tff import load_tff
+
+        return load_tff(folder)
+    raise DataError(f"distfl data prepare: unknown dataset {name!r}; valid: {', '.join(SOURCES)}")
+
+
+def write_prepared(fed: Federated, out: str, source: str, origin: str) -> None:
+    """Write `fed` to the folder `out` atomically (a temporary folder renamed into place)."""
+    if os.path.exists(out):
+        raise DataError(f"--out {out} exists; remove it or give another folder")
+    tmp = f"{out}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(tmp)
+        arrays = {"train_x": fed.train_x, "train_y": fed.train_y, "train_offsets": fed.train_offsets,
+                  "test_x": fed.test_x, "test_y": fed.test_y, "test_offsets": fed.test_offsets,
+                  "client_ids": np.asarray(fed.client_ids, dtype=str)}
+        for key, value in arrays.items():
+            np.save(os.path.join(tmp, f"{key}.npy"), np.ascontiguousarray(value), allow_pickle=False)
+        meta = {"format": FORMAT, "name": fed.name, "num_classes": int(fed.num_classes),
+                "num_clients": int(fed.num_clients), "source": source, "from": os.path.abspath(origin)}
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def folder_sha256(folder: str) -> str:
+    """One SHA-256 over meta.json and the arrays: each name and its bytes' SHA-256, in a fixed order."""
+    digest = hashlib.sha256()
+    for name in ("meta.json",) + tuple(f"{a}.npy" for a in ARRAYS):
+        file_digest = hashlib.sha256()
+        with open(os.path.join(folder, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                file_digest.update(block)
+        digest.update(name.encode() + b"\0" + file_digest.hexdigest().encode())
+    return digest.hexdigest()
+
+
+def load_prepared(folder: str) -> Federated:
+    """A prepared folder, memory-mapped; DataError (one line) for anything that is not one."""
+    meta_path = os.path.join(folder, "meta.json")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"data.path {folder} is not a prepared dataset (`distfl data prepare` writes one): cannot "
+                        f"read its meta.json ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DataError(f"data.path {folder}: meta.json is not of format {FORMAT}; prepare the dataset again")
+    arrays = {}
+    for key in ARRAYS:
+        path = os.path.join(folder, f"{key}.npy")
+        try:
+            arrays[key] = np.load(path, mmap_mode="c" if key != "client_ids" else None, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"data.path {folder}: cannot read {key}.npy ({exc}); prepare the dataset again") from None
+    train_off, test_off = arrays["train_offsets"], arrays["test_offsets"]
+    clients = int(meta.get("num_clients", -1))
+    for key, off, rows in (("train", train_off, len(arrays["train_y"])), ("test", test_off, len(arrays["test_y"]))):
+        if off.ndim != 1 or len(off) != clients + 1 or off[0] != 0 or (np.diff(off) < 0).any() or off[-1] > rows:
+            raise DataError(f"data.path {folder}: {key}_offsets must rise from 0 to at most {rows} over "
+                            f"{clients} + 1 entries; prepare the dataset again")
+        if len(arrays[f"{key}_x"]) != rows or arrays[f"{key}_y"].dtype != np.int64:
+            raise DataError(f"data.path {folder}: {key}_x and {key}_y differ in length or {key}_y is not int64")
+    if train_off[-1] != len(arrays["train_y"]):
+        raise DataError(f"data.path {folder}: train_offsets end at {train_off[-1]} but train_y has "
+                        f"{len(arrays['train_y'])} rows")
+    return Federated(arrays["train_x"], arrays["train_y"], train_off, arrays["test_x"], arrays["test_y"], test_off,
+                     int(meta["num_classes"]), str(meta["name"]), client_ids=arrays["client_ids"].tolist(),
+                     sources={"data.path": (folder, folder_sha256(folder))})
+
+
+def describe(fed: Federated) -> str:
+    sizes = np.diff(fed.train_offsets)
+    return (f"{fed.num_clients} clients, {len(fed.train_y)} training samples (per client min/median/max "
+            f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {len(fed.test_y)} test samples "
+            f"({int(fed.test_offsets[-1])} in the clients' own test splits), {fed.num_classes} classes, "
+            f"inputs {tuple(fed.train_x.shape[1:])} {fed.train_x.dtype}")

@@ -1,0 +1,85 @@
+"""The system.* keys' combinations: every refusal is one line naming the key, before any data loads
+(config.validate calls `check`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from .model import parse_spec
+
+# Methods an asynchronous run composes with: their clients send only a model update, and their server
+# step uses only the buffer's weighted sum (the server optimizer, server.*, applies to it).
+ASYNC_METHODS = ("fedavg", "fedprox")
+
+
+def check(v: dict) -> None:
+    """`v`: dotted key -> value (validated types and ranges)."""
+    keys = [k for k in v if k.startswith("system.")]
+    from ..config.schema import SystemConfig
+
+    defaults = SystemConfig()
+    if all(v[k] == getattr(defaults, k.removeprefix("system.")) for k in keys):
+        return
+    if not v["system.capacity_file"]:
+        for key, inf in (("system.speed", False), ("system.bandwidth", True)):
+            _spec(key, v[key], inf)
+        if v["system.upload_bandwidth"] != "same":
+            _spec("system.upload_bandwidth", v["system.upload_bandwidth"], True)
+    from . import traces
+
+    if v["system.availability"] == "trace" and not v["system.trace_file"]:
+        raise ConfigError("system.availability=trace reads FedScale's client_behave_trace: set system.trace_file")
+    for key, read, used in (("system.capacity_file", traces.read_capacity, True),
+                            ("system.trace_file", traces.read_behaviour, v["system.availability"] == "trace")):
+        if v[key] and used:
+            if not Path(v[key]).is_file():
+                raise ConfigError(f"{key}: no file at {v[key]}")
+            read(v[key])
+    if v["privacy.mechanism"] != "none":
+        raise ConfigError("privacy.mechanism=gaussian with the system model: availability, dropouts, deadlines and "
+                          "asynchrony change which clients contribute in ways the privacy accountant does not bound; "
+                          "leave the system.* keys at their defaults")
+    available_only = v["system.availability"] != "always" and v["system.unavailable"] == "skip"
+    if available_only and v["train.cohort"] != "random":
+        raise ConfigError(f"system.availability={v['system.availability']} with system.unavailable=skip samples among "
+                          f"the clients online at a round's start, at random; train.cohort={v['train.cohort']} "
+                          "cannot: set train.cohort=random (or system.unavailable=fail)")
+    if v["system.round"] == "deadline" and v["system.deadline_s"] <= 0:
+        raise ConfigError("system.round=deadline needs system.deadline_s > 0 (the round's length in virtual seconds)")
+    if v["system.round"] == "overselect" and v["train.cohort"] == "poisson":
+        raise ConfigError("system.round=overselect samples ceil(system.overselect x train.clients_per_round) clients; "
+                          "train.cohort=poisson has no fixed size to scale: use train.cohort=random or sequential")
+    if v["system.async_mode"] != "none":
+        _check_async(v)
+
+
+def _check_async(v: dict) -> None:
+    mode = f"system.async_mode={v['system.async_mode']}"
+    name = v["algorithm.name"]
+    if name not in ASYNC_METHODS:
+        raise ConfigError(f"{mode} composes with algorithm.name in {', '.join(ASYNC_METHODS)} (and every "
+                          f"server.optimizer); {name} keeps per-client or per-round state (control variates, "
+                          "step counts, personal models) that asynchronous, stale updates do not define")
+    if v["system.round"] != "wait_all":
+        raise ConfigError(f"{mode} has no rounds to cut: system.round={v['system.round']} applies to synchronous "
+                          "runs only (leave system.round=wait_all)")
+    if v["train.cohort"] != "random":
+        raise ConfigError(f"{mode} samples each new client at random as a slot frees up; train.cohort="
+                          f"{v['train.cohort']} does not apply: set train.cohort=random")
+    if v["aggregation.mask"] != "none" or v["aggregation.fedbn"]:
+        raise ConfigError(f"{mode} sums weighted updates only: aggregation.mask and aggregation.fedbn are not "
+                          "defined for it; leave them off")
+    if v["calibration.method"] != "none":
+        raise ConfigError(f"{mode}: calibration.method={v['calibration.method']} uses the last round's cohort, "
+                          "which an asynchronous run does not have; set calibration.method=none")
+    concurrency = v["system.concurrency"] or v["train.clients_per_round"]
+    if concurrency > v["partition.num_clients"]:
+        raise ConfigError(f"system.concurrency ({concurrency}) > partition.num_clients ({v['partition.num_clients']}): "
+                          "more clients cannot train at once than exist")
+
+
+def _spec(key: str, text: str, allow_inf: bool) -> None:
+    try:
+        parse_spec(key, text, allow_inf)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

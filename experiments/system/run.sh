@@ -1,0 +1,28 @@
+#!/bin/bash
+# The evidence rows of docs/system.md (docs/evidence.md, rows D1-D2). From the repository root:
+#   experiments/system/run.sh buff SEED         # sync FedAvg vs FedBuff under heterogeneous speeds
+#   experiments/system/run.sh stragglers SEED   # FedAvg (drop) vs FedProx (partial work), 50% and 90% stragglers
+set -e
+what=$1; seed=${2:-0}
+out=experiments/system/runs
+mkdir -p "$out"
+run() {  # name, config, overrides...
+  local name=$1 config=$2; shift 2
+  [ -f "$out/$name/summary.json" ] && return
+  echo "python -m distfl train $config seed=$seed output.dir=$out/$name $*" > "$out/$name.cmd"
+  python -m distfl train "$config" seed=$seed output.dir="$out/$name" --overwrite "$@" > "$out/$name.log" 2>&1
+}
+if [ "$what" = buff ]; then
+  run "sync_s$seed" experiments/system/fmnist_heterogeneous.yaml
+  run "fedbuff_s$seed" experiments/system/fmnist_heterogeneous.yaml system.async_mode=fedbuff \
+      system.concurrency=20 system.buffer_size=10 system.staleness=polynomial system.staleness_a=0.5
+elif [ "$what" = stragglers ]; then
+  for level in 50 90; do
+    if [ $level = 50 ]; then speeds="list:1,1,1,1,1,3,5,7,9,11"; else speeds="list:1,3,5,7,9,11,13,15,17,19"; fi
+    run "fedavg_drop_${level}_s$seed" experiments/system/fmnist_stragglers.yaml system.speed=$speeds
+    run "fedprox0_partial_${level}_s$seed" experiments/system/fmnist_stragglers.yaml system.speed=$speeds \
+        algorithm.name=fedprox algorithm.mu=0 system.partial_work=true
+    run "fedprox1_partial_${level}_s$seed" experiments/system/fmnist_stragglers.yaml system.speed=$speeds \
+        algorithm.name=fedprox algorithm.mu=1 system.partial_work=true
+  done
+fi

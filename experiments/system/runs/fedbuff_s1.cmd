@@ -1,0 +1,1 @@
+python -m distfl train experiments/system/fmnist_heterogeneous.yaml seed=1 output.dir=experiments/system/runs/fedbuff_s1 system.async_mode=fedbuff system.concurrency=20 system.buffer_size=10 system.staleness=polynomial system.staleness_a=0.5

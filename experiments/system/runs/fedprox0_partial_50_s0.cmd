@@ -1,0 +1,1 @@
+python -m distfl train experiments/system/fmnist_stragglers.yaml seed=0 output.dir=experiments/system/runs/fedprox0_partial_50_s0 system.speed=list:1,1,1,1,1,3,5,7,9,11 algorithm.name=fedprox algorithm.mu=0 system.partial_work=true

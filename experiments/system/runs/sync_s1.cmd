@@ -1,0 +1,1 @@
+python -m distfl train experiments/system/fmnist_heterogeneous.yaml seed=1 output.dir=experiments/system/runs/sync_s1 

@@ -1,0 +1,129 @@
+"""Asynchronous aggregation on the virtual clock (FedBuff, FedAsync): identities with synchronous FedAvg,
+the staleness weights of the papers, the server rules, and exactness across ranks and kills."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import metrics, one_two_resumed, train_ok, write_config
+from test_system import killed_and_resumed
+from distfl import dist
+from distfl.config import load_config
+from distfl.errors import ConfigError
+from distfl.federation.runner import Trainer
+from distfl.system.staleness import staleness_weight
+
+SPEEDS = ("system.speed=lognormal:0,1", "system.bandwidth=uniform:100,1000")
+# SMALL's cohort is 5 clients: K = C = 5, nothing may be stale.
+AS_SYNC = ("system.async_mode=fedbuff", "system.buffer_size=5", "system.concurrency=5", "system.max_staleness=0")
+BUFFERED = ("system.async_mode=fedbuff", "system.buffer_size=2", "system.concurrency=6",
+            "system.staleness=polynomial", "system.max_staleness=3", "system.dropout=0.3")
+
+
+@pytest.mark.parametrize("method", [(), ("algorithm.name=fedprox", "algorithm.mu=0.1", "server.optimizer=adam",
+                                         "server.lr=0.01")])
+def test_fedbuff_with_k_equal_c_equal_cohort_is_sync_fedavg(tmp_path, method):
+    cfg = write_config(tmp_path / "c.yaml")
+    sync = train_ok(cfg, f"output.dir={tmp_path / 'sync'}", *SPEEDS, *method)
+    buff = train_ok(cfg, f"output.dir={tmp_path / 'buff'}", *SPEEDS, *method, *AS_SYNC)
+    assert buff["model_sha256"] == sync["model_sha256"]
+    keys = ("train_loss", "virtual_time_s", "test_acc")
+    assert [[r.get(k) for k in keys] for r in metrics(tmp_path / "buff")] == \
+        [[r.get(k) for k in keys] for r in metrics(tmp_path / "sync")]
+    assert all(r["updates"] == 5 and r["staleness_max"] == 0 for r in metrics(tmp_path / "buff"))
+
+
+@pytest.mark.parametrize("s", range(0, 12))
+def test_staleness_weights_are_the_papers(s):
+    """FedAsync (Xie et al. 2019, section 5.2): polynomial s_a(t - tau) = (t - tau + 1)^-a; hinge
+    s_{a,b}(t - tau) = 1 if t - tau <= b else 1 / (a (t - tau - b) + 1). FedBuff: 1 / sqrt(1 + s)."""
+    assert staleness_weight("constant", s) == 1.0
+    assert staleness_weight("polynomial", s, a=0.5) == pytest.approx(1 / (1 + s) ** 0.5, rel=1e-15)
+    assert staleness_weight("polynomial", s, a=2.0) == pytest.approx((s + 1.0) ** -2, rel=1e-15)
+    assert staleness_weight("hinge", s, a=10.0, b=4.0) == (1.0 if s <= 4 else pytest.approx(1 / (10.0 * (s - 4) + 1)))
+
+
+def _trainer(tmp_path, *overrides):
+    cfg = load_config(str(write_config(tmp_path / "c.yaml")), [*overrides, f"output.dir={tmp_path / 'run'}"])
+    return Trainer(cfg, dist.init("cpu", 1))
+
+
+def _record(trainer) -> list:
+    """(step, the version's round the client started in, its model, start model, weight) of every update."""
+    seen = []
+    inner = trainer.algorithm.client_statistics
+
+    def recording(run, worker, stats):
+        seen.append((trainer.last_round, run.round_idx, run.client_id, worker.params.detach().clone(),
+                     run.global_params.clone(), run.weight))
+        inner(run, worker, stats)
+
+    trainer.algorithm.client_statistics = recording
+    return seen
+
+
+def test_fedbuff_applies_staleness_weighted_updates(tmp_path):
+    trainer = _trainer(tmp_path, *SPEEDS, *BUFFERED)
+    seen = _record(trainer)
+    sizes = trainer.population.sizes
+    stale_seen = set()
+    for t in range(1, 9):
+        before = trainer.global_params.double().clone()
+        seen.clear()
+        trainer.system.run_async(t)
+        assert len(seen) == 2
+        total = sum(int(sizes[c]) for _, _, c, *_ in seen)
+        expected = before.clone()
+        for step, started, c, params, start, weight in seen:
+            s = step - started
+            stale_seen.add(s)
+            assert 0 <= s <= 3
+            assert weight == pytest.approx((1 + s) ** -0.5 * int(sizes[c]) / total, rel=1e-12)
+            expected += weight * (params.double() - start.double())
+        assert torch.allclose(trainer.global_params.double(), expected, atol=1e-6, rtol=0)
+    assert max(stale_seen) > 0  # some updates were stale
+
+
+def test_fedasync_mixes_with_alpha_times_the_staleness_weight(tmp_path):
+    trainer = _trainer(tmp_path, *SPEEDS, "system.async_mode=fedasync", "system.concurrency=4",
+                       "system.staleness=hinge", "system.staleness_a=2", "system.staleness_b=1", "system.async_alpha=0.5")
+    seen = _record(trainer)
+    stale_seen = set()
+    for t in range(1, 11):
+        before = trainer.global_params.double().clone()
+        seen.clear()
+        trainer.system.run_async(t)
+        ((step, started, _, params, _, weight),) = seen
+        s = step - started
+        stale_seen.add(s)
+        mix = 0.5 * (1.0 if s <= 1 else 1 / (2 * (s - 1) + 1))
+        assert weight == pytest.approx(mix, rel=1e-15)
+        assert torch.allclose(trainer.global_params.double(), (1 - mix) * before + mix * params.double(), atol=1e-6,
+                              rtol=0)
+    assert max(stale_seen) > 1  # the hinge's slope was used
+
+
+def test_fedbuff_is_the_same_on_one_two_and_resumed(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml")
+    one, _, _ = one_two_resumed(cfg, tmp_path, *SPEEDS, *BUFFERED, "algorithm.name=fedprox", "server.momentum=0.5")
+    rows = metrics(tmp_path / "one")
+    assert sum(r["dropped"] for r in rows) > 0 and max(r["staleness_max"] for r in rows) > 0
+    assert [r["virtual_time_s"] for r in rows] == [r["virtual_time_s"] for r in metrics(tmp_path / "two")]
+
+
+def test_fedbuff_survives_kill_9(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", train={"rounds": 10})
+    through = train_ok(cfg, f"output.dir={tmp_path / 'through'}", *SPEEDS, *BUFFERED)
+    resumed = killed_and_resumed(tmp_path, cfg, *SPEEDS, *BUFFERED)
+    assert resumed["model_sha256"] == through["model_sha256"]
+    assert resumed["virtual_time_s"] == through["virtual_time_s"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.name=scaffold", "composes with algorithm.name in fedavg, fedprox"),
+    ("system.round=deadline", "applies to synchronous runs only"),
+    ("train.cohort=sequential", "set train.cohort=random"),
+])
+def test_what_async_does_not_compose_with_is_refused_before_work(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["system.async_mode=fedbuff", override, "system.deadline_s=1"])

@@ -1,0 +1,91 @@
+"""FedALA: a returning client's round recomputed with plain tensors and nn.Modules (W learned on the ALA
+passes' batches, clipped to [0, 1], the start phase's stopping rule, theta^ on the head, then local SGD
+from it), a first-time client is FedAvg's client, the per-client scores of theta^, 1 rank == 2 ranks ==
+stopped-and-resumed, refusals. docs/algorithms/fedala.md."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_refused
+from test_personalised import (assert_clients_scored_with, personal_one_two_resumed, _flat, _head_mask,
+                               _initial_model, _load_flat, _plain_sgd, _record, _trainer)
+
+
+def _loss_and_grad(module, flat, x, y):
+    _load_flat(module, flat)
+    module.zero_grad(set_to_none=True)
+    loss = module.loss(module(x), y)
+    loss.backward()
+    return float(loss), torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+
+
+def test_rounds_recomputed_and_scored_with_the_aggregated_model(tmp_path):
+    from distfl.federation.local import local_batches
+    from distfl.federation.population import client_seed
+
+    eta, frac, thr, pre, cap = 0.5, 0.5, 0.05, 3, 4
+    trainer = _trainer(tmp_path, "ala", "algorithm.name=fedala", f"algorithm.options.eta={eta}",
+                       f"algorithm.options.sample_fraction={frac}", f"algorithm.options.threshold={thr}",
+                       f"algorithm.options.num_pre_loss={pre}", f"algorithm.options.start_passes={cap}",
+                       "eval.clients=true")
+    cfg, top = trainer.cfg, _head_mask(trainer)
+    seen = _record(trainer)
+    module = _initial_model(trainer)
+    thetas, weights, started, returning = {}, {}, set(), 0
+    for t in (1, 2, 3):
+        start = trainer.global_params.clone()
+        trainer.run_round(t)
+        for client in trainer.population.cohort(cfg.seed, t, cfg.train.clients_per_round):
+            torch.manual_seed(client_seed(cfg.seed, t, client))
+            indices = trainer.client_indices[client]
+            w = start.clone()
+            if client in thetas:
+                returning += 1
+                theta_k, wk = thetas[client], weights.get(client, torch.ones(int(top.sum())))
+                steps = math.ceil(len(indices) * frac / cfg.train.batch_size)
+                losses = []
+                for _ in range(1 if client in started else cap):
+                    for x, y in local_batches(trainer.data, indices, cfg.train, steps=steps):
+                        agg = start.clone()
+                        agg[top] = theta_k[top] + (start[top] - theta_k[top]) * wk
+                        loss, grad = _loss_and_grad(module, agg, x, y)
+                        losses.append(loss)
+                        wk = (wk - eta * grad[top] * (start[top] - theta_k[top])).clamp(0, 1)
+                    if len(losses) > pre and np.std(losses[-pre:]) < thr:
+                        break
+                started.add(client)
+                weights[client] = wk
+                w[top] = theta_k[top] + (start[top] - theta_k[top]) * wk
+            _load_flat(module, w)
+            _plain_sgd(module, local_batches(trainer.data, indices, cfg.train), cfg.train.lr)
+            thetas[client] = _flat(module)
+            assert torch.allclose(seen[t][client], thetas[client], rtol=1e-4, atol=1e-6), (t, client)
+            if client in weights:
+                assert torch.allclose(trainer.store.peek(client)["W"], weights[client], atol=1e-6), (t, client)
+    assert returning >= 3 and any(bool((wk < 1).any()) for wk in weights.values())
+
+    def load(client, worker):
+        state = trainer.store.peek(client)
+        if state is not None and "W" in state:
+            worker.params[top] = state["theta"][top] + (worker.params[top] - state["theta"][top]) * state["W"]
+
+    assert_clients_scored_with(trainer, load)
+
+
+def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
+    one = personal_one_two_resumed(small_config, tmp_path, ["algorithm.name=fedala", "eval.clients=true",
+                                                            "algorithm.options.start_passes=3"], "theta")
+    assert one["client_finetune_epochs"] == 0
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["model.name=resnet20", "data.synthetic_channels=3"], "BatchNorm"),
+    (["algorithm.options.sample_fraction=0"], "algorithm.options.sample_fraction"),
+    (["model.head=fixed_random"], "model.head must be linear"),
+])
+def test_refused_before_any_work(tmp_path, small_config, overrides, says):
+    assert_refused(small_config, tmp_path / "r", ["algorithm.name=fedala", *overrides], says)
