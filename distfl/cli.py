@@ -41,7 +41,7 @@ def cmd_train(args) -> int:
     if args.resume:
         if args.config is not None:
             raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
-        from .resume_rules import saved_run_config
+        from .config.resume import saved_run_config
 
         base, saved = saved_run_config(args.resume, "--resume")
         cfg = config_from_dict(base, args.overrides, source=str(saved))
