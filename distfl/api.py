@@ -70,7 +70,7 @@ def make_config(config=None, resume=None, **overrides):
     if resume is not None:
         if config is not None:
             raise ConfigError("give either config or resume=RUN_DIR, not both (a resumed run uses its saved config)")
-        from .resume_rules import saved_run_config
+        from .config.resume import saved_run_config
 
         base, saved = saved_run_config(resume, "resume=")
         return config_from_dict(base, items, source=str(saved))

@@ -41,7 +41,7 @@ def cmd_train(args) -> int:
     if args.resume:
         if args.config is not None:
             raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
-        from .resume_rules import saved_run_config
+        from .config.resume import saved_run_config
 
         base, saved = saved_run_config(args.resume, "--resume")
         cfg = config_from_dict(base, args.overrides, source=str(saved))
@@ -107,7 +107,7 @@ def cmd_calibrate(args) -> int:
             raise ConfigError(f"distfl calibrate takes only the FFC settings {', '.join(settings)}; got {item}. To "
                               f"change other keys, continue the run: `distfl train --resume {run_dir} "
                               "calibration.method=ffc KEY=VALUE`")
-    args.resume, args.config, args.print_config, args.overwrite = str(run_dir), None, False, False
+    args.resume, args.config, args.print_config, args.overwrite, args.nproc = str(run_dir), None, False, False, None
     args.overrides = ["calibration.method=ffc", *args.overrides]
     return cmd_train(args)
 

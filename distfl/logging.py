@@ -65,7 +65,7 @@ class RunLogger:
     def _params(self, config: dict | None = None) -> dict:
         """The HParams columns: keys that differ from their defaults, the keys that name a run, the run's name."""
         from .config import config_to_dict
-        from .schema import Config
+        from .config.schema import Config
 
         if config is None:
             try:

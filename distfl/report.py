@@ -4,7 +4,7 @@ Runs are grouped by the keys given with --by, or else by every config key whose 
 the runs (and the swept keys of SWEEP_DIR/sweep.json), leaving out seed, output.*, checkpoint.*, runtime.*
 and keys no run reads; where a method option (algorithm.options.*) is one of them and the runs' methods
 differ, algorithm.name too. A run whose method does not read a grouping key (a method option it does
-not declare; algorithm.mu of a fedavg run: schema.APPLIES_ONLY_TO) shows "-" for it and groups as if the
+not declare; partition.alpha of an iid split: its declared `applies`) shows "-" for it and groups as if the
 key were absent. A seed found in two reported directories of one group counts once, with a warning.
 
 The metrics (--metric NAME, several allowed) are any number a run logs in metrics.jsonl (its final value:
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import OPTIONS_KEY, flatten_dict, key_applies
-from .resume_rules import saved_values
+from .config.renamed import current_key
+from .config.resume import saved_values
 from .errors import DistflError
 from .figures import is_fraction, plot_all
 
@@ -151,8 +152,11 @@ def swept_keys(runs: list[Run], roots) -> list[str]:
             continue
         keys += [k for k in record.get("swept_keys", []) if k not in keys]
     all_keys = sorted({k for r in runs for k in r.config})
+    # A method's option differs only if it does among the runs whose method has it (ditto's lam beside fedavg
+    # runs, which have no lam, is no grouping key while every ditto run has the same).
     differ = [k for k in all_keys if not k.startswith(IGNORED_PREFIXES) and any(key_applies(k, r.config) for r in runs)
-              and len({json.dumps(r.config.get(k)) for r in runs}) > 1]
+              and len({json.dumps(r.config.get(k)) for r in runs
+                       if k in r.config or not k.startswith(OPTIONS_KEY + ".")}) > 1]
     return keys + [k for k in differ if k not in keys]
 
 
@@ -206,7 +210,7 @@ def summarise(runs: list[Run], keys: list[str], metrics: list[str] | None = None
     warn = warn or (lambda message: None)
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
-        # A key the run's method does not read (algorithm.mu of a fedavg run) groups as absent, shown "-".
+        # A key the run does not read (a method option of another method) groups as absent, shown "-".
         groups.setdefault(tuple(run.config.get(k) if key_applies(k, run.config) else None for k in keys),
                           []).append(run)
     rows = []
@@ -252,7 +256,7 @@ def grouping_keys(runs: list[Run], keys: list[str]) -> list[str]:
 
 def _cell(row: dict, key: str) -> str:
     """A group's value of `key`; "-" for a key its runs do not read (a method option their method does
-    not declare, a key APPLIES_ONLY_TO gives to other choices)."""
+    not declare, a key whose declared `applies` gives it to other choices)."""
     return "-" if row[key] is None else str(row[key])
 
 
@@ -384,6 +388,7 @@ def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, st
     run_dirs = find_runs(paths)
     runs = [load_run(d) for d in run_dirs]
     if by:
+        by = [current_key(k) for k in by]  # an old name (algorithm.moon_mu) is the option it became
         unknown = [k for k in by if not any(k in r.config for r in runs)]
         if unknown:
             raise DistflError(f"--by {', '.join(unknown)}: no run's config.yaml has this key "
@@ -391,7 +396,7 @@ def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, st
     metrics = list(dict.fromkeys(metrics)) if metrics else default_metrics(runs)
     check_metrics(metrics, runs)
     renames = dict(parse_label(t) for t in label or ())
-    keys = list(by) if by else grouping_keys(runs, swept_keys(runs, paths))
+    keys = list(by) if by else grouping_keys(runs, list(dict.fromkeys(map(current_key, swept_keys(runs, paths)))))
 
     def warn(message):
         print(f"distfl report: warning: {message}", file=stderr, flush=True)

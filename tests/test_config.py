@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distfl.algorithms import ALGORITHMS
 from distfl.config import (
-    RANGES,
     ConfigWarning,
     apply_overrides,
     config_from_dict,
@@ -16,9 +16,10 @@ from distfl.config import (
     load_config,
     validate,
 )
+from distfl.config.schema import KEYS, NUM_CLASSES, Config
+from distfl.config.values import in_range
 from distfl.config_docs import config_reference_markdown
 from distfl.errors import ConfigError
-from distfl.schema import APPLIES_ONLY_TO, CHOICES, NUM_CLASSES, Config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,10 +51,10 @@ def test_yaml_then_overrides(tmp_path):
     assert cfg.train.rounds == 50  # the override wins over the YAML
     assert cfg.train.lr == 0.1
     assert cfg.algorithm.name == "fedprox"
-    assert cfg.algorithm.mu == 0.5
+    assert cfg.algorithm.options == {"mu": 0.5}
     assert cfg.data.download is False
     assert cfg.train.batch_size == Config().train.batch_size
-    assert cfg._explicit == {"seed", "train.rounds", "train.lr", "algorithm.name", "algorithm.mu",
+    assert cfg._explicit == {"seed", "train.rounds", "train.lr", "algorithm.name", "algorithm.options",
                              "data.download"}
 
 
@@ -110,11 +111,18 @@ def test_config_keys():
     assert "train.rounds" in keys and "seed" in keys and "data.dataset" in keys
     assert "train" not in keys
     assert len(keys) == len(set(keys))
-    assert set(CHOICES) <= set(keys)
-    assert set(APPLIES_ONLY_TO) <= set(keys)
-    assert {c for c, _ in APPLIES_ONLY_TO.values()} <= set(CHOICES)
-    assert set(CHOICES["data.dataset"]) == set(NUM_CLASSES) | {"synthetic", "files", "leaf", "tff", "prepared"}
-    assert set(RANGES) <= set(keys)
+    assert list(KEYS) == keys
+    # Every applies-to names a key with choices (or the method), and only those choices.
+    for key in KEYS.values():
+        if key.applies:
+            controller, used_by = key.applies
+            valid = KEYS[controller].choices or list(ALGORITHMS)
+            assert set(used_by) <= set(valid), key.name
+    assert set(KEYS["data.dataset"].choices) == set(NUM_CLASSES) | {"synthetic", "files", "leaf", "tff", "prepared"}
+    # A range or a choice list holds the key's own default.
+    for key in KEYS.values():
+        assert key.choices is None or set(key.default if key.type is list else [key.default]) <= set(key.choices), key.name
+        assert key.range is None or in_range(key.default, key.range), key.name
 
 
 # --- errors -------------------------------------------------------------------------------------------
@@ -182,7 +190,7 @@ def test_unknown_choice():
     assert "model.name: unknown choice 'resnet19'; did you mean 'resnet18'?" in msg
     assert "valid: simplecnn, tct_cnn, lenet5, cifar_cnn, resnet18, resnet20, mlp" in msg
     msg = error(load_config, None, ["algorithm.name=xyz"])
-    assert "did you mean" not in msg and "valid: fedavg, fedprox" in msg
+    assert "did you mean" not in msg and "valid: apfl, ditto, fedadc, fedavg, fedbabu" in msg
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -265,7 +273,7 @@ def test_warning_for_inapplicable_key():
     with pytest.warns(ConfigWarning, match=r"algorithm.mu is set but only used by algorithm.name "
                                            r"in \[fedprox\]; it is ignored for fedavg"):
         cfg = load_config(None, ["algorithm.mu=0.1"])
-    assert cfg.algorithm.mu == 0.1
+    assert cfg.algorithm.options == {}
     with pytest.warns(ConfigWarning, match=r"algorithm.mu is set .* it is ignored for tct"):
         load_config(None, ["algorithm.name=tct", "tct.stage1=fedavg", "algorithm.mu=0.1"])
 
@@ -273,25 +281,27 @@ def test_warning_for_inapplicable_key():
 def test_no_warning_when_applicable_or_default(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(None, ["algorithm.name=fedprox", "algorithm.mu=0.1"])
+        load_config(None, ["algorithm.name=fedprox", "algorithm.options.mu=0.1"])
         load_config(None, ["algorithm.name=scaffold"])  # mu left at its default
-        # TCT's stage 1 reads the algorithm.* keys of the method tct.stage1 names.
-        load_config(None, ["algorithm.name=tct", "tct.stage1=fedprox", "algorithm.mu=0.1"])
-        load_config(None, ["algorithm.name=tct", "tct.stage1=scaffold", "algorithm.scaffold_correction=weights"])
+        # TCT's stage 1 reads the options of the method tct.stage1 names.
+        load_config(None, ["algorithm.name=tct", "tct.stage1=fedprox", "algorithm.options.mu=0.1"])
+        load_config(None, ["algorithm.name=tct", "tct.stage1=scaffold", "algorithm.options.correction=weights"])
         load_config(write(tmp_path, "server:\n  optimizer: adam\n  beta2: 0.8\n"))
         load_config(write(tmp_path, "algorithm:\n  mu: 0.01\n"))  # explicit but equal to the default
         load_config(write(tmp_path, dump_config(load_config(None))))  # a dumped config sets every key
 
 
 def test_every_inapplicable_key_warns():
+    from distfl.algorithms import ALGORITHMS
+
     cfg = Config()
-    for key, (controller, used_by) in APPLIES_ONLY_TO.items():
-        ignored_by = next(c for c in CHOICES[controller] if c not in used_by)
+    for key, (controller, used_by) in ((k, spec.applies) for k, spec in KEYS.items() if spec.applies):
+        ignored_by = next(c for c in (KEYS[controller].choices or list(ALGORITHMS)) if c not in used_by)
         section, leaf = key.split(".")
         default = getattr(getattr(cfg, section), leaf)
         # A valid value that differs from the default.
-        if key in CHOICES:
-            value = next(c for c in CHOICES[key] if c != default)
+        if KEYS[key].choices:
+            value = next(c for c in KEYS[key].choices if c != default)
         elif isinstance(default, bool):
             value = not default
         else:
@@ -313,7 +323,7 @@ def test_reference_mentions_every_key():
     text = config_reference_markdown()
     for key in config_keys():
         assert f"`{key}`" in text
-    assert "local SGD learning rate" in text  # comments come from schema.py
+    assert "local SGD learning rate" in text  # comments come from config/schema.py
 
 
 # --- hostile or surprising YAML -----------------------------------------------------------------------

@@ -264,13 +264,13 @@ def test_bad_combinations_are_refused(tmp_path, small_config, name, override, ke
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
         _trainer(small_config, tmp_path, "bad", [f"algorithm.name={name}", override])
     if key.startswith("server"):
-        assert "algorithm.server_alpha" in str(err.value)
+        assert "algorithm.options.server_alpha" in str(err.value)
 
 
 def test_beta_local_one_is_out_of_range(small_config):
     from distfl.config import load_config
 
-    with pytest.raises(ConfigError, match=r"algorithm\.beta_local"):
+    with pytest.raises(ConfigError, match=r"algorithm\.options\.beta_local must be in \[0, 1\), got 1\.0"):
         load_config(str(small_config), ["algorithm.name=fedadc", "algorithm.beta_local=1.0"])
 
 

@@ -10,7 +10,8 @@ from distfl.federation.local import ClientRun
 
 # Every registered method, GMA's mask and FedADC+'s distillation (whose teacher has BatchNorm too).
 # Personalised methods keep their own model parts and refuse FedBN (tests/test_personalised.py).
-VARIANTS = {name: [f"algorithm.name={name}"] for name, cls in ALGORITHMS.items() if not cls.personalised}
+# TCT's rounds are its stage-1 method's (one of these), then a linear model without BatchNorm.
+VARIANTS = {name: [f"algorithm.name={name}"] for name, cls in ALGORITHMS.items() if not cls.personalised and name != "tct"}
 VARIANTS["fedavg+gma"] = ["aggregation.mask=gma"]
 VARIANTS["fedadc+kd"] = ["algorithm.name=fedadc", "algorithm.kd_lambda=0.35"]
 VARIANTS["scaffold+weights"] = ["algorithm.name=scaffold", "algorithm.scaffold_correction=weights", "train.momentum=0.9"]

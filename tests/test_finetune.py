@@ -193,7 +193,7 @@ def test_summary_records_the_fine_tuning_of_every_kind_of_scoring(tmp_path, smal
 @pytest.mark.parametrize("overrides, says", [
     (["eval.finetune_epochs=2"], "set eval.clients=true"),
     (["eval.clients=true", "eval.finetune_epochs=-1"], "eval.finetune_epochs must be >= 0"),
-    (["eval.clients=true", "eval.finetune_epochs=2", "algorithm.name=fedbabu"], "algorithm.finetune_epochs"),
+    (["eval.clients=true", "eval.finetune_epochs=2", "algorithm.name=fedbabu"], "algorithm.options.finetune_epochs"),
     (["eval.clients=true", "eval.finetune_epochs=2", "algorithm.name=ditto"], "is personalised"),
     (["eval.clients=true", "eval.finetune_epochs=2", "algorithm.name=own_personal:Mine"], "is personalised"),
 ])

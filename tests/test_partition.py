@@ -10,7 +10,7 @@ from conftest import run_cli, train_ok
 from distfl.data.datasets import DEBIAN_FMNIST_DIR
 from distfl.data.partition import describe, partition, save_partition
 from distfl.errors import DataError
-from distfl.schema import CHOICES, PartitionConfig
+from distfl.config.schema import KEYS, PartitionConfig
 
 SCHEMES = ["iid", "dirichlet", "n_classes", "shards", "quantity"]
 
@@ -32,7 +32,7 @@ def test_covers_every_scheme_in_the_schema():
     # longtail clients may overlap (tests/test_partition_longtail.py), so it is not in the disjoint set;
     # file reads the split as it is (tests/test_plugins.py), natural the dataset's clients
     # (tests/test_fedprox_synthetic.py).
-    assert sorted(CHOICES["partition.scheme"]) == sorted(SCHEMES + ["longtail", "file", "natural"])
+    assert sorted(KEYS["partition.scheme"].choices) == sorted(SCHEMES + ["longtail", "file", "natural"])
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

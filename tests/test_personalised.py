@@ -370,7 +370,7 @@ def test_client_eval_scores_each_clients_own_model(tmp_path, name, split):
         # Without fine-tuning a client's model is the global one; with it, each client's own.
         for key in STATISTICS:
             assert got[key] == pytest.approx(global_stats[key], rel=1e-12, abs=1e-15)
-        trainer.cfg.algorithm.finetune_epochs = 2
+        trainer.algorithm.options.finetune_epochs = 2
         got = trainer.evaluate_round(clients=True)
         assert got["client_acc_mean"] != global_stats["client_acc_mean"]
         return
@@ -492,15 +492,15 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config, name):
     (["algorithm.name=fedrep", "model.head=sphere"], "model.head=linear"),
     (["algorithm.name=fedbabu", "model.head=fixed_random"], "model.head=linear"),
     (["algorithm.name=fedper", "model.head=sphere", "calibration.method=ffc"], "model.head=linear"),
-    (["algorithm.name=fedrep", "train.local_epochs=2"], "algorithm.body_epochs"),
-    (["algorithm.name=fedrep", "algorithm.head_epochs=0", "algorithm.body_epochs=0"], "trains nothing"),
-    (["algorithm.name=apfl", "algorithm.apfl_alpha=1.5"], "algorithm.apfl_alpha"),
-    (["algorithm.name=ditto", "algorithm.ditto_lambda=-1"], "algorithm.ditto_lambda"),
+    (["algorithm.name=fedrep", "train.local_epochs=2"], "algorithm.options.body_epochs"),
+    (["algorithm.name=fedrep", "algorithm.options.head_epochs=0", "algorithm.options.body_epochs=0"], "trains nothing"),
+    (["algorithm.name=apfl", "algorithm.options.alpha=1.5"], "algorithm.options.alpha must be in [0, 1]"),
+    (["algorithm.name=ditto", "algorithm.options.lam=-1"], "algorithm.options.lam must be >= 0"),
     # lr x lambda >= 2: the explicit proximal step diverges (lr 0.1 in the small config; a warm-up's peak)
-    (["algorithm.name=ditto", "algorithm.ditto_lambda=1000"], "lr x (ditto_lambda + weight_decay) >= 2"),
-    (["algorithm.name=ditto", "algorithm.ditto_lambda=20"], "algorithm.ditto_lambda=20"),
-    (["algorithm.name=ditto", "algorithm.ditto_lambda=19", "train.weight_decay=1"], "train.weight_decay=1"),
-    (["algorithm.name=ditto", "algorithm.ditto_lambda=5", "train.lr=0.01", "train.lr_schedule=step",
+    (["algorithm.name=ditto", "algorithm.options.lam=1000"], "lr x (lam + weight_decay) >= 2"),
+    (["algorithm.name=ditto", "algorithm.options.lam=20"], "algorithm.options.lam=20"),
+    (["algorithm.name=ditto", "algorithm.options.lam=19", "train.weight_decay=1"], "train.weight_decay=1"),
+    (["algorithm.name=ditto", "algorithm.options.lam=5", "train.lr=0.01", "train.lr_schedule=step",
       "train.lr_gamma=100", "train.lr_step_every=1"], "the largest lr of the schedule"),
     (["algorithm.name=apfl", "model.name=resnet20", "data.synthetic_channels=3"], "BatchNorm"),
     (["algorithm.name=ditto", "runtime.pack_size=2", "runtime.client_state=disk"], "local_training"),

@@ -310,13 +310,13 @@ def test_tensorboard_hparams_hold_the_config_and_final_metrics(tmp_path, small_c
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     run = train_ok(small_config, f"output.dir={tmp_path / 'run'}", "output.tensorboard=true", "algorithm.name=fedprox",
-                   "algorithm.mu=0.2")
+                   "algorithm.options.mu=0.2")
     events = EventAccumulator(str(tmp_path / "run" / "tb"))
     events.Reload()
     contents = events.PluginTagToContent("hparams")
     data = plugin_data_pb2.HParamsPluginData.FromString(contents["_hparams_/session_start_info"])
     hparams = {k: v.string_value or v.number_value for k, v in data.session_start_info.hparams.items()}
-    assert hparams["algorithm.name"] == "fedprox" and hparams["algorithm.mu"] == 0.2
+    assert hparams["algorithm.name"] == "fedprox" and hparams["algorithm.options.mu"] == 0.2
     assert hparams["train.rounds"] == 6 and hparams["data.dataset"] == "synthetic"
     experiment = plugin_data_pb2.HParamsPluginData.FromString(contents["_hparams_/experiment"]).experiment
     assert {m.name.tag for m in experiment.metric_infos} == {"hparams/final_test_acc", "hparams/final_test_loss",

@@ -82,16 +82,18 @@ def test_report_of_a_finished_sweep(tmp_path):
     rows = _csv(tmp_path / "r4" / "report.csv")
     assert len(rows) == 1 and rows[0]["runs"] == "2" and rows[0]["seeds"] == "0,1"
     assert float(rows[0]["final_acc_mean"]) == statistics.fmean(summary(r)["final_test_acc"] for r in fedavg)
-    # A key the method does not read is "-" and does not split its runs: fedavg ignores algorithm.mu.
+    # A key the method does not read is "-" and does not split its runs: fedavg ignores algorithm.mu (a flat
+    # key of the configs written before method options moved, as this edit writes it).
     saved = yaml.safe_load((fedavg[1] / "config.yaml").read_text())
     saved["algorithm"]["mu"] = 0.5
     (fedavg[1] / "config.yaml").write_text(yaml.safe_dump(saved))
     proc = run_cli(["report", sweep_dir, "--out", tmp_path / "r6", "--by", "algorithm.name,algorithm.mu"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["algorithm.name"]: r for r in _csv(tmp_path / "r6" / "report.csv")}
-    mu = yaml.safe_load((sweep_dir / "algorithm.name=fedprox" / "seed=0" / "config.yaml").read_text())["algorithm"]["mu"]
-    assert rows["fedavg"]["algorithm.mu"] == "" and rows["fedavg"]["runs"] == "2"
-    assert float(rows["fedprox"]["algorithm.mu"]) == mu
+    mu = yaml.safe_load((sweep_dir / "algorithm.name=fedprox" / "seed=0" / "config.yaml").read_text())["algorithm"]
+    mu = mu["options"]["mu"]  # the old name --by algorithm.mu is the option it became, in old and new run configs
+    assert rows["fedavg"]["algorithm.options.mu"] == "" and rows["fedavg"]["runs"] == "2"
+    assert float(rows["fedprox"]["algorithm.options.mu"]) == mu
     assert "| fedavg | - |" in (tmp_path / "r6" / "report.md").read_text()
     proc = run_cli(["report", runs[0], "--by", "algorithm.nmae", "--out", tmp_path / "r5"])
     assert proc.returncode == 2 and "algorithm.nmae" in proc.stderr and "Traceback" not in proc.stderr

@@ -152,7 +152,7 @@ def test_weights_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config
             "train.weight_decay=0.001"]
     one_two_resumed(small_config, tmp_path, *args, two=("runtime.client_state=disk", "runtime.placement=balanced"))
     saved = yaml.safe_load((tmp_path / "stopped" / "config.yaml").read_text())
-    assert saved["algorithm"]["scaffold_correction"] == "weights"  # what the resumed run read
+    assert saved["algorithm"]["options"]["correction"] == "weights"  # what the resumed run read
 
 
 def test_an_unknown_placement_is_refused_before_any_work(tmp_path, small_config):

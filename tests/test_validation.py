@@ -17,12 +17,13 @@ import pytest
 import yaml
 
 from conftest import REPO, run_cli, summary, train_ok, write_config
-from distfl.config import SEED_MAX, _TYPES, config_to_dict, load_config
+from distfl.config import config_to_dict, load_config
+from distfl.config.schema import KEYS
 from distfl.errors import ConfigError
-from distfl.validate import FLOAT32_MAX, INT_LIMITS, INT_MAX
+from distfl.config.values import FLOAT32_MAX, INT_MAX
 
-FLOAT_KEYS = [key for key, typ in _TYPES.items() if typ is float]
-INT_KEYS = [key for key, typ in _TYPES.items() if typ is int]
+FLOAT_KEYS = [name for name, key in KEYS.items() if key.type is float]
+INT_KEYS = [name for name, key in KEYS.items() if key.type is int]
 
 
 def refused_before_any_work(tmp_path: Path, *args, config: Path | None = None) -> str:
@@ -39,9 +40,9 @@ def refused_before_any_work(tmp_path: Path, *args, config: Path | None = None) -
 
 def test_the_schema_has_keys_of_each_type():
     """The parametrizations below enumerate the schema: they must find what they are meant to cover."""
-    assert {"train.lr", "server.lr", "server.eps", "algorithm.mu", "algorithm.alpha"} <= set(FLOAT_KEYS)
+    assert {"train.lr", "server.lr", "server.eps", "partition.alpha", "privacy.clip_norm"} <= set(FLOAT_KEYS)
     assert {"data.synthetic_train", "model.mlp_hidden", "train.local_steps", "runtime.threads"} <= set(INT_KEYS)
-    assert set(INT_LIMITS) <= set(INT_KEYS)
+    assert {name for name, key in KEYS.items() if key.limit or key.seed_max} <= set(INT_KEYS)
 
 
 # ---- 1: float keys -------------------------------------------------------------------------------------
@@ -68,11 +69,13 @@ def test_float32_bounds_of_every_float_key(key):
 
 
 @pytest.mark.parametrize("overrides,says", [
-    (["algorithm.name=feddyn", "algorithm.alpha=1e-39"], "1 / algorithm.alpha (FedDyn's server step) = 1e+39"),
-    (["algorithm.name=fedadc", "algorithm.kd_lambda=0.35", "algorithm.kd_temperature=1e-40"],
-     "1 / algorithm.kd_temperature"),
-    (["algorithm.name=fedfor", "algorithm.fedfor_alpha=1e10", "train.lr=1e-30"],
-     "algorithm.fedfor_alpha / train.lr (FedFOR's penalty weight) = 1e+40"),
+    (["algorithm.name=feddyn", "algorithm.options.alpha=1e-39"],
+     "algorithm.options.alpha=1e-39: 1 / alpha (FedDyn's server step) = 1e+39"),
+    (["algorithm.name=fedadc", "algorithm.options.kd_lambda=0.35", "algorithm.options.kd_temperature=1e-40"],
+     "algorithm.options.kd_temperature=1e-40: 1 / kd_temperature"),
+    (["algorithm.name=fedfor", "algorithm.options.alpha=1e10", "train.lr=1e-30"],
+     "alpha / train.lr (FedFOR's penalty weight) = 1e+40"),
+    (["algorithm.name=tct", "tct.stage1=feddyn", "algorithm.options.alpha=1e-39"], "1 / alpha (FedDyn's server step)"),
     (["server.eps=1e30"], "server.eps=1e+30: its square"),
 ])
 def test_quantities_formed_from_float_keys_must_be_finite_in_float32(tmp_path, overrides, says):
@@ -80,9 +83,11 @@ def test_quantities_formed_from_float_keys_must_be_finite_in_float32(tmp_path, o
 
 
 def test_derived_quantities_only_count_for_the_method_that_forms_them():
-    """FedDyn's 1 / alpha is not formed by FedAvg: a tiny algorithm.alpha there is only ignored (a warning)."""
+    """FedDyn's 1 / alpha is not formed by FedAvg: a tiny (old-style) algorithm.alpha there is only ignored
+    (a warning), and FedFOR's alpha is not FedDyn's."""
     with pytest.warns(UserWarning, match="algorithm.alpha is set but only used by"):
-        assert load_config(None, ["algorithm.alpha=1e-39"]).algorithm.alpha == 1e-39
+        assert load_config(None, ["algorithm.alpha=1e-39"]).algorithm.options == {}
+    assert load_config(None, ["algorithm.name=fedfor", "algorithm.options.alpha=1e-39"]).algorithm.options["alpha"] == 1e-39
 
 
 def test_a_plugin_option_beyond_float32_is_refused(tmp_path, monkeypatch):
@@ -99,7 +104,7 @@ def test_a_plugin_option_beyond_float32_is_refused(tmp_path, monkeypatch):
 
 # ---- 2: int keys ---------------------------------------------------------------------------------------
 def largest(key: str) -> int:
-    return SEED_MAX.get(key, INT_LIMITS.get(key, INT_MAX))
+    return KEYS[key].seed_max or KEYS[key].limit or INT_MAX
 
 
 @pytest.mark.parametrize("key", INT_KEYS)

@@ -1,43 +1,51 @@
-"""One file per method; `build_algorithm` picks by `algorithm.name`: a built-in name, an import path
-`package.module:ClassName`, or a name registered in the entry-point group `distfl.algorithms`."""
-from .apfl import APFL
-from .ditto import Ditto
-from .fedadc import FedADC
-from .fedavg import FedAvg
-from .fedbn import FedBN
-from .fedbabu import FedBABU
-from .fedexp import FedExP
-from .feddyn import FedDyn
-from .fedfor import FedFOR
-from .fednova import FedNova
-from .fedper import FedPer
-from .fedprox import FedProx
-from .fedrep import FedRep
-from .gma import GMA
-from .moon import Moon
-from .private import Private
-from .scaffold import Scaffold
-from .slowmo import SlowMo
+"""One file per method; `algorithm_class` picks by `algorithm.name`: a built-in name, an import path
+`package.module:ClassName`, or a name registered in the entry-point group `distfl.algorithms`.
 
-ALGORITHMS = {cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, FedNova, FedFOR, FedADC, SlowMo,
-                                        Moon, FedExP)}
-# Personalised methods (scored by eval.clients), registered through the same hooks a plugin uses.
-ALGORITHMS.update({cls.name: cls for cls in (FedPer, FedRep, FedBABU, Ditto, APFL)})
+A built-in method is a `distfl.Algorithm` subclass with its own `name` in a module of this package,
+found here by that alone: adding one touches its file (and its docs), as a plugin would."""
+import importlib
+import pkgutil
+
+from .base import Algorithm
+
+
+def _built_in() -> dict[str, type]:
+    """name -> class of every method defined in a module of this package, in name order."""
+    found = {}
+    for module in pkgutil.iter_modules(__path__):
+        loaded = importlib.import_module(f"{__name__}.{module.name}")
+        for obj in vars(loaded).values():
+            if (isinstance(obj, type) and issubclass(obj, Algorithm) and obj is not Algorithm and obj.__module__ == loaded.__name__
+                    and "name" in vars(obj)):
+                found[obj.name] = obj
+    return dict(sorted(found.items()))
+
+
+ALGORITHMS = _built_in()
 
 
 def algorithm_class(name: str) -> type:
-    """The class of a built-in or plugin method (config validation has checked `name`)."""
+    """The class that declares a built-in or plugin method (config validation has checked `name`)."""
     from ..plugins import load_plugin
 
     return ALGORITHMS[name] if name in ALGORITHMS else load_plugin("algorithm.name", name)
+
+
+def method_class(cfg) -> type:
+    """The class whose rounds train the run's model (TCT: its stage-1 method); its Options are
+    `algorithm.options`."""
+    return algorithm_class(cfg.algorithm.name).trained_method(cfg)
 
 
 def build_algorithm(cfg, population, worker, device, model_factory=None, noise_multiplier: float | None = None,
                     ctx=None):
     """The training algorithm (for TCT, its stage-1 algorithm: its later stages are phases), wrapped in
     the run's cross-cutting features: GMA, FedBN, then DP outermost (with `noise_multiplier`)."""
-    name = cfg.tct.stage1 if cfg.algorithm.name == "tct" else cfg.algorithm.name
-    method = algorithm_class(name)(cfg, population, worker, device, model_factory)
+    from .fedbn import FedBN
+    from .gma import GMA
+    from .private import Private
+
+    method = method_class(cfg)(cfg, population, worker, device, model_factory)
     if cfg.aggregation.mask == "gma":
         method = GMA(method, cfg.aggregation.tau, cfg.aggregation.mask_applies_to)
     if cfg.aggregation.fedbn:
@@ -50,13 +58,9 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
 
 
 def build_phases(cfg) -> list:
-    """The run's phases after its training rounds, in order (federation/phases.py): TCT's stages, then
-    SphereFed's FFC calibration. Imported only when a run has them (they pull in their solvers)."""
-    phases = []
-    if cfg.algorithm.name == "tct":
-        from .tct import TCTPhase
-
-        phases.append(TCTPhase())
+    """The run's phases after its training rounds, in order (federation/phases.py): the method's own
+    (TCT's stages), then SphereFed's FFC calibration. Imported only when a run has them."""
+    phases = algorithm_class(cfg.algorithm.name).phases(cfg)
     if cfg.calibration.method == "ffc":
         from .ffc import FFCPhase
 

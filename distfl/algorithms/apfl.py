@@ -6,17 +6,20 @@ Client k keeps a personal model v_k and a mixing weight alpha_k; its personalise
 Each local step, on the same mini-batch xi, from the current (w, v_k, alpha_k):
     w     <- w - lr grad f_k(w; xi)                                   (FedAvg's step, aggregated)
     v_k   <- v_k - lr grad_v f_k(vbar_k; xi) = v_k - lr alpha_k grad f_k(vbar_k; xi)
-    alpha_k <- clip[0,1](alpha_k - lr_alpha <v_k - w, grad f_k(vbar_k; xi)>)   (apfl_adaptive)
+    alpha_k <- clip[0,1](alpha_k - lr_alpha <v_k - w, grad f_k(vbar_k; xi)>)   (options.adaptive)
 w's step is the runtime's (train.* momentum, weight decay); v_k's is plain SGD at the round's lr.
-v_k starts from the initial model w^0, alpha_k from algorithm.apfl_alpha; both live in the
+v_k starts from the initial model w^0, alpha_k from algorithm.options.alpha; both live in the
 client-state store. eval.clients scores alpha_k v_k + (1 - alpha_k) w^t (the global model for a client
-never sampled). Models with BatchNorm are refused (vbar would need its own running statistics).
+never sampled). Models with BatchNorm are refused (built-in ones at validation, a plugin's when it is built) (vbar would need its own running statistics).
 """
+from dataclasses import dataclass, field
+
 import torch
 from torch.func import functional_call
 
 from ..errors import ConfigError
 from ..federation.schedule import round_lr
+from ..privacy.rules import has_batchnorm
 from .base import Algorithm
 
 
@@ -24,6 +27,19 @@ class APFL(Algorithm):
     name = "apfl"
     stateful = True
     personalised = True
+
+    @dataclass
+    class Options:
+        alpha: float = field(default=0.5, metadata={"range": "[0, 1]"})  # mixing weight alpha of the personalised model alpha v + (1 - alpha) w (the initial value when adaptive)
+        adaptive: bool = True  # learn each client's alpha by a gradient step per local step (the paper's adaptive alpha), clipped to [0, 1]
+        alpha_lr: float = field(default=0.01, metadata={"range": ">= 0"})  # with adaptive: step size of alpha's gradient step
+
+    @classmethod
+    def check_config(cls, cfg):
+        if has_batchnorm(cfg.model.name, cfg.model.norm):
+            raise ConfigError(f"algorithm.name=apfl mixes two models parameter by parameter; model.name={cfg.model.name} "
+                              "has BatchNorm statistics, which do not mix: use a model without BatchNorm "
+                              "(e.g. model.norm=gn)")
 
     def evaluated_finetune_epochs(self) -> int:
         return 0
@@ -37,11 +53,11 @@ class APFL(Algorithm):
         self.initial_params = worker.params.detach().clone()
         shapes = {name: p.shape for name, p in worker.module.named_parameters()}
         self.views = [(name, where, shapes[name]) for name, where in worker.param_slices.items()]
-        self.alpha_lr = cfg.algorithm.apfl_alpha_lr if cfg.algorithm.apfl_adaptive else 0.0
+        self.alpha_lr = self.options.alpha_lr if self.options.adaptive else 0.0
 
     def init_client_state(self):
         return {"v": self.initial_params.clone(),
-                "alpha": torch.tensor(self.cfg.algorithm.apfl_alpha, dtype=torch.float32, device=self.device)}
+                "alpha": torch.tensor(self.options.alpha, dtype=torch.float32, device=self.device)}
 
     def _mixed(self, v, w, alpha):
         return alpha * v + (1 - alpha) * w

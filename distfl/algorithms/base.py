@@ -41,17 +41,42 @@ from .fedopt import build_server_optimizer
 
 
 class Algorithm:
+    # ---- what a method declares, read at config validation before any data loads ----------------
     name = "base"
-    # A plugin method declares True if its clients release nothing but their model update (delta and
-    # buffers segments, weighted run.weight) and its server uses nothing but their sum: then it may run
-    # under privacy.mechanism=gaussian (docs/privacy.md).
-    private_release = False
-    stateful = False  # True: keeps per-client state between rounds (client state store)
-    personalised = False  # True: eval.clients scores each client with load_evaluated_model (its own model)
-    # A plugin method's options: a dataclass of bool/int/float/str fields (metadata "range" or "choices"
-    # are checked like built-in keys'); `algorithm.options` is validated against it, and the method reads
-    # the values as `self.options`.
+    # The method's options: a dataclass of bool/int/float/str fields, each with a default and a trailing
+    # comment (its documentation); metadata "range" (">= 0", "(0, 1]", ...) or "choices" is checked like a
+    # config key's. `algorithm.options` is validated against it; the method reads `self.options`.
     Options = None
+    # True if its clients release nothing but their model update (delta and buffers segments, weighted
+    # run.weight) and its server uses nothing but their sum: it may run under privacy.mechanism=gaussian
+    # (docs/privacy.md). Otherwise `why_not_private` says what else it releases (the refusal quotes it).
+    private_release = False
+    why_not_private = ""
+    stateful = False  # True: keeps per-client state between rounds (client state store)
+    client_store = False  # True: needs the client state store even when not stateful (TCT's stage 2)
+    personalised = False  # True: eval.clients scores each client with load_evaluated_model (its own model)
+    head_split = False  # True: splits the model into a shared body and a per-client learnable head (model.head=linear)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Raise ConfigError for a config this method cannot run (one line naming the keys and what is
+        valid). Called by config validation, before any data loads, with `cfg.algorithm.options` complete."""
+
+    @classmethod
+    def read_options(cls, cfg):
+        """`cfg.algorithm.options` as an instance of `Options` (None for a method without options)."""
+        return cls.Options(**cfg.algorithm.options) if cls.Options is not None else None
+
+    @classmethod
+    def trained_method(cls, cfg) -> type:
+        """The class whose rounds train the model: this one, unless the method is a phase after another
+        method's rounds (TCT: its stage 1)."""
+        return cls
+
+    @classmethod
+    def phases(cls, cfg) -> list:
+        """The method's phases after the training rounds (federation/phases.py; TCT: its stages)."""
+        return []
 
     def __init__(self, cfg, population, worker, device: torch.device, model_factory=None):
         """`worker` is the rank's FlatModel (its layout: `param_slices`, `buffer_slices`);
@@ -64,7 +89,7 @@ class Algorithm:
         self.layout = worker
         self.device = device
         self.model_factory = model_factory
-        self.options = self.Options(**cfg.algorithm.options) if self.Options is not None else None
+        self.options = self.read_options(cfg)
         self.server_opt = build_server_optimizer(cfg.server, self.num_params, device)
         self.round_metrics: dict[str, float] = {}  # set by server_update; logged per round (TensorBoard)
         # The method as the runtime calls it: itself, or wrapped in the run's features (FedBN, GMA, DP). A

@@ -12,15 +12,18 @@ v_k starts from the initial model w^0 and lives in the client-state store; eval.
 
 Stability: the proximal term's explicit step multiplies v - w^t by (1 - lr lambda) (with weight decay,
 1 - lr (lambda + wd)); at lr (lambda + wd) >= 2 that factor's size is >= 1 and v_k diverges whatever F_k
-is, so such a config is refused before any data loads (config.py). A personal model that still
+is, so such a config is refused before any data loads (`check_config`). A personal model that still
 becomes non-finite (a NaN loss, an lr too large for F_k itself) is counted in the round's
 `personal_nonfinite` segment and stops the run as diverged, naming the cause, like a non-finite
 global model.
 """
+from dataclasses import dataclass, field
+
 import torch
 
-from ..errors import DivergenceError
+from ..errors import ConfigError, DivergenceError
 from ..federation.aggregate import Segment
+from ..federation.schedule import round_lr
 from .base import Algorithm
 
 
@@ -29,12 +32,28 @@ class Ditto(Algorithm):
     stateful = True
     personalised = True
 
+    @dataclass
+    class Options:
+        lam: float = field(default=0.1, metadata={"range": ">= 0"})  # lambda of the personal objective F_k(v) + lambda/2 ||v - w_global||^2 (paper: tuned from {0.01, 0.1, 1, 2})
+
+    @classmethod
+    def check_config(cls, cfg):
+        """The personal pass steps v <- v - lr (grad F(v) + (lambda + wd) v - lambda w): its quadratic part
+        alone multiplies v - w by 1 - lr (lambda + wd), which diverges once lr (lambda + wd) >= 2."""
+        lr = max(round_lr(cfg.train, t, cfg.train.rounds) for t in range(1, cfg.train.rounds + 1))
+        lam, wd = cls.read_options(cfg).lam, cfg.train.weight_decay
+        if lr * (lam + wd) >= 2:
+            raise ConfigError(f"algorithm.options.lam={lam} with train.lr={lr} (the largest lr of the schedule) and "
+                              f"train.weight_decay={wd}: the personal pass's proximal step diverges once lr x (lam "
+                              f"+ weight_decay) >= 2 (here {lr * (lam + wd):g}); lower train.lr or algorithm.options.lam "
+                              "so that their product is below 2")
+
     def evaluated_finetune_epochs(self) -> int:
         return 0
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        self.lam = cfg.algorithm.ditto_lambda
+        self.lam = self.options.lam
         # The worker holds the initial model w^0 while the algorithm is built (also on resume).
         self.initial_params = worker.params.detach().clone()
         self.initial_buffers = worker.buffers.detach().clone()
@@ -66,8 +85,8 @@ class Ditto(Algorithm):
         if bad:
             raise DivergenceError(
                 f"the personal model v_k of {bad} client(s) became non-finite in the round's personal pass "
-                f"(algorithm.ditto_lambda={self.lam}, train.lr={self.cfg.train.lr}); lower train.lr or "
-                "algorithm.ditto_lambda")
+                f"(algorithm.options.lam={self.lam}, train.lr={self.cfg.train.lr}); lower train.lr or "
+                "algorithm.options.lam")
         super().server_update(params, buffers, reduced)
 
     def correct_gradient(self, w, g, run):

@@ -19,12 +19,15 @@ self-confidence targets of Eqs. 8-9 built from the teacher = the round's global 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..federation.local import FlatModel
+from ..config.values import check_derived
 from .base import Algorithm
 
 
@@ -58,18 +61,32 @@ def kd_loss(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> t
 
 class FedADC(Algorithm):
     name = "fedadc"
+    private_release = True
+
+    @dataclass
+    class Options:
+        beta_local: float = field(default=0.9, metadata={"range": "[0, 1)"})  # share of the server momentum embedded in every local step
+        beta_global: float = field(default=0.9, metadata={"range": "[0, 1)"})  # server momentum coefficient
+        server_alpha: float = field(default=1.0, metadata={"range": "> 0"})  # server step scale (the paper's alpha)
+        variant: str = field(default="nesterov", metadata={"choices": ["nesterov", "heavy_ball"]})  # nesterov (shift, then gradient at the shifted point) | heavy_ball
+        kd_lambda: float = field(default=0.0, metadata={"range": "[0, 1]"})  # FedADC+ self-confidence distillation weight (0 = plain FedADC; paper: 0.35)
+        kd_temperature: float = field(default=1.0, metadata={"range": "> 0"})  # with kd_lambda > 0: softmax temperature of teacher and student
+
+    @classmethod
+    def local_settings(cls, options) -> dict:
+        """What the local steps embed: beta_local, variant, kd_lambda, kd_temperature."""
+        return {key: getattr(options, key) for key in ("beta_local", "variant", "kd_lambda", "kd_temperature")}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cfg, a = self.cfg, self.cfg.algorithm
-        self._validate(cfg)
+        cfg, local = self.cfg, self.local_settings(self.options)
         self.lr = float(cfg.train.lr)
-        self.beta_local = self._beta_local(a)
-        self.beta_global = float(a.beta_global)
-        self.alpha = float(a.server_alpha)
-        self.variant = a.variant
-        self.kd_lambda = self._kd_lambda(a)
-        self.kd_temperature = float(a.kd_temperature)
+        self.beta_local = float(local["beta_local"])
+        self.beta_global = float(self.options.beta_global)
+        self.alpha = float(self.options.server_alpha)
+        self.variant = local["variant"]
+        self.kd_lambda = float(local["kd_lambda"])
+        self.kd_temperature = float(local["kd_temperature"])
         # The server momentum m_t, in "summed gradient" units (Delta / eta, not divided by H); m_0 = 0.
         self.m = torch.zeros(self.num_params, device=self.device)
         self._mbar = None  # this client's beta_local * m / H_i (None: no shift this round)
@@ -87,17 +104,16 @@ class FedADC(Algorithm):
             self.teacher.module.eval()
 
     # ---- configuration -------------------------------------------------------------------------
-    def _beta_local(self, a) -> float:
-        return float(a.beta_local)
-
-    def _kd_lambda(self, a) -> float:
-        return float(a.kd_lambda)
-
-    def _validate(self, cfg) -> None:
-        name, s = cfg.algorithm.name, cfg.server
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        name, s, local = cls.name, cfg.server, cls.local_settings(cls.read_options(cfg))
+        if local["kd_lambda"] > 0:
+            temperature = local["kd_temperature"]
+            check_derived("1 / kd_temperature (FedADC+'s logits / T)", {"algorithm.options.kd_temperature": temperature},
+                          lambda: 1 / temperature)
         if s.optimizer != "sgd" or float(s.lr) != 1.0 or float(s.momentum) != 0.0:
             raise ConfigError(
-                f"algorithm.name={name} has its own server step (algorithm.server_alpha, algorithm.beta_global), "
+                f"algorithm.name={name} has its own server step (algorithm.options.server_alpha, beta_global), "
                 f"so server.optimizer must be sgd with server.lr=1 and server.momentum=0; got "
                 f"server.optimizer={s.optimizer}, server.lr={s.lr}, server.momentum={s.momentum}")
         for section in ("train", "server"):
@@ -110,10 +126,10 @@ class FedADC(Algorithm):
             raise ConfigError(
                 f"algorithm.name={name} uses plain local SGD (a local momentum buffer would absorb the embedded "
                 f"server momentum); set train.momentum=0, got train.momentum={cfg.train.momentum}")
-        if self._kd_lambda(cfg.algorithm) > 0 and (cfg.model.loss == "mse" or (cfg.model.loss == "auto" and cfg.model.head == "sphere")):
+        if local["kd_lambda"] > 0 and (cfg.model.loss == "mse" or (cfg.model.loss == "auto" and cfg.model.head == "sphere")):
             raise ConfigError(
-                "FedADC+ (algorithm.kd_lambda > 0) distils softmax outputs with cross-entropy; it is not defined "
-                "for an MSE-trained model (model.head=sphere or model.loss=mse); set algorithm.kd_lambda=0")
+                "FedADC+ (algorithm.options.kd_lambda > 0) distils softmax outputs with cross-entropy; it is not defined "
+                "for an MSE-trained model (model.head=sphere or model.loss=mse); set algorithm.options.kd_lambda=0")
         agg = getattr(cfg, "aggregation", None)
         if agg is not None and getattr(agg, "mask", "none") != "none":
             raise ConfigError(
@@ -152,7 +168,7 @@ class FedADC(Algorithm):
 
     def pack_refusal(self):
         if self.kd_lambda > 0:
-            return "FedADC+ (algorithm.kd_lambda > 0) distils from a teacher model in its local loss"
+            return "FedADC+ (algorithm.options.kd_lambda > 0) distils from a teacher model in its local loss"
         return None  # without distillation, local_loss is the model's loss
 
     def local_loss(self, model, x, y, run):

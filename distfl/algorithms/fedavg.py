@@ -6,3 +6,4 @@ from .base import Algorithm
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    private_release = True

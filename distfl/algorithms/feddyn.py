@@ -7,19 +7,33 @@ Server:  h <- h - alpha (1/N) sum_{k in cohort} (w_k - w_global)      (N = all c
 The mean follows `algorithm.weighting` (the paper's is uniform; set weighting=uniform to match it);
 the resulting direction (mean delta - h/alpha) goes through the server optimizer (sgd, lr 1 = paper).
 """
+from dataclasses import dataclass, field
+
 import torch
 
 from ..federation.aggregate import Segment
+from ..config.values import check_derived
 from .base import Algorithm
 
 
 class FedDyn(Algorithm):
     name = "feddyn"
     stateful = True
+    why_not_private = ("FedDyn releases each client's update a second time, weighted 1/num_clients (delta_over_n), "
+                       "so one client moves two sums and the clip bounds neither as the accountant assumes")
+
+    @dataclass
+    class Options:
+        alpha: float = field(default=0.01, metadata={"range": "> 0"})  # dynamic regulariser weight
+
+    @classmethod
+    def check_config(cls, cfg):
+        alpha = cfg.algorithm.options["alpha"]
+        check_derived("1 / alpha (FedDyn's server step)", {"algorithm.options.alpha": alpha}, lambda: 1 / alpha)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.alpha = self.cfg.algorithm.alpha
+        self.alpha = self.options.alpha
         self.h = torch.zeros(self.num_params, device=self.device)
 
     def init_client_state(self):

@@ -13,6 +13,8 @@ With p_i = 1/M (algorithm.weighting=uniform) eta_g is the paper's max(1, sum_i |
 sum_i p_i ||Delta_i||^2 is one more value of the round's exact fixed-point sum (segment "sq_norm"),
 so eta_g is bit-identical on any number of ranks. docs/algorithms/fedexp.md.
 """
+from dataclasses import dataclass, field
+
 import torch
 
 from ..errors import ConfigError
@@ -29,9 +31,12 @@ def extrapolated_step_size(sq_norm_mean: float, mean_update_sq_norm: float, eps:
 class FedExP(Algorithm):
     name = "fedexp"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        cfg = self.cfg
+    @dataclass
+    class Options:
+        eps: float = field(default=1.0e-3, metadata={"range": "> 0"})  # epsilon of the server step size max(1, sum_i p_i ||Delta_i||^2 / (2 (||sum_i p_i Delta_i||^2 + eps))) (the authors' code: 1e-3 for CIFAR-10/100 and CINIC-10, 0.1 for EMNIST)
+
+    @classmethod
+    def check_config(cls, cfg):
         if cfg.server.optimizer != "sgd":
             raise ConfigError(
                 f"algorithm.name=fedexp scales the averaged update by its step size eta_g, which "
@@ -42,7 +47,10 @@ class FedExP(Algorithm):
                 f"algorithm.name=fedexp evaluates the mean of the last two global models, but calibration."
                 f"method={cfg.calibration.method} calibrates the last one only after training; set "
                 "calibration.method=none")
-        self.eps = float(cfg.algorithm.fedexp_eps)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.eps = float(self.options.eps)
         # Under FedBN the server's BatchNorm is the mean of the clients' own, never a step: eta_g is measured
         # on the other coordinates only.
         self.shared = ~batchnorm_coordinates(self.layout, cfg.model.name)[0] if cfg.aggregation.fedbn else None

@@ -6,12 +6,12 @@ round) and s = w - W^{t-1} (the client's current displacement), client k minimis
 
     L_k(w) + (alpha / (lr * tau)) * sum_i U(g_i * s_i),        U(x) = x if x >= 0 else 0,
 
-with tau the client's local steps this round (fedfor_normalize = steps, the default; tau = 1 under
+with tau the client's local steps this round (normalize = steps, the default; tau = 1 under
 `none`, Eq. 7 as printed, which makes alpha = 5 a momentum of 5 on the global model and diverges), whose
 gradient adds, per coordinate,
 
-    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >= 0]     (fedfor_boundary = ge, the default)
-    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >  0]     (fedfor_boundary = gt)
+    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >= 0]     (boundary = ge, the default)
+    (alpha / (lr * tau)) * g_i * 1[g_i * s_i >  0]     (boundary = gt)
 
 to the cross-entropy gradient (before weight decay and momentum; the paper uses neither). At the first
 local step s = 0, so under `ge` every coordinate with g_i != 0 gets the step (alpha / tau) * (W^{t-1} - W^{t-2})
@@ -25,30 +25,36 @@ the pre-update global model, which every rank already holds.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from ..errors import ConfigError
 from ..federation.schedule import round_lr
+from ..config.values import check_derived
 from .base import Algorithm
 
 
 class FedFOR(Algorithm):
     name = "fedfor"
+    private_release = True
+
+    @dataclass
+    class Options:
+        alpha: float = field(default=5.0, metadata={"range": ">= 0"})  # penalty weight alpha; the loss term is alpha / train.lr * U(...)
+        boundary: str = field(default="ge", metadata={"choices": ["ge", "gt"]})  # penalty gradient active where the product is >= 0 (ge) or > 0 (gt)
+        normalize: str = field(default="steps", metadata={"choices": ["steps", "none"]})  # steps (divide the penalty by the client's local steps this round: an active step moves alpha * g / steps) | none (alpha * g)
+
+    @classmethod
+    def check_config(cls, cfg):
+        alpha, lr = cfg.algorithm.options["alpha"], cfg.train.lr
+        check_derived("alpha / train.lr (FedFOR's penalty weight)", {"algorithm.options.alpha": alpha, "train.lr": lr},
+                      lambda: alpha / lr)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        alpha = float(self.cfg.algorithm.fedfor_alpha)
-        if not alpha >= 0:
-            raise ConfigError(f"algorithm.fedfor_alpha must be >= 0, got {alpha!r}")
-        boundary = self.cfg.algorithm.fedfor_boundary
-        if boundary not in ("ge", "gt"):
-            raise ConfigError(f"algorithm.fedfor_boundary must be ge or gt, got {boundary!r}")
-        normalize = self.cfg.algorithm.fedfor_normalize
-        if normalize not in ("steps", "none"):
-            raise ConfigError(f"algorithm.fedfor_normalize must be steps or none, got {normalize!r}")
-        self.alpha = alpha
-        self.boundary = boundary
-        self.normalize = normalize
+        self.alpha = float(self.options.alpha)
+        self.boundary = self.options.boundary
+        self.normalize = self.options.normalize
         self.prev = torch.zeros(self.num_params, device=self.device)  # W^{t-2}: the global model one round back
         self.has_prev = False  # False until the first server update (round 1 trains plain FedAvg)
         self._g = None  # cached g = W^{t-2} - W^{t-1} of the round in `_g_round`

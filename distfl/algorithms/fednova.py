@@ -18,6 +18,7 @@ def normaliser(steps: int, rho: float) -> float:
 
 class FedNova(Algorithm):
     name = "fednova"
+    why_not_private = "FedNova releases each client's normalised step count (tau_eff) unclipped and weights the update by it"
 
     def segments(self):
         # a_i reaches ~tau_i / (1 - rho): thousands of steps; a unit of 2^-30 leaves room for 2^23.

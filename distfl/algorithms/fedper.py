@@ -17,6 +17,7 @@ class FedPer(Algorithm):
     name = "fedper"
     stateful = True
     personalised = True
+    head_split = True
 
     def evaluated_finetune_epochs(self) -> int:
         return 0

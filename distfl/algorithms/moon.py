@@ -14,6 +14,8 @@ training is its `previous_params` / `previous_buffers` in the client-state store
 client sampled for the first time has none, and trains on l_sup alone (what the released code does in
 round 1, where its pool of previous models is empty). docs/algorithms/moon.md.
 """
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 
@@ -33,16 +35,23 @@ class Moon(Algorithm):
     name = "moon"
     stateful = True  # each client's previous local model
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        cfg = self.cfg
+    @dataclass
+    class Options:
+        mu: float = field(default=1.0, metadata={"range": ">= 0"})  # weight mu of the model-contrastive loss, loss + mu * l_con (the released code's default; the paper's tuned values: 5 for CIFAR-10, 1 for CIFAR-100 and Tiny-ImageNet)
+        tau: float = field(default=0.5, metadata={"range": "> 0"})  # temperature tau of l_con (paper: 0.5)
+
+    @classmethod
+    def check_config(cls, cfg):
         if cfg.model.projection_dim <= 0:
             raise ConfigError(
                 "algorithm.name=moon computes its contrastive loss on a projection head's output (the paper: a "
                 "2-layer MLP with 256 outputs); set model.projection_dim=256, and the same on the runs you "
                 "compare it with")
-        self.mu = float(cfg.algorithm.moon_mu)
-        self.tau = float(cfg.algorithm.moon_tau)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.mu = float(self.options.mu)
+        self.tau = float(self.options.tau)
         # Two frozen copies of the network, in eval mode (BatchNorm uses its running statistics, as the
         # released code's .eval() copies do), built without touching the RNG stream that seeded the worker.
         with torch.random.fork_rng(devices=[]):

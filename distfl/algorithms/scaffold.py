@@ -12,6 +12,8 @@ Where c - c_i acts (`algorithm.scaffold_correction`; docs/algorithms/scaffold.md
             then y <- y - lr (c - c_i), outside momentum and weight decay.
 The two are the same step without momentum and weight decay.
 """
+from dataclasses import dataclass, field
+
 import torch
 
 from ..federation.aggregate import Segment
@@ -22,11 +24,16 @@ from .base import Algorithm
 class Scaffold(Algorithm):
     name = "scaffold"
     stateful = True
+    why_not_private = "SCAFFOLD releases each client's control-variate update (c_i+ - c_i) unclipped and unnoised beside its model update"
+
+    @dataclass
+    class Options:
+        correction: str = field(default="gradient", metadata={"choices": ["gradient", "weights"]})  # where c - c_i acts. gradient (Algorithm 1: added to every local step's gradient, so train.momentum and train.weight_decay act on it) | weights (NIID-Bench's code: the optimizer steps on the loss gradient, then w <- w - lr (c - c_i) after every step, outside momentum and weight decay). The same without momentum and weight decay (docs/algorithms/scaffold.md)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.c = torch.zeros(self.num_params, device=self.device)
-        self.on_weights = self.cfg.algorithm.scaffold_correction == "weights"
+        self.on_weights = self.options.correction == "weights"
 
     def init_client_state(self):
         return {"c": torch.zeros(self.num_params, device=self.device)}

@@ -55,6 +55,7 @@ from ..tct.features import coordinate_index, entk_features, feature_parameters, 
 from ..tct.resources import (DTYPES, available_memory_bytes, decomposition_seconds, disk_shortfall, divergence_advice,
                              memory_plan, phase_threads, probe_rates)
 from ..tct.solver import LocalLeastSquares, fedavg_client_round, scaffold_client_round
+from .base import Algorithm
 
 # Stage 2 runs where the features live, the host (memory or memory-mapped): the solvers, psi and the
 # clients' SCAFFOLD state stay together there on any run device; only the round's sums go to the device.
@@ -101,6 +102,38 @@ def _same_on_all_ranks(value: int, ctx) -> bool:
     if ctx.world_size == 1:
         return True
     return bool((_per_rank(value, torch.int64, ctx, "tct_reuse_check") == value).all())
+
+
+class TCT(Algorithm):
+    """algorithm.name=tct: train.rounds rounds of the method tct.stage1 names (its options are
+    algorithm.options), then TCT's stages as a phase (`TCTPhase`)."""
+    name = "tct"
+    client_store = True  # stage 2 keeps each client's SCAFFOLD control in the store
+    why_not_private = "TCT releases per-client eNTK statistics and SCAFFOLD control variates in its later stages, unclipped"
+
+    @classmethod
+    def trained_method(cls, cfg) -> type:
+        from . import algorithm_class
+
+        return algorithm_class(cfg.tct.stage1)
+
+    @classmethod
+    def phases(cls, cfg) -> list:
+        return [TCTPhase()]
+
+    @classmethod
+    def check_config(cls, cfg):
+        if cfg.calibration.method != "none":
+            raise ConfigError("algorithm.name=tct replaces the network by a linear model on eNTK features; "
+                              "calibration.method=ffc does not apply to it: set calibration.method=none")
+        if cfg.model.head != "linear":
+            raise ConfigError(f"algorithm.name=tct re-initialises a learnable linear head; model.head="
+                              f"{cfg.model.head} is fixed: use model.head=linear")
+        if cfg.eval.finetune_epochs:
+            raise ConfigError(f"eval.finetune_epochs={cfg.eval.finetune_epochs} fine-tunes a network before per-client "
+                              "evaluation, but algorithm.name=tct scores each client with stage 2's linear model: set "
+                              "eval.finetune_epochs=0")
+        cls.trained_method(cfg).check_config(cfg)
 
 
 class TCTPhase(Phase):

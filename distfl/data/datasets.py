@@ -27,7 +27,7 @@ from distfl.data.npz import npz_errors
 from distfl.data.prepared import load_prepared
 from distfl.data.tff import load_tff
 from distfl.errors import DataError
-from distfl.schema import DataConfig
+from distfl.config.schema import DataConfig
 
 # Where the Debian/Ubuntu package `dataset-fashion-mnist` installs the IDX files (tests monkeypatch it).
 DEBIAN_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"

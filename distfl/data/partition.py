@@ -18,7 +18,7 @@ import numpy as np
 from distfl.data.natural import natural_parts
 from distfl.data.npz import npz_errors
 from distfl.errors import DataError
-from distfl.schema import PartitionConfig
+from distfl.config.schema import PartitionConfig
 
 
 def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: int,

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint, dist, faults
-from ..algorithms import build_algorithm, build_phases
+from ..algorithms import algorithm_class, build_algorithm, build_phases
 from ..config import config_to_dict, data_seed, dump_config, flatten_dict
-from ..resume_rules import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_keys_hint, resume_blockers,
+from ..config.resume import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_keys_hint, resume_blockers,
                             saved_values)
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
@@ -149,9 +149,9 @@ class Trainer:
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
         self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
-        # TCT's stage 2 keeps each client's SCAFFOLD control in the store too.
+        # A method may need the store beside its rounds' own state (client_store: TCT's stage 2).
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
-                      if self.algorithm.stateful or cfg.algorithm.name == "tct" else None)
+                      if self.algorithm.stateful or algorithm_class(cfg.algorithm.name).client_store else None)
         if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
             self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
         dist.check_same_on_all_ranks(

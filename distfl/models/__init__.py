@@ -33,7 +33,7 @@ from typing import Callable
 
 from torch import nn
 
-from distfl.config import check_feature_dim
+from distfl.config.validate import check_feature_dim
 from distfl.errors import ConfigError
 from distfl.models.base import Classifier
 from distfl.models.cifar_cnn import build_cifar_cnn
@@ -50,7 +50,7 @@ from distfl.models.senet import build_senet18
 from distfl.models.simplecnn import build_simplecnn
 from distfl.models.tct_cnn import build_tct_cnn
 from distfl.models.vgg import build_vgg13
-from distfl.schema import ModelConfig
+from distfl.config.schema import ModelConfig
 
 __all__ = ["Classifier", "MODELS", "build_model"]
 

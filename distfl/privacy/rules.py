@@ -11,26 +11,19 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-# Methods whose clients release only their model update (and, for FedBN-free models, nothing else) and
-# whose server step uses only the averaged update and the server's own state.
-PRIVATE_METHODS = ("fedavg", "fedprox", "fedadc", "slowmo", "fedfor")
-
-WHY_NOT = {
-    "scaffold": "SCAFFOLD releases each client's control-variate update (c_i+ - c_i) unclipped and unnoised "
-                "beside its model update",
-    "feddyn": "FedDyn releases each client's update a second time, weighted 1/num_clients (delta_over_n), so "
-              "one client moves two sums and the clip bounds neither as the accountant assumes",
-    "fednova": "FedNova releases each client's normalised step count (tau_eff) unclipped and weights the update by it",
-    "tct": "TCT releases per-client eNTK statistics and SCAFFOLD control variates in its later stages, unclipped",
-}
-
 # Built-in models with BatchNorm: their running statistics are averaged over the clients unclipped.
 BATCHNORM_MODELS = ("resnet20",)
 NORM_MODELS = ("resnet18", "vgg13", "senet18", "mobilenetv2")
 
 
-def check(v: dict, algorithm_class=None) -> None:
-    """`v`: dotted key -> value (validated types). `algorithm_class`: a plugin method's class."""
+def has_batchnorm(model: str, norm: str) -> bool:
+    """Whether built-in model `model` (with model.norm=`norm`) has BatchNorm layers."""
+    return model in BATCHNORM_MODELS or (model in NORM_MODELS and norm == "bn")
+
+
+def check(v: dict, algorithm_class) -> None:
+    """`v`: dotted key -> value (validated types). `algorithm_class`: the class that declares the method
+    (its `private_release` and `why_not_private`)."""
     if v["privacy.mechanism"] == "none":
         return
     n, m = v["partition.num_clients"], v["train.clients_per_round"]
@@ -60,14 +53,14 @@ def check(v: dict, algorithm_class=None) -> None:
         raise ConfigError(f"{prefix}: algorithm.weighting={v['algorithm.weighting']} weights clients by their sample "
                           "counts, which leaks them and breaks the bound on one client's influence; set "
                           "algorithm.weighting=uniform (updates are divided by the expected cohort size)")
-    if algorithm_class is not None:
-        if not getattr(algorithm_class, "private_release", False):
-            raise ConfigError(f"{prefix}: algorithm.name={name} is a plugin method that does not declare "
-                              "private_release = True (docs/privacy.md: only a method whose clients release nothing "
-                              "but their model update, and whose server uses nothing but its average, may)")
-    elif name not in PRIVATE_METHODS:
-        raise ConfigError(f"{prefix}: {WHY_NOT.get(name, name + ' is not covered')}; under DP use one of "
-                          f"{', '.join(PRIVATE_METHODS)} (any server.optimizer)")
+    if not algorithm_class.private_release:
+        from ..algorithms import ALGORITHMS
+
+        why = algorithm_class.why_not_private or (
+            f"algorithm.name={name} does not declare private_release = True (docs/privacy.md: only a method whose "
+            "clients release nothing but their model update, and whose server uses nothing but its average, may)")
+        private = [n for n, cls in ALGORITHMS.items() if cls.private_release]
+        raise ConfigError(f"{prefix}: {why}; under DP use one of {', '.join(private)} (any server.optimizer)")
     if v["aggregation.mask"] == "gma":
         raise ConfigError(f"{prefix}: aggregation.mask=gma releases the per-coordinate sign counts of the clients' "
                           "updates unnoised; set aggregation.mask=none")
@@ -85,7 +78,7 @@ def check(v: dict, algorithm_class=None) -> None:
         raise ConfigError(f"{prefix}: eval.clients releases each client's own accuracy (and its label histogram "
                           "through its test split) unnoised; set eval.clients=false")
     model = v["model.name"]
-    if model in BATCHNORM_MODELS or (model in NORM_MODELS and v["model.norm"] == "bn"):
+    if has_batchnorm(model, v["model.norm"]):
         raise ConfigError(f"{prefix}: model.name={model} has BatchNorm, whose running statistics are averaged over "
                           "the clients unclipped; use a model without it (model.norm=gn for "
                           f"{', '.join(NORM_MODELS)}; simplecnn, lenet5, mlp, ...)")

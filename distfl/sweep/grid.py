@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..config import (OPTIONS_KEY, SWEEP_BLOCK, apply_overrides, config_keys, config_to_dict, flatten_dict, load_config,
                       load_sweep_block)
+from ..config.renamed import RENAMED, reads
 from ..errors import ConfigError, DistflError
 from .slurm import SLURM_OPTIONS, check_slurm_available, check_slurm_options, slurm_active_jobs
 from .plan import Point, Sweep
@@ -27,7 +28,9 @@ SAFE = re.compile(r"[^A-Za-z0-9._+\-]")
 def _check_grid_key(key: str, where: str) -> None:
     keys = config_keys()
     if key.startswith(OPTIONS_KEY + ".") and key != OPTIONS_KEY + ".":
-        return  # a plugin method's option: each point's config checks it against the method's Options
+        return  # a method's option: each point's config checks it against the method's Options
+    if key in RENAMED:
+        return  # an old name of a method's option (distfl/config/renamed.py)
     if key in keys:
         if key == "seed":
             raise ConfigError(f"{where}: give seeds with --seeds 0,1,2 (or `seeds:` in the sweep block), "
@@ -208,15 +211,13 @@ def _listed_points(config_path: str, block: dict, points_arg, zip_args) -> list[
 
 
 def _declared_options(name: str) -> set[str] | None:
-    """The option names algorithm `name` declares (none for a built-in); None if it does not load
-    (the point's own config check then says why)."""
+    """The option names method `name` declares; None if it does not load (the point's own config check
+    then says why)."""
     from .. import plugins
-    from ..schema import CHOICES
+    from ..algorithms import algorithm_class
 
-    if name in CHOICES["algorithm.name"]:
-        return set()
     try:
-        return {f.name for f in plugins.options_fields(plugins.load_plugin("algorithm.name", name))}
+        return {f.name for f in plugins.options_fields(algorithm_class(name))}
     except (DistflError, KeyError):
         return None
 
@@ -254,7 +255,11 @@ def _applicable_options(sweep: Sweep, combos: list[list[str]]) -> list[tuple[lis
                               f"{','.join(names)}) declares it{hint} (their options: "
                               f"{', '.join(sorted(in_grid))})")
         dropped = {k for k in options if own is not None and k not in own and k in in_grid}
-        kept = [o for o in combo if o.partition("=")[0] not in {f"{OPTIONS_KEY}.{k}" for k in dropped}]
+        # An old flat key (algorithm.mu) is dropped likewise from the points whose method does not read it.
+        merged = apply_overrides(raw, [*sweep.fixed, *combo])
+        unread = {o.partition("=")[0] for o in combo if o.partition("=")[0] in RENAMED
+                  and not reads(o.partition("=")[0], merged)}
+        kept = [o for o in combo if o.partition("=")[0] not in {f"{OPTIONS_KEY}.{k}" for k in dropped} | unread]
         extra = []
         if dropped:
             remaining = {k: v for k, v in options.items() if k not in dropped}

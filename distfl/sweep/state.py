@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..config import flatten_dict
-from ..resume_rules import predated_keys_hint, resume_blockers, saved_values
+from ..config.resume import predated_keys_hint, resume_blockers, saved_values
 from ..errors import ConfigError
 
 FINISHED = ("completed", "diverged")

@@ -15,7 +15,7 @@ ASYNC_METHODS = ("fedavg", "fedprox")
 def check(v: dict) -> None:
     """`v`: dotted key -> value (validated types and ranges)."""
     keys = [k for k in v if k.startswith("system.")]
-    from ..schema import SystemConfig
+    from ..config.schema import SystemConfig
 
     defaults = SystemConfig()
     if all(v[k] == getattr(defaults, k.removeprefix("system.")) for k in keys):
