@@ -53,7 +53,7 @@ class FedExP(Algorithm):
         self.eps = float(self.options.eps)
         # Under FedBN the server's BatchNorm is the mean of the clients' own, never a step: eta_g is measured
         # on the other coordinates only.
-        self.shared = ~batchnorm_coordinates(self.layout, cfg.model.name)[0] if cfg.aggregation.fedbn else None
+        self.shared = ~batchnorm_coordinates(self.layout, self.cfg.model.name)[0] if self.cfg.aggregation.fedbn else None
         self.previous_params = self.layout.params.detach().clone()  # w^t, before this round's step
         self.previous_buffers = self.layout.buffers.detach().clone()
         self.steps = 0  # server steps taken (the first one's iterate is evaluated alone)
