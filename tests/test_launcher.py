@@ -179,7 +179,8 @@ import torch.distributed.distributed_c10d as c10d
 from distfl import dist
 ctx = dist.init("cpu")
 backend = c10d._get_default_group()._get_backend(torch.device("cpu"))
-print(ctx.rank, c10d._get_default_store().timeout.total_seconds(), backend.options._timeout.total_seconds(), flush=True)
+with open(f"{__import__('sys').argv[1]}/rank{ctx.rank}.txt", "w") as out:  # two ranks' stdout would interleave
+    out.write(f"{c10d._get_default_store().timeout.total_seconds()} {backend.options._timeout.total_seconds()}")
 dist.shutdown(ctx)
 """
 
@@ -190,7 +191,7 @@ def test_the_rendezvous_is_bounded_apart_from_the_collectives(tmp_path):
     (tmp_path / "timeouts.py").write_text(TIMEOUTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(tmp_path / "timeouts.py")], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                           str(tmp_path / "timeouts.py"), str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.split("\n")[:2]) == ["0 600.0 1800.0", "1 600.0 1800.0"], proc.stdout
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["600.0 1800.0"] * 2

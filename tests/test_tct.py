@@ -143,8 +143,8 @@ def test_coordinate_order_changes_only_the_order_of_the_stage2_model(tmp_path):
 
 def test_a_stage2_checkpoint_from_before_coordinate_order_resumes_only_in_drawn_order(tmp_path, monkeypatch):
     """A run checkpointed inside stage 2 by a distfl without tct.coordinate_order used drawn order; its
-    model's rows are in that order, so resuming it with today's default (parameter) is refused, and with
-    tct.coordinate_order=drawn it finishes as a drawn run from the start does."""
+    model's rows are in that order, so resuming it in parameter order is refused, and a plain resume reads
+    the missing key as drawn (its previous default) and finishes as a drawn run from the start does."""
     import hashlib
     import json
 
@@ -160,9 +160,9 @@ def test_a_stage2_checkpoint_from_before_coordinate_order_resumes_only_in_drawn_
         manifest = json.loads((path / "manifest.json").read_text())
         manifest["files"]["state.pt"] = hashlib.sha256((path / "state.pt").read_bytes()).hexdigest()
         (path / "manifest.json").write_text(json.dumps(manifest))
-    proc = run_cli(["train", "--resume", tmp_path / "old"])
+    proc = run_cli(["train", "--resume", tmp_path / "old", "tct.coordinate_order=parameter"])
     assert proc.returncode == 2 and "tct.coordinate_order cannot change now" in proc.stderr
-    proc = run_cli(["train", "--resume", tmp_path / "old", "tct.coordinate_order=drawn"])
+    proc = run_cli(["train", "--resume", tmp_path / "old"])  # a saved config without the key ran drawn
     assert proc.returncode == 0, proc.stderr
     assert "resuming stage 2 at round 5" in proc.stderr
     assert summary(tmp_path / "old")["phases"]["tct"]["psi_sha256"] == through["phases"]["tct"]["psi_sha256"]
