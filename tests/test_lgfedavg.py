@@ -61,7 +61,7 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
 
 @pytest.mark.parametrize("overrides, says", [
     (["model.name=resnet20", "data.synthetic_channels=3"], "BatchNorm"),
-    (["model.head=fixed_random"], "model.head must be linear"),
+    (["model.head=fixed_random"], "use model.head=linear"),
     (["calibration.method=ffc"], "calibration.method=none"),
     (["eval.clients=true", "eval.finetune_epochs=2"], "is personalised"),
 ])
