@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from ..checkpoint import to_cpu
+
 
 @dataclass
 class RunProgress:
@@ -179,11 +181,3 @@ class RunContext:
         """Accuracy and mean loss of the global model on the whole test set."""
         metrics = self.evaluate_round(False)
         return metrics["test_acc"], metrics["test_loss"]
-
-
-def to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    return obj
