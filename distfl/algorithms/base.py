@@ -56,6 +56,9 @@ class Algorithm:
     client_store = False  # True: needs the client state store even when not stateful (TCT's stage 2)
     personalised = False  # True: eval.clients scores each client with load_evaluated_model (its own model)
     head_split = False  # True: splits the model into a shared body and a per-client learnable head (model.head=linear)
+    # True if its clients send only a model update and its server step uses only the updates' weighted sum, so
+    # stale updates of an asynchronous run (system.async_mode, docs/system.md) are defined for it.
+    asynchronous = False
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -7,3 +7,4 @@ from .base import Algorithm
 class FedAvg(Algorithm):
     name = "fedavg"
     private_release = True
+    asynchronous = True

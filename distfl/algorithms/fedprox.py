@@ -7,6 +7,7 @@ from .base import Algorithm
 class FedProx(Algorithm):
     name = "fedprox"
     private_release = True
+    asynchronous = True
 
     @dataclass
     class Options:

@@ -7,11 +7,6 @@ from pathlib import Path
 from ..errors import ConfigError
 from .model import parse_spec
 
-# Methods an asynchronous run composes with: their clients send only a model update, and their server
-# step uses only the buffer's weighted sum (the server optimizer, server.*, applies to it).
-ASYNC_METHODS = ("fedavg", "fedprox")
-
-
 def check(v: dict) -> None:
     """`v`: dotted key -> value (validated types and ranges)."""
     keys = [k for k in v if k.startswith("system.")]
@@ -55,9 +50,12 @@ def check(v: dict) -> None:
 
 def _check_async(v: dict) -> None:
     mode = f"system.async_mode={v['system.async_mode']}"
+    from ..algorithms import ALGORITHMS, algorithm_class
+
     name = v["algorithm.name"]
-    if name not in ASYNC_METHODS:
-        raise ConfigError(f"{mode} composes with algorithm.name in {', '.join(ASYNC_METHODS)} (and every "
+    if not algorithm_class(name).asynchronous:  # the method declares it (algorithms/base.py)
+        allowed = [n for n, cls in ALGORITHMS.items() if cls.asynchronous]
+        raise ConfigError(f"{mode} composes with algorithm.name in {', '.join(allowed)} (and every "
                           f"server.optimizer); {name} keeps per-client or per-round state (control variates, "
                           "step counts, personal models) that asynchronous, stale updates do not define")
     if v["system.round"] != "wait_all":
