@@ -14,19 +14,6 @@ import inspect
 from distfl.errors import ConfigError
 
 GROUPS = {"algorithm.name": "distfl.algorithms", "model.name": "distfl.models"}
-# Methods that ship with distfl in the plugin form (an `Options` dataclass read as `self.options`, class
-# flags): short name -> import path, resolved before the entry points, validated as a plugin is.
-BUILTIN_METHODS = {
-    "local": "distfl.algorithms.local:LocalOnly",
-    "fedlc": "distfl.algorithms.fedlc:FedLC",
-    "fedntd": "distfl.algorithms.fedntd:FedNTD",
-    "lgfedavg": "distfl.algorithms.lgfedavg:LGFedAvg",
-    "perfedavg": "distfl.algorithms.perfedavg:PerFedAvg",
-    "fedrod": "distfl.algorithms.fedrod:FedRoD",
-    "pfedme": "distfl.algorithms.pfedme:PFedMe",
-    "fedproto": "distfl.algorithms.fedproto:FedProto",
-    "fedala": "distfl.algorithms.fedala:FedALA",
-}
 
 
 def is_import_path(name: str) -> bool:
@@ -34,16 +21,12 @@ def is_import_path(name: str) -> bool:
 
 
 def entry_point_names(key: str) -> list[str]:
-    """Short names registered by installed packages for `key` (algorithm.name or model.name), and
-    distfl's own methods in the plugin form."""
-    own = set(BUILTIN_METHODS) if key == "algorithm.name" else set()
-    return sorted(own | {ep.name for ep in importlib.metadata.entry_points(group=GROUPS[key])})
+    """Short names registered by installed packages for `key` (algorithm.name or model.name)."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=GROUPS[key])})
 
 
 def load_object(key: str, name: str):
     """The object `name` (an import path or a registered short name) refers to, or ConfigError naming `key`."""
-    if key == "algorithm.name" and name in BUILTIN_METHODS:
-        name = BUILTIN_METHODS[name]
     if is_import_path(name):
         module_name, _, attr = name.partition(":")
         if not module_name or not attr:

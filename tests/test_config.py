@@ -190,7 +190,7 @@ def test_unknown_choice():
     assert "model.name: unknown choice 'resnet19'; did you mean 'resnet18'?" in msg
     assert "valid: simplecnn, tct_cnn, lenet5, cifar_cnn, resnet18, resnet20, mlp" in msg
     msg = error(load_config, None, ["algorithm.name=xyz"])
-    assert "did you mean" not in msg and "valid: apfl, ditto, fedadc, fedavg, fedbabu" in msg
+    assert "did you mean" not in msg and "valid: apfl, ditto, fedadc, fedala, fedavg, fedbabu" in msg
 
 
 @pytest.mark.parametrize("override, expected", [

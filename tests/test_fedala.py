@@ -85,7 +85,7 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
 @pytest.mark.parametrize("overrides, says", [
     (["model.name=resnet20", "data.synthetic_channels=3"], "BatchNorm"),
     (["algorithm.options.sample_fraction=0"], "algorithm.options.sample_fraction"),
-    (["model.head=fixed_random"], "model.head must be linear"),
+    (["model.head=fixed_random"], "model.head=fixed_random is fixed: use model.head=linear"),
 ])
 def test_refused_before_any_work(tmp_path, small_config, overrides, says):
     assert_refused(small_config, tmp_path / "r", ["algorithm.name=fedala", *overrides], says)

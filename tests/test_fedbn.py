@@ -56,7 +56,7 @@ def _disturb_everything_but_own_batchnorm(trainer) -> None:
                and v.shape == bn.shape]
     vectors += [v for state in trainer.store._memory.values() for key, v in state.items()
                 if key != "bn_params" and v.shape == bn.shape]
-    assert vectors or alg.name in ("fedavg", "fednova", "fedprox")
+    assert vectors or alg.name in ("fedavg", "fednova", "fedprox", "fedlc", "fedntd")
     for v in vectors:
         v[bn] += noise
 

@@ -66,7 +66,7 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
 
 @pytest.mark.parametrize("overrides, says", [
     (["model.head=sphere"], "model.head=linear"),
-    (["model.head=fixed_random"], "model.head must be linear"),
+    (["model.head=fixed_random"], "model.head=fixed_random is fixed: use model.head=linear"),
     (["runtime.pack_size=2", "runtime.client_state=disk"], "local_loss"),
     (["eval.clients=true", "eval.finetune_epochs=2"], "is personalised"),
 ])

@@ -71,7 +71,7 @@ def train(config, tmp_path, *overrides):
     (["eval.finetune_epochs=1"], "algorithm.name=shrinklab:Shrink is personalised"),  # personalised
     (["privacy.mechanism=gaussian", "privacy.noise_multiplier=1", "privacy.delta=1e-5", "algorithm.weighting=uniform",
       "eval.clients=false"], "privacy.mechanism=gaussian: Shrink releases its clients' head norms unclipped; under DP "
-                             "use one of fedadc, fedavg, fedfor, fedprox, slowmo (any server.optimizer)"),  # why_not_private
+                             "use one of fedadc, fedavg, fedfor, fedlc, fedntd, fedprox, slowmo (any server.optimizer)"),  # why_not_private
 ])
 def test_a_plugin_declaration_is_enforced_before_any_data_loads(tmp_path, shrink, overrides, says):
     code, err, loaded = train(shrink, tmp_path, *overrides)
@@ -114,8 +114,7 @@ def test_every_built_in_declaration_is_well_formed():
     assert {"fedavg", "fedprox", "moon", "tct", "fedrep"} <= set(ALGORITHMS)
     for name, cls in ALGORITHMS.items():
         assert cls.name == name
-        assert cls.private_release or cls.why_not_private or name in {"moon", "fedexp", "fedper", "fedrep", "fedbabu",
-                                                                      "ditto", "apfl"}
+        assert cls.private_release or cls.why_not_private or cls.personalised or name in {"moon", "fedexp"}
         if cls.Options is None:
             continue
         comments = options_comments(cls.Options)
@@ -126,6 +125,84 @@ def test_every_built_in_declaration_is_well_formed():
         assert load_config(None, [f"algorithm.name={name}", *extra]).algorithm.options == defaults
 
 
+# Each built-in method's needs, refused by config validation (load_config reads no data) with one line
+# naming the key: what the methods' own __init__ found only after the data had loaded.
+@pytest.mark.parametrize("overrides, says", [
+    (["algorithm.name=fedlc", "model.head=sphere"], "algorithm.name=fedlc calibrates the logits of a softmax "
+                                                    "cross-entropy; this model is trained with MSE"),
+    (["algorithm.name=fedntd", "model.loss=mse"], "use model.head=linear and model.loss=auto"),
+    (["algorithm.name=fedrod", "model.loss=mse"], "algorithm.name=fedrod trains its generic head with a balanced softmax"),
+    (["algorithm.name=fedrod", "model.head=fixed_random"], "algorithm.name=fedrod trains the model's classifier head; "
+                                                           "model.head=fixed_random is fixed: use model.head=linear"),
+    (["algorithm.name=fedala", "model.head=sphere"], "model.head=sphere is fixed: use model.head=linear"),
+    (["algorithm.name=fedala", "model.name=resnet20"], "model.name=resnet20 has BatchNorm statistics"),
+    (["algorithm.name=perfedavg", "model.name=resnet18"], "algorithm.name=perfedavg takes two or three forward passes"),
+    (["algorithm.name=pfedme", "model.name=vgg13"], "model.name=vgg13 has BatchNorm statistics: use a model without "
+                                                    "BatchNorm (e.g. model.norm=gn)"),
+    (["algorithm.name=pfedme", "algorithm.options.lam=30"], "algorithm.options.personal_lr=0.09 x "
+                                                            "algorithm.options.lam=30.0 >= 2"),
+    (["algorithm.name=lgfedavg", "model.name=resnet20"], "algorithm.name=lgfedavg keeps the body"),
+    (["algorithm.name=lgfedavg", "calibration.method=ffc"], "set calibration.method=none"),
+    (["algorithm.name=apfl", "model.name=mobilenetv2"], "algorithm.name=apfl mixes two models"),
+    (["algorithm.name=local", "aggregation.mask=gma"], "algorithm.name=local aggregates nothing"),
+    (["algorithm.name=fedproto", "aggregation.mask=gma"], "algorithm.name=fedproto aggregates nothing"),
+    (["algorithm.name=fedala", "model.name=resnet18", "model.norm=gn"], None),  # accepted: GroupNorm
+    (["algorithm.name=fedrod", "model.name=resnet20"], None),  # accepted: FedRoD keeps BatchNorm as FedAvg does
+])
+def test_a_methods_needs_are_refused_at_validation(overrides, says):
+    from distfl.config import load_config
+    from distfl.errors import ConfigError
+
+    if says is None:
+        load_config(None, overrides)
+        return
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, overrides)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.filterwarnings("ignore:model.norm is set but only used by")
+def test_every_built_in_model_has_batchnorm_exactly_when_validation_says():
+    """Validation judges BatchNorm from model.name and model.norm: the built models agree, for every norm."""
+    import torch
+
+    from distfl.config import load_config
+    from distfl.config.schema import KEYS
+    from distfl.models import build_model
+    from distfl.models.base import has_batchnorm
+
+    for name in KEYS["model.name"].choices:
+        for norm in KEYS["model.norm"].choices:
+            cfg = load_config(None, [f"model.name={name}", f"model.norm={norm}"]).model
+            shape = {"char_lstm": (80,), "femnist_cnn": (1, 28, 28)}.get(name, (3, 32, 32))
+            model = build_model(cfg, shape, 10)
+            built = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+            assert built == has_batchnorm(name, norm), (name, norm)
+
+
+BN_MODEL = """
+from torch import nn
+
+
+def build(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0] * input_shape[1] * input_shape[2], 8),
+                         nn.BatchNorm1d(8), nn.Linear(8, num_classes))
+"""
+
+
+def test_a_plugin_models_batchnorm_is_refused_when_the_method_is_built(tmp_path, monkeypatch, method_fixture):
+    """Validation cannot see a plugin model's layers: the method's declared need is checked on the built model."""
+    from distfl.errors import ConfigError
+
+    (tmp_path / "bnlab.py").write_text(BN_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "bnlab", raising=False)
+    method_fixture("algorithm.name=fedavg", "model.name=bnlab:build")  # a method without the need builds
+    with pytest.raises(ConfigError, match="algorithm.name=pfedme takes K forward passes a step, each of which would "
+                                          "update the running statistics; model.name=bnlab:build has BatchNorm"):
+        method_fixture("algorithm.name=pfedme", "model.name=bnlab:build")
+
+
 def test_the_smallest_method_in_the_guide_is_fedprox_as_distfl_has_it():
     from conftest import REPO
 
@@ -133,3 +210,17 @@ def test_the_smallest_method_in_the_guide_is_fedprox_as_distfl_has_it():
     marker = "<!-- tests/test_method_declaration.py checks this block is distfl/algorithms/fedprox.py -->\n```python\n"
     block = guide[guide.index(marker) + len(marker):].split("```\n", 1)[0]
     assert block == (REPO / "distfl" / "algorithms" / "fedprox.py").read_text()
+
+
+def test_tct_stage1_offers_the_methods_that_declare_it():
+    """tct.stage1's choices are read from the methods' own `tct_stage1` flag (validation, docs, did-you-mean)."""
+    from distfl.algorithms import ALGORITHMS
+    from distfl.config import load_config
+    from distfl.config.schema import KEYS
+    from distfl.errors import ConfigError
+
+    assert KEYS["tct.stage1"].choices == [name for name, cls in ALGORITHMS.items() if cls.tct_stage1]
+    assert set(KEYS["tct.stage1"].choices) == {"fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo",
+                                               "fedfor"}
+    with pytest.raises(ConfigError, match="tct.stage1: unknown choice 'moon'; valid: fedadc, fedavg, feddyn"):
+        load_config(None, ["algorithm.name=tct", "tct.stage1=moon"])

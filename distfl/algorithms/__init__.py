@@ -41,11 +41,14 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
                     ctx=None):
     """The training algorithm (for TCT, its stage-1 algorithm: its later stages are phases), wrapped in
     the run's cross-cutting features: GMA, FedBN, then DP outermost (with `noise_multiplier`)."""
+    from .base import check_built_model
     from .fedbn import FedBN
     from .gma import GMA
     from .private import Private
 
-    method = method_class(cfg)(cfg, population, worker, device, model_factory)
+    cls = method_class(cfg)
+    check_built_model(cls, cfg, worker)
+    method = cls(cfg, population, worker, device, model_factory)
     if cfg.aggregation.mask == "gma":
         method = GMA(method, cfg.aggregation.tau, cfg.aggregation.mask_applies_to)
     if cfg.aggregation.fedbn:

@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.func import functional_call
 
-from ..errors import ConfigError
 from ..federation.schedule import round_lr
-from ..privacy.rules import has_batchnorm
 from .base import Algorithm
 
 
@@ -27,6 +25,7 @@ class APFL(Algorithm):
     name = "apfl"
     stateful = True
     personalised = True
+    no_batchnorm = "mixes two models parameter by parameter, whose BatchNorm statistics do not mix"
 
     @dataclass
     class Options:
@@ -34,22 +33,11 @@ class APFL(Algorithm):
         adaptive: bool = True  # learn each client's alpha by a gradient step per local step (the paper's adaptive alpha), clipped to [0, 1]
         alpha_lr: float = field(default=0.01, metadata={"range": ">= 0"})  # with adaptive: step size of alpha's gradient step
 
-    @classmethod
-    def check_config(cls, cfg):
-        if has_batchnorm(cfg.model.name, cfg.model.norm):
-            raise ConfigError(f"algorithm.name=apfl mixes two models parameter by parameter; model.name={cfg.model.name} "
-                              "has BatchNorm statistics, which do not mix: use a model without BatchNorm "
-                              "(e.g. model.norm=gn)")
-
     def evaluated_finetune_epochs(self) -> int:
         return 0
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        if worker.buffers.numel() or worker.int_buffers:
-            raise ConfigError(f"algorithm.name=apfl mixes two models parameter by parameter; model.name={cfg.model.name} "
-                              "has BatchNorm statistics, which do not mix: use a model without BatchNorm "
-                              "(e.g. model.norm=gn)")
         self.initial_params = worker.params.detach().clone()
         shapes = {name: p.shape for name, p in worker.module.named_parameters()}
         self.views = [(name, where, shapes[name]) for name, where in worker.param_slices.items()]

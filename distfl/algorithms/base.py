@@ -59,6 +59,12 @@ class Algorithm:
     # True if its clients send only a model update and its server step uses only the updates' weighted sum, so
     # stale updates of an asynchronous run (system.async_mode, docs/system.md) are defined for it.
     asynchronous = False
+    # What the method needs of the model, each checked at validation from model.* (and, for a plugin model
+    # whose BatchNorm layers only its build shows, again when the method is built):
+    learnable_head = False  # True: it reads or trains the classifier head's parameters (model.head=linear)
+    cross_entropy = ""  # why it needs softmax cross-entropy (model.head=linear, model.loss=auto|ce), or "": any loss
+    no_batchnorm = ""  # why it cannot keep BatchNorm statistics right (a model without them), or "": it can
+    tct_stage1 = False  # True: TCT may train its network with it (tct.stage1 lists the methods that declare this)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -229,19 +235,32 @@ def head_coordinates(worker, model_name: str) -> torch.Tensor:
     return mask
 
 
-def require_cross_entropy(worker, name: str, what: str) -> None:
-    """ConfigError unless the model trains with softmax cross-entropy (a method that changes that loss:
-    `what` says how)."""
-    if getattr(worker.module, "loss_kind", "ce") != "ce":
-        raise ConfigError(f"algorithm.name={name} {what}; this model is trained with MSE (model.head=sphere or "
-                          "model.loss=mse): use model.head=linear and model.loss=auto")
+def check_model_needs(cls, cfg) -> None:
+    """ConfigError if the run's model lacks what method `cls` declares it needs (`learnable_head`,
+    `cross_entropy`, `no_batchnorm`), read from model.*: one line naming the keys and what is valid."""
+    from ..models.base import has_batchnorm, loss_kind
+
+    name, model = cfg.algorithm.name, cfg.model
+    if cls.learnable_head and model.head != "linear":
+        raise ConfigError(f"algorithm.name={name} trains the model's classifier head; model.head={model.head} is fixed: "
+                          "use model.head=linear")
+    if cls.cross_entropy and loss_kind(model.loss, model.head) != "ce":
+        raise ConfigError(f"algorithm.name={name} {cls.cross_entropy}; this model is trained with MSE (model.head="
+                          f"{model.head}, model.loss={model.loss}): use model.head=linear and model.loss=auto")
+    if cls.no_batchnorm and has_batchnorm(model.name, model.norm):
+        refuse_batchnorm(name, model.name, cls.no_batchnorm)
 
 
-def refuse_batchnorm(worker, cfg, why: str) -> None:
+def check_built_model(cls, cfg, worker) -> None:
+    """What `check_model_needs` checks, on the built model: a plugin model's BatchNorm is known only here."""
+    if cls.no_batchnorm and (worker.buffers.numel() or worker.int_buffers):
+        refuse_batchnorm(cfg.algorithm.name, cfg.model.name, cls.no_batchnorm)
+
+
+def refuse_batchnorm(name: str, model_name: str, why: str) -> None:
     """ConfigError for a model with BatchNorm statistics, for a method that cannot keep them right (`why`)."""
-    if worker.buffers.numel() or worker.int_buffers:
-        raise ConfigError(f"algorithm.name={cfg.algorithm.name} {why}; model.name={cfg.model.name} has BatchNorm "
-                          "statistics: use a model without BatchNorm (e.g. model.norm=gn)")
+    raise ConfigError(f"algorithm.name={name} {why}; model.name={model_name} has BatchNorm statistics: use a model "
+                      "without BatchNorm (e.g. model.norm=gn)")
 
 
 def flat_views(worker) -> list[tuple[str, slice, torch.Size]]:

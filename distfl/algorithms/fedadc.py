@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..federation.local import FlatModel
 from ..config.values import check_derived
+from ..models.base import loss_kind
 from .base import Algorithm
 
 
@@ -61,6 +62,7 @@ def kd_loss(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> t
 
 class FedADC(Algorithm):
     name = "fedadc"
+    tct_stage1 = True
     private_release = True
 
     @dataclass
@@ -126,7 +128,7 @@ class FedADC(Algorithm):
             raise ConfigError(
                 f"algorithm.name={name} uses plain local SGD (a local momentum buffer would absorb the embedded "
                 f"server momentum); set train.momentum=0, got train.momentum={cfg.train.momentum}")
-        if local["kd_lambda"] > 0 and (cfg.model.loss == "mse" or (cfg.model.loss == "auto" and cfg.model.head == "sphere")):
+        if local["kd_lambda"] > 0 and loss_kind(cfg.model.loss, cfg.model.head) == "mse":
             raise ConfigError(
                 "FedADC+ (algorithm.options.kd_lambda > 0) distils softmax outputs with cross-entropy; it is not defined "
                 "for an MSE-trained model (model.head=sphere or model.loss=mse); set algorithm.options.kd_lambda=0")

@@ -21,32 +21,26 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, call_at, flat_views, head_coordinates, refuse_batchnorm
-
-
-@dataclass
-class FedALAOptions:
-    # eta: step size of W's gradient step (the authors' default 1.0)
-    eta: float = field(default=1.0, metadata={"range": "> 0"})
-    # sample_fraction: the share of the client's samples one ALA pass covers (the authors' rand_percent 80%)
-    sample_fraction: float = field(default=0.8, metadata={"range": "(0, 1]"})
-    # threshold: the start phase ends when the std of the last num_pre_loss batch losses is below it (0.1)
-    threshold: float = field(default=0.1, metadata={"range": ">= 0"})
-    # num_pre_loss: how many recent batch losses the start phase's criterion reads (the authors' 10)
-    num_pre_loss: int = field(default=10, metadata={"range": ">= 1"})
-    # start_passes: at most this many ALA passes in the start phase (ours: the authors' loop has no cap)
-    start_passes: int = field(default=50, metadata={"range": ">= 1"})
+from .base import Algorithm, call_at, flat_views, head_coordinates
 
 
 class FedALA(Algorithm):
-    Options = FedALAOptions
+    name = "fedala"
     stateful = True
     personalised = True
+    learnable_head = True  # its top layers: the classifier head
+    no_batchnorm = "learns its aggregation weights with extra forward passes, each of which would update the running statistics"
+
+    @dataclass
+    class Options:
+        eta: float = field(default=1.0, metadata={"range": "> 0"})  # step size of W's gradient step (the authors' default 1.0)
+        sample_fraction: float = field(default=0.8, metadata={"range": "(0, 1]"})  # the share of the client's samples one ALA pass covers (the authors' rand_percent 80%)
+        threshold: float = field(default=0.1, metadata={"range": ">= 0"})  # the start phase ends when the std of the last num_pre_loss batch losses is below it (0.1)
+        num_pre_loss: int = field(default=10, metadata={"range": ">= 1"})  # how many recent batch losses the start phase's criterion reads (the authors' 10)
+        start_passes: int = field(default=50, metadata={"range": ">= 1"})  # at most this many ALA passes in the start phase (ours: the authors' loop has no cap)
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        refuse_batchnorm(worker, cfg, "learns its aggregation weights with extra forward passes, each of which "
-                                      "would update the running statistics")
         self.top = head_coordinates(worker, cfg.model.name)
         self.top_index = self.top.nonzero().squeeze(1)
         self.views = flat_views(worker)

@@ -6,5 +6,6 @@ from .base import Algorithm
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    tct_stage1 = True
     private_release = True
     asynchronous = True

@@ -18,6 +18,7 @@ from .base import Algorithm
 
 class FedDyn(Algorithm):
     name = "feddyn"
+    tct_stage1 = True
     stateful = True
     why_not_private = ("FedDyn releases each client's update a second time, weighted 1/num_clients (delta_over_n), "
                        "so one client moves two sums and the clip bounds neither as the accountant assumes")

@@ -36,6 +36,7 @@ from .base import Algorithm
 
 class FedFOR(Algorithm):
     name = "fedfor"
+    tct_stage1 = True
     private_release = True
 
     @dataclass

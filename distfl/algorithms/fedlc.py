@@ -13,22 +13,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Algorithm, require_cross_entropy
-
-
-@dataclass
-class FedLCOptions:
-    # The calibration strength tau of the margin tau n^{-1/4} (FL-bench's default 1.0; 0: FedAvg)
-    tau: float = field(default=1.0, metadata={"range": ">= 0"})
+from .base import Algorithm
 
 
 class FedLC(Algorithm):
-    Options = FedLCOptions
+    name = "fedlc"
     private_release = True
+    cross_entropy = "calibrates the logits of a softmax cross-entropy"
+
+    @dataclass
+    class Options:
+        tau: float = field(default=1.0, metadata={"range": ">= 0"})  # the calibration strength tau of the margin tau n^{-1/4} (FL-bench's default 1.0; 0: FedAvg)
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        require_cross_entropy(worker, "fedlc", "calibrates the logits of a softmax cross-entropy")
         counts = torch.as_tensor(population.class_counts, dtype=torch.float32).clamp_min(1e-8)
         # margins[k, c] = tau n_{k,c}^{-1/4}, one row per client
         self.margins = (self.options.tau * counts.pow(-0.25)).to(device)

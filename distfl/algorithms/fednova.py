@@ -18,6 +18,7 @@ def normaliser(steps: int, rho: float) -> float:
 
 class FedNova(Algorithm):
     name = "fednova"
+    tct_stage1 = True
     why_not_private = "FedNova releases each client's normalised step count (tau_eff) unclipped and weights the update by it"
 
     def segments(self):

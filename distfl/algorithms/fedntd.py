@@ -17,15 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..federation.local import FlatModel
-from .base import Algorithm, require_cross_entropy
-
-
-@dataclass
-class FedNTDOptions:
-    # beta: weight of the not-true distillation term (the authors' config: 1; 0: FedAvg)
-    beta: float = field(default=1.0, metadata={"range": ">= 0"})
-    # tau: softmax temperature of both not-true distributions (the authors' config: 1)
-    tau: float = field(default=1.0, metadata={"range": "> 0"})
+from .base import Algorithm
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -42,12 +34,17 @@ def ntd_loss(logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor,
 
 
 class FedNTD(Algorithm):
-    Options = FedNTDOptions
+    name = "fedntd"
     private_release = True
+    cross_entropy = "adds a distillation term to a softmax cross-entropy"
+
+    @dataclass
+    class Options:
+        beta: float = field(default=1.0, metadata={"range": ">= 0"})  # weight of the not-true distillation term (the authors' config: 1; 0: FedAvg)
+        tau: float = field(default=1.0, metadata={"range": "> 0"})  # softmax temperature of both not-true distributions (the authors' config: 1)
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        require_cross_entropy(worker, "fedntd", "adds a distillation term to a softmax cross-entropy")
         # The frozen global model w^t, in eval mode (BatchNorm uses its running statistics), built
         # without touching the RNG stream that seeded the worker.
         with torch.random.fork_rng(devices=[]):

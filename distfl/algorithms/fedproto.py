@@ -21,14 +21,12 @@ from ..federation.aggregate import Segment
 from .local import LocalOnly
 
 
-@dataclass
-class FedProtoOptions:
-    # lam: weight of the prototype regulariser (the authors' code: ld = 1)
-    lam: float = field(default=1.0, metadata={"range": ">= 0"})
-
-
 class FedProto(LocalOnly):
-    Options = FedProtoOptions
+    name = "fedproto"
+
+    @dataclass
+    class Options:
+        lam: float = field(default=1.0, metadata={"range": ">= 0"})  # weight of the prototype regulariser (the authors' code: ld = 1)
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)

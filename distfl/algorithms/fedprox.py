@@ -6,6 +6,7 @@ from .base import Algorithm
 
 class FedProx(Algorithm):
     name = "fedprox"
+    tct_stage1 = True
     private_release = True
     asynchronous = True
 

@@ -17,16 +17,18 @@ import torch
 import torch.nn.functional as F
 
 from ..federation.schedule import round_lr
-from .base import Algorithm, head_coordinates, require_cross_entropy
+from .base import Algorithm, head_coordinates
 
 
 class FedRoD(Algorithm):
+    name = "fedrod"
     stateful = True
     personalised = True
+    learnable_head = True  # the personal head has the generic head's shape
+    cross_entropy = "trains its generic head with a balanced softmax cross-entropy"
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        require_cross_entropy(worker, "fedrod", "trains its generic head with a balanced softmax cross-entropy")
         self.head_index = head_coordinates(worker, cfg.model.name).nonzero().squeeze(1)
         head = worker.module.head
         self.weight_shape, self.bias_size = tuple(head.weight.shape), head.bias.numel()

@@ -14,19 +14,22 @@ Models with BatchNorm are refused (their running statistics belong to the local 
 averaged as the model's buffers).
 """
 from ..errors import ConfigError
-from .base import refuse_batchnorm
 from .fedper import FedPer
 
 
 class LGFedAvg(FedPer):
-    def __init__(self, cfg, population, worker, device, model_factory=None):
-        super().__init__(cfg, population, worker, device, model_factory)
-        refuse_batchnorm(worker, cfg, "keeps the body (the feature extractor) per client, whose BatchNorm statistics "
-                                      "the server would average")
+    name = "lgfedavg"
+    no_batchnorm = "keeps the body (the feature extractor) per client, whose BatchNorm statistics the server would average"
+
+    @classmethod
+    def check_config(cls, cfg):
         if cfg.calibration.method != "none":
             raise ConfigError(f"algorithm.name=lgfedavg keeps the body per client; calibration.method="
                               f"{cfg.calibration.method} fits one head on features no client shares: set "
                               "calibration.method=none")
+
+    def __init__(self, cfg, population, worker, device, model_factory=None):
+        super().__init__(cfg, population, worker, device, model_factory)
         self.body_index = self.body.nonzero().squeeze(1)
 
     def load_own_model(self, state, worker):

@@ -15,15 +15,19 @@ from .base import Algorithm
 
 
 class LocalOnly(Algorithm):
+    name = "local"
     stateful = True
     personalised = True
 
-    def __init__(self, cfg, population, worker, device, model_factory=None):
-        super().__init__(cfg, population, worker, device, model_factory)
+    @classmethod
+    def check_config(cls, cfg):
         if cfg.aggregation.mask != "none" or cfg.aggregation.fedbn or cfg.calibration.method != "none":
-            raise ConfigError("algorithm.name=local aggregates nothing (each client keeps its whole model), so "
+            raise ConfigError(f"algorithm.name={cls.name} aggregates nothing (each client keeps its whole model), so "
                               "aggregation.mask, aggregation.fedbn and calibration.method have nothing to act on: set "
                               "aggregation.mask=none aggregation.fedbn=false calibration.method=none")
+
+    def __init__(self, cfg, population, worker, device, model_factory=None):
+        super().__init__(cfg, population, worker, device, model_factory)
         # The worker holds the initial model w^0 while the algorithm is built (also on resume: the
         # global model never moves, so it is w^0 then too).
         self.initial_params = worker.params.detach().clone()

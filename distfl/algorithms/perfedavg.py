@@ -24,15 +24,7 @@ from torch.func import functional_call
 
 from ..federation.client_eval import finetune_train_config
 from ..federation.schedule import round_lr
-from .base import Algorithm, refuse_batchnorm
-
-
-@dataclass
-class PerFedAvgOptions:
-    # alpha: the inner (personalisation) step size (FL-bench's default 0.01); beta is train.lr
-    alpha: float = field(default=0.01, metadata={"range": ">= 0"})
-    # variant: fo (first-order) | hf (Hessian-free: the second-order term by a Hessian-vector product)
-    variant: str = field(default="fo", metadata={"choices": ["fo", "hf"]})
+from .base import Algorithm
 
 
 def batch_parts(x: torch.Tensor, y: torch.Tensor, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -44,13 +36,17 @@ def batch_parts(x: torch.Tensor, y: torch.Tensor, count: int) -> list[tuple[torc
 
 
 class PerFedAvg(Algorithm):
-    Options = PerFedAvgOptions
+    name = "perfedavg"
     personalised = True
+    no_batchnorm = "takes two or three forward passes a step, each of which would update the running statistics"
+
+    @dataclass
+    class Options:
+        alpha: float = field(default=0.01, metadata={"range": ">= 0"})  # the inner (personalisation) step size (FL-bench's default 0.01); beta is train.lr
+        variant: str = field(default="fo", metadata={"choices": ["fo", "hf"]})  # fo (first-order) | hf (Hessian-free: the second-order term by a Hessian-vector product)
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)
-        refuse_batchnorm(worker, cfg, "takes two or three forward passes a step, each of which would update the "
-                                      "running statistics")
         self.alpha = self.options.alpha
         self.hf = self.options.variant == "hf"
 

@@ -20,33 +20,31 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ConfigError
-from .base import Algorithm, call_at, flat_views, refuse_batchnorm
-
-
-@dataclass
-class PFedMeOptions:
-    # lam: the Moreau envelope's regularisation lambda (the paper's MNIST value: 15)
-    lam: float = field(default=15.0, metadata={"range": "> 0"})
-    # personal_lr: the step size of the K inner steps on theta (the paper's MNIST value: 0.09)
-    personal_lr: float = field(default=0.09, metadata={"range": "> 0"})
-    # steps: K, the inner gradient steps that approximate theta each local step (the paper: 5)
-    steps: int = field(default=5, metadata={"range": ">= 1"})
+from .base import Algorithm, call_at, flat_views
 
 
 class PFedMe(Algorithm):
-    Options = PFedMeOptions
+    name = "pfedme"
     stateful = True
     personalised = True
+    no_batchnorm = "takes K forward passes a step, each of which would update the running statistics"
 
-    def __init__(self, cfg, population, worker, device, model_factory=None):
-        super().__init__(cfg, population, worker, device, model_factory)
-        refuse_batchnorm(worker, cfg, "takes K forward passes a step, each of which would update the running "
-                                      "statistics")
-        o = self.options
+    @dataclass
+    class Options:
+        lam: float = field(default=15.0, metadata={"range": "> 0"})  # the Moreau envelope's regularisation lambda (the paper's MNIST value: 15)
+        personal_lr: float = field(default=0.09, metadata={"range": "> 0"})  # the step size of the K inner steps on theta (the paper's MNIST value: 0.09)
+        steps: int = field(default=5, metadata={"range": ">= 1"})  # K, the inner gradient steps that approximate theta each local step (the paper: 5)
+
+    @classmethod
+    def check_config(cls, cfg):
+        o = cls.read_options(cfg)
         if o.personal_lr * o.lam >= 2:
             raise ConfigError(f"algorithm.options.personal_lr={o.personal_lr} x algorithm.options.lam={o.lam} >= 2: "
                               "the inner steps on theta diverge (their proximal part multiplies theta - w by "
                               "1 - personal_lr x lam); lower one of them")
+
+    def __init__(self, cfg, population, worker, device, model_factory=None):
+        super().__init__(cfg, population, worker, device, model_factory)
         self.views = flat_views(worker)
         self.theta = None  # the personalised model of the client training now
 

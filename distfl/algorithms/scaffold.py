@@ -23,6 +23,7 @@ from .base import Algorithm
 
 class Scaffold(Algorithm):
     name = "scaffold"
+    tct_stage1 = True
     stateful = True
     why_not_private = "SCAFFOLD releases each client's control-variate update (c_i+ - c_i) unclipped and unnoised beside its model update"
 

@@ -11,6 +11,7 @@ from .fedadc import FedADC
 
 class SlowMo(FedADC):
     name = "slowmo"
+    tct_stage1 = True
 
     @dataclass
     class Options:

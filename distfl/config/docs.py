@@ -45,16 +45,14 @@ def options_comments(options: type) -> dict[str, str]:
 
 def _method_options_markdown() -> list[str]:
     """One table per built-in method with options: `algorithm.options.KEY`, from its Options dataclass."""
-    from distfl.algorithms import ALGORITHMS, algorithm_class
-    from distfl.plugins import BUILTIN_METHODS
+    from distfl.algorithms import ALGORITHMS
 
     lines = ["## Method options (`algorithm.options`)", "",
              "Each method declares its own options (its `Options` dataclass, docs/extending.md); set them as",
              "`algorithm.options.KEY=VALUE` for the method `algorithm.name` names (TCT: its `tct.stage1` method).",
              "The old flat names (`algorithm.moon_mu`, ...) still work and say their new name "
              "(distfl/config/renamed.py).", ""]
-    for name in [*ALGORITHMS, *BUILTIN_METHODS]:
-        cls = algorithm_class(name)
+    for name, cls in ALGORITHMS.items():
         if cls.Options is None or "Options" not in vars(cls):
             continue
         comments, types = options_comments(cls.Options), typing.get_type_hints(cls.Options)
@@ -104,9 +102,8 @@ def config_reference_markdown() -> str:
         for key in map(KEYS.get, keys):
             if key.name == "algorithm.name":
                 from distfl.algorithms import ALGORITHMS
-                from distfl.plugins import BUILTIN_METHODS
 
-                valid = ", ".join([*ALGORITHMS, *BUILTIN_METHODS]) + ", or a plugin"
+                valid = ", ".join(ALGORITHMS) + ", or a plugin"
             elif key.choices is not None:
                 valid = ", ".join(key.choices)
             elif key.range is not None:

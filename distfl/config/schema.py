@@ -5,7 +5,8 @@ of a section dataclass; its trailing comment is its documentation (docs/config.m
 it), and `key(default, ...)` declares its rules, read by validation, resume and the docs alike:
 
 - `choices=[...]`: the valid values of a string key, or of each name of a list key (listed at most once;
-  `plugin=True`: or a plugin's import path / entry point);
+  `plugin=True`: or a plugin's import path / entry point); `methods="flag"`: the choices are the built-in
+  methods whose class declares `flag = True` (distfl/algorithms/), so the method's file alone says it;
 - `range=">= 0"` (or "> x", "[0, 1)", "[0, 1]", "(0, 1]", "(0, 1)"): the valid values of a number;
 - `limit=N`: the largest int a run can compute with, when tighter than 2^31 - 1; `seed_max=N`: the
   largest seed its consumer accepts (numpy's RandomState 32 bits, torch's generators 64);
@@ -24,11 +25,11 @@ import typing
 from dataclasses import dataclass, field
 
 
-def key(default, *, choices=None, plugin=False, range=None, limit=None, seed_max=None, applies=None, resumable=False,
-        previous=None):
+def key(default, *, choices=None, methods=None, plugin=False, range=None, limit=None, seed_max=None, applies=None,
+        resumable=False, previous=None):
     """A config key's default and its rules (see the module's docstring), as dataclass field metadata."""
-    rules = {"choices": choices, "plugin": plugin, "range": range, "limit": limit, "seed_max": seed_max,
-             "applies": applies, "resumable": resumable, "previous": previous}
+    rules = {"choices": choices, "methods": methods, "plugin": plugin, "range": range, "limit": limit,
+             "seed_max": seed_max, "applies": applies, "resumable": resumable, "previous": previous}
     metadata = {k: v for k, v in rules.items() if v is not None and not (k in ("plugin", "resumable") and v is False)}
     if isinstance(default, list):  # a list of names: each instance its own copy
         return field(default_factory=lambda: list(default), metadata=metadata)
@@ -112,7 +113,7 @@ class CalibrationConfig:
 
 @dataclass
 class TCTConfig:
-    stage1: str = key("fedavg", choices=["fedavg", "fedprox", "scaffold", "feddyn", "fednova", "fedadc", "slowmo", "fedfor"], applies=("algorithm.name", ["tct"]), resumable="phase")  # the stage-1 algorithm (train.rounds rounds of it; its options are the algorithm.* keys)
+    stage1: str = key("fedavg", methods="tct_stage1", applies=("algorithm.name", ["tct"]), resumable="phase")  # the stage-1 algorithm (train.rounds rounds of it; its options are algorithm.options): a method that declares tct_stage1 = True
     p: int = key(100000, range=">= 1", applies=("algorithm.name", ["tct"]), resumable="phase")  # eNTK feature dimension: random coordinates of each per-sample gradient (paper: 100,000); all of them if the model has fewer
     coordinate_seed: int = key(123, range=">= 0", seed_max=2**64 - 1, applies=("algorithm.name", ["tct"]), resumable="phase")  # seed of the coordinate subset (Algorithm 3: 123)
     coordinate_order: str = key("parameter", choices=["parameter", "drawn"], applies=("algorithm.name", ["tct"]), resumable="phase", previous="drawn")  # parameter (Algorithm 3's coordinates stored in parameter order: whole layers are written directly, faster) | drawn (in randperm's order, as the released code); stage 2 is the same up to float round-off (docs/algorithms/tct.md)
@@ -290,6 +291,10 @@ class Key:
     def __getattr__(self, rule):  # key.choices, key.range, ...: None when not declared
         if rule.startswith("__"):
             raise AttributeError(rule)
+        if rule == "choices" and "methods" in self.rules:
+            from distfl.algorithms import ALGORITHMS
+
+            return [name for name, cls in ALGORITHMS.items() if getattr(cls, self.rules["methods"])]
         return self.rules.get(rule)
 
 

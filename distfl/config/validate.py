@@ -189,7 +189,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("eval.client_split=holdout holds out part of every client's training data for per-client "
                           "evaluation, which is off: set eval.clients=true (or eval.client_split=test)")
 
+    from distfl.algorithms.base import check_model_needs
+
     declared.check_config(cfg)
+    check_model_needs(method, cfg)
     _check_personalised(v, method)
     _check_finetune(v, method)
 

@@ -16,6 +16,22 @@ from torch import nn
 from distfl.errors import ConfigError
 
 
+# The built-in models with BatchNorm layers: always, or with model.norm=bn.
+BATCHNORM_MODELS = ("resnet20",)
+NORM_MODELS = ("resnet18", "vgg13", "senet18", "mobilenetv2")
+
+
+def has_batchnorm(model: str, norm: str) -> bool:
+    """Whether built-in model `model` (with model.norm=`norm`) has BatchNorm layers (False for a plugin
+    model, whose layers only its build shows)."""
+    return model in BATCHNORM_MODELS or (model in NORM_MODELS and norm == "bn")
+
+
+def loss_kind(loss: str, head: str) -> str:
+    """The loss a model trains with, ce or mse, from model.loss and model.head (auto: mse for head=sphere)."""
+    return loss if loss != "auto" else ("mse" if head == "sphere" else "ce")
+
+
 class Classifier(nn.Module):
     """`head(features(x))` with `features: B x C x H x W -> B x feature_dim` and a linear head.
 
@@ -40,7 +56,7 @@ class Classifier(nn.Module):
         if kind != "linear":  # the linear head drawn in __init__ keeps the rest of the init unchanged
             self.head = build_head(kind, self.feature_dim, self.num_classes, seed).to(self.head.weight.device)
         self.feature_norm = feature_norm == "on" or (feature_norm == "auto" and kind == "sphere")
-        self.loss_kind = loss if loss != "auto" else ("mse" if kind == "sphere" else "ce")
+        self.loss_kind = loss_kind(loss, kind)
         self.mse_reduction = mse_reduction
 
     def set_projection(self, dim: int) -> None:

@@ -10,15 +10,8 @@ bounds.
 from __future__ import annotations
 
 from ..errors import ConfigError
+from ..models.base import NORM_MODELS, has_batchnorm  # built-in models with BatchNorm: their statistics are averaged unclipped
 
-# Built-in models with BatchNorm: their running statistics are averaged over the clients unclipped.
-BATCHNORM_MODELS = ("resnet20",)
-NORM_MODELS = ("resnet18", "vgg13", "senet18", "mobilenetv2")
-
-
-def has_batchnorm(model: str, norm: str) -> bool:
-    """Whether built-in model `model` (with model.norm=`norm`) has BatchNorm layers."""
-    return model in BATCHNORM_MODELS or (model in NORM_MODELS and norm == "bn")
 
 
 def check(v: dict, algorithm_class) -> None:
