@@ -18,49 +18,64 @@ def run_has_output(run_dir: Path) -> bool:
     return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints"))
 
 
-def claim(trainer, resume: bool) -> bool:
-    """Rank 0 takes the lock, then looks for a run in the directory: the look before the data
-    loaded is not enough, since another run may have started and finished there meanwhile. Every
-    rank learns its answer (one small all_reduce, also the barrier before --overwrite deletes).
-    Returns whether the old output is to be deleted (--overwrite)."""
-    found = False
-    if trainer.ctx.is_main:
-        with faults.run_dir_errors(trainer.run_dir):
-            trainer.run_dir.mkdir(parents=True, exist_ok=True)
-            trainer.lock = trainer.lock or checkpoint.lock_run_dir(trainer.run_dir)
-        found = not resume and run_has_output(trainer.run_dir)
-    flags = torch.tensor([int(found), int(found and not trainer.overwrite)], dtype=torch.int64, device=trainer.device)
-    found, refused = (int(v) for v in dist.all_reduce_sum(flags, trainer.ctx, "check"))
-    if refused:
-        raise ConfigError(
-            f"output.dir {trainer.run_dir} already holds a run (another distfl run wrote it while this one "
-            f"was starting); {next_step(trainer.run_dir)}")
-    return bool(found)
+class RunDirectory:
+    """The run's directory as this rank sees it: its path, whether --overwrite was given, and (rank 0)
+    the lock on it, held until `close` or the process's end: a second run there is refused."""
 
+    def __init__(self, path: Path, ctx, overwrite: bool):
+        self.path, self.ctx, self.overwrite = path, ctx, overwrite
+        # Before any work if the directory exists (else once `claim` creates it).
+        self.lock = checkpoint.lock_run_dir(path) if ctx.is_main and path.is_dir() else None
 
-def prepare(trainer, resume: bool) -> None:
-    """Claim the run directory (`claim`), clear it under --overwrite, and write the config, once the data,
-    partition, model and checkpoint are known good."""
-    clear = claim(trainer, resume)
-    if trainer.ctx.is_main:
-        if clear:  # --overwrite was given
-            for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state", "trackers.json", "wandb"):
-                path = trainer.run_dir / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        faults.remove_leftovers(trainer.run_dir)
-        if resume:
-            restored = checkpoint.restore_metrics(trainer.run_dir, checkpoint.checkpoints_dir(trainer.run_dir) /
-                                                  trainer.resumed_from)
-            if restored:
-                print(restored, file=sys.stderr, flush=True)
-        if trainer.store is not None:
-            trainer.store.create()
-        config_text, saved = dump_config(trainer.cfg), trainer.run_dir / "config.yaml"
-        if not (resume and saved.is_file() and saved.read_text() == config_text):  # nothing to write on a full disk
-            checkpoint.atomic_write_text(config_text, saved)
-    dist.barrier(trainer.ctx)
-    if trainer.ctx.is_main and trainer.skipped:
-        checkpoint.set_aside(trainer.run_dir, [name for name, _ in trainer.skipped], trainer.resumed_from)
+    def claim(self, resume: bool) -> bool:
+        """Rank 0 takes the lock, then looks for a run in the directory: the look before the data
+        loaded is not enough, since another run may have started and finished there meanwhile. Every
+        rank learns its answer (one small all_reduce, also the barrier before --overwrite deletes).
+        Returns whether the old output is to be deleted (--overwrite)."""
+        found = False
+        if self.ctx.is_main:
+            with faults.run_dir_errors(self.path):
+                self.path.mkdir(parents=True, exist_ok=True)
+                self.lock = self.lock or checkpoint.lock_run_dir(self.path)
+            found = not resume and run_has_output(self.path)
+        flags = torch.tensor([int(found), int(found and not self.overwrite)], dtype=torch.int64, device=self.ctx.device)
+        found, refused = (int(v) for v in dist.all_reduce_sum(flags, self.ctx, "check"))
+        if refused:
+            raise ConfigError(
+                f"output.dir {self.path} already holds a run (another distfl run wrote it while this one "
+                f"was starting); {next_step(self.path)}")
+        return bool(found)
+
+    def prepare(self, cfg, store, resumed_from: str | None, skipped: list) -> None:
+        """Claim the directory (`claim`), clear it under --overwrite, and write the config, once the data,
+        partition, model and checkpoint are known good. `resumed_from`: the checkpoint a resume loaded
+        (None: a new run); `skipped`: the newer checkpoints it passed over, set aside."""
+        resume = resumed_from is not None
+        clear = self.claim(resume)
+        if self.ctx.is_main:
+            if clear:  # --overwrite was given
+                for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state", "trackers.json", "wandb"):
+                    path = self.path / name
+                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            faults.remove_leftovers(self.path)
+            if resume:
+                restored = checkpoint.restore_metrics(self.path, checkpoint.checkpoints_dir(self.path) / resumed_from)
+                if restored:
+                    print(restored, file=sys.stderr, flush=True)
+            if store is not None:
+                store.create()
+            config_text, saved = dump_config(cfg), self.path / "config.yaml"
+            if not (resume and saved.is_file() and saved.read_text() == config_text):  # nothing to write on a full disk
+                checkpoint.atomic_write_text(config_text, saved)
+        dist.barrier(self.ctx)
+        if self.ctx.is_main and skipped:
+            checkpoint.set_aside(self.path, [name for name, _ in skipped], resumed_from)
+
+    def close(self) -> None:
+        """Release the lock."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
 
 def next_step(run_dir: Path) -> str:

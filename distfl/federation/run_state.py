@@ -16,7 +16,9 @@ from typing import Callable
 
 import torch
 
+from .. import checkpoint, dist, faults
 from ..checkpoint import to_cpu
+from ..errors import RankDisagreement
 
 
 @dataclass
@@ -137,10 +139,60 @@ class RunRecord:
         pass
 
 
+class Checkpoints:
+    """Writing the run's checkpoints: the `parts`' state_dicts (state.pt), the client store's files, and
+    the check that every rank holds the same global model. Called on every rank."""
+
+    def __init__(self, run_dir: Path, ctx, parts: list, privacy: PrivacyState, model: GlobalModel, store, keep: int,
+                 protected_round: int | None, method_name: str):
+        self.run_dir, self.ctx, self.parts, self.privacy, self.model, self.store = run_dir, ctx, parts, privacy, model, store
+        self.keep, self.method_name = keep, method_name
+        self.protect = (checkpoint.checkpoint_name("round", protected_round),) if protected_round is not None else ()
+
+    def save(self, label: str, step: int) -> None:
+        name = checkpoint.checkpoint_name(label, step)
+        ctx = self.ctx
+        if ctx.is_main:
+            checkpoint.begin(self.run_dir, name)
+        dist.barrier(ctx)
+        written = 0
+        if self.store is not None:
+            written = self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients", ctx.is_main)
+        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer. In the same
+        # all_reduce, two 24-bit hashes of each rank's global model h and their squares: n * sum(h^2) ==
+        # sum(h)^2 only if every rank holds the same h (Cauchy-Schwarz), so ranks that drifted apart (a
+        # server step drawing from a per-rank RNG) are caught at the first checkpoint.
+        hashes = self._model_hashes()
+        sums = dist.all_reduce_sum(torch.tensor([written, *hashes, *(h * h for h in hashes)], dtype=torch.int64,
+                                                device=ctx.device), ctx, "checkpoint").tolist()
+        clients, n = int(sums[0]), ctx.world_size
+        if any(n * sums[3 + i] != sums[1 + i] ** 2 for i in range(len(hashes))):
+            if ctx.is_main:
+                faults.remove_leftovers(self.run_dir)
+            raise RankDisagreement(
+                f"the ranks' global models differ at checkpoint {name} (their hashes disagree), so the server step "
+                f"did not run identically on every rank; the likely cause: algorithm.name={self.method_name}'s "
+                "server_update draws from a per-rank or unseeded RNG (draw from a generator keyed by (seed, round)) or "
+                "keeps state computed from something other than the reduced sums (docs/extending.md, \"What the "
+                "exactness guarantee asks of a method\"). The checkpoint was not written")
+        if ctx.is_main:
+            self.privacy.directory = checkpoint.staging_dir(self.run_dir, name)  # a secret key goes beside
+            checkpoint.commit(self.run_dir, name, checkpoint.state_of(self.parts), self.keep, self.protect, clients)
+
+    def _model_hashes(self) -> list[int]:
+        """Two 24-bit hashes of the global model (parameters and buffers), for the check at checkpoints."""
+        if self.ctx.world_size == 1:
+            return [0, 0]
+        fp = dist.fingerprint(self.model.params) ^ dist.fingerprint(self.model.buffers)
+        return [fp & 0xFFFFFF, (fp >> 24) & 0xFFFFFF]
+
+
 @dataclass
 class StopFlags:
     requested: bool = False  # a stop signal reached this rank
     agreed: bool = False  # every rank saw a request in the last all_reduce: stop after this round
+    interrupts: int = 0  # Ctrl-Cs seen (federation/stopping.py: a second one stops at once)
+    launcher: int | None = None  # the pid of the torchrun that started this rank, once training began
 
 
 @dataclass(frozen=True)

@@ -31,20 +31,18 @@ from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
-from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
-                      RankDisagreement)
+from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
-from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
+from .split_eval import evaluate
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size
 from .population import DeviceIndices, Population, place, place_packs
-from .run_state import (GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
-                        SystemState)
+from .run_state import (Checkpoints, GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord,
+                        StopFlags, SystemState)
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
@@ -59,7 +57,7 @@ MODEL_STATISTICS = (NONFINITE_PARAMS, "loss_sum", "delta", "buffers", "bn_params
 
 class Trainer:
     def __init__(self, cfg, ctx: dist.DistContext, resume: bool = False, overwrite: bool = False):
-        self.lock = None
+        self.directory = None
         try:
             self._set_up(cfg, ctx, resume, overwrite)
         except BaseException:
@@ -69,17 +67,15 @@ class Trainer:
     def _set_up(self, cfg, ctx: dist.DistContext, resume: bool, overwrite: bool) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.run_dir = Path(cfg.output.dir)
-        self.overwrite = overwrite
         self.device = ctx.device
         self.where, self.failure, self.started = "setting up the run", None, time.time()
-        self.launcher, self.interrupts = None, 0  # see stopping.catch_stop_signals
         dist.reset_counters()
         faults.check_output_dir(self.run_dir)
         if not resume and run_dir.run_has_output(self.run_dir) and not overwrite:
             raise ConfigError(f"output.dir {self.run_dir} already holds a run; {run_dir.next_step(self.run_dir)}")
         # Rank 0 holds RUN_DIR/.lock until this Trainer is closed or its process dies: a second run in
         # the directory is refused, before any work if the directory exists (else once it is created).
-        self.lock = checkpoint.lock_run_dir(self.run_dir) if ctx.is_main and self.run_dir.is_dir() else None
+        self.directory = run_dir.RunDirectory(self.run_dir, ctx, overwrite)
 
         # privacy.target_epsilon: the noise multiplier the accountant calibrates, before any work.
         self.noise_multiplier = None if cfg.privacy.mechanism == "none" else _accountant().resolve_noise_multiplier(cfg)
@@ -167,6 +163,11 @@ class Trainer:
         self.checkpointed = [self.state, self.model, MethodState(self.algorithm), self.privacy_state,
                              SystemState(self.system),
                              RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity())]
+        # With phases after training, the last training round's checkpoint is never pruned: a phase can be
+        # rerun from it (another calibration.ridge, other tct.* stage-2 settings).
+        self.checkpoints = Checkpoints(self.run_dir, ctx, self.checkpointed, self.privacy_state, self.model, self.store,
+                                       cfg.checkpoint.keep, cfg.train.rounds if self.phases else None,
+                                       cfg.algorithm.name)
         self.context = RunContext(
             cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
             population=self.population, client_indices=self.client_indices, client_test=getattr(self, "client_test", None),
@@ -181,7 +182,7 @@ class Trainer:
         if resume:
             self._restore()
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
-        run_dir.prepare(self, resume)
+        self.directory.prepare(cfg, self.store, self.resumed_from, self.skipped)
 
     @property
     def global_params(self) -> torch.Tensor:
@@ -272,46 +273,8 @@ class Trainer:
                                   f"raise train.rounds (e.g. train.rounds={trained + 10}) to continue")
 
     def _save_checkpoint(self, label: str, step: int) -> None:
-        name = checkpoint.checkpoint_name(label, step)
-        self.where = f"writing checkpoint {name}"
-        if self.ctx.is_main:
-            checkpoint.begin(self.run_dir, name)
-        dist.barrier(self.ctx)
-        written = 0
-        if self.store is not None:
-            written = self.store.write_checkpoint(checkpoint.staging_dir(self.run_dir, name) / "clients",
-                                                  self.ctx.is_main)
-        # How many client files all ranks wrote: rank 0 refuses a checkpoint that holds fewer. In the same
-        # all_reduce, two 24-bit hashes of each rank's global model h and their squares: n * sum(h^2) ==
-        # sum(h)^2 only if every rank holds the same h (Cauchy-Schwarz), so ranks that drifted apart (a
-        # server step drawing from a per-rank RNG) are caught at the first checkpoint.
-        hashes = self._model_hashes()
-        sums = dist.all_reduce_sum(torch.tensor([written, *hashes, *(h * h for h in hashes)], dtype=torch.int64,
-                                                device=self.device), self.ctx, "checkpoint").tolist()
-        clients, n = int(sums[0]), self.ctx.world_size
-        if any(n * sums[3 + i] != sums[1 + i] ** 2 for i in range(len(hashes))):
-            if self.ctx.is_main:
-                faults.remove_leftovers(self.run_dir)
-            raise RankDisagreement(
-                f"the ranks' global models differ at checkpoint {name} (their hashes disagree), so the server step "
-                f"did not run identically on every rank; the likely cause: algorithm.name={self.cfg.algorithm.name}'s "
-                "server_update draws from a per-rank or unseeded RNG (draw from a generator keyed by (seed, round)) or "
-                "keeps state computed from something other than the reduced sums (docs/extending.md, \"What the "
-                "exactness guarantee asks of a method\"). The checkpoint was not written")
-        if self.ctx.is_main:
-            self.privacy_state.directory = checkpoint.staging_dir(self.run_dir, name)  # a secret key goes beside
-            state = checkpoint.state_of(self.checkpointed)
-            # With phases after training, the last training round's checkpoint is never pruned: a phase
-            # can be rerun from it (another calibration.ridge, other tct.* stage-2 settings).
-            protect = (checkpoint.checkpoint_name("round", self.cfg.train.rounds),) if self.phases else ()
-            checkpoint.commit(self.run_dir, name, state, self.cfg.checkpoint.keep, protect, clients)
-
-    def _model_hashes(self) -> list[int]:
-        """Two 24-bit hashes of the global model (parameters and buffers), for the check at checkpoints."""
-        if self.ctx.world_size == 1:
-            return [0, 0]
-        fp = dist.fingerprint(self.global_params) ^ dist.fingerprint(self.global_buffers)
-        return [fp & 0xFFFFFF, (fp >> 24) & 0xFFFFFF]
+        self.where = f"writing checkpoint {checkpoint.checkpoint_name(label, step)}"
+        self.checkpoints.save(label, step)
 
     def runtime_identity(self) -> dict:
         """What, beside the config, must match for a resumed run to stay bit-identical to one run
@@ -432,24 +395,9 @@ class Trainer:
         metrics = self.evaluate_round(clients=False)
         return metrics["test_acc"], metrics["test_loss"]
 
-    @torch.no_grad()
     def evaluate_round(self, clients: bool) -> dict:
-        """test_acc and test_loss of the global model on the whole test set, sharded by batch, and
-        (`clients`) the statistics of per-client accuracy (client_eval.py), in one all_reduce."""
-        self.worker.load(*self.algorithm.evaluation_model(self.global_params, self.global_buffers))
-        model = self.worker.module
-        model.eval()
-        splits = eval_splits(self.data, self.cfg.eval.train_metrics)
-        segments, terms = split_segments(splits, self.cfg.eval.batch_size)
-        stats = StatBuffer(segments + (client_segments(len(self.population)) if clients else []), self.device, terms)
-        add_split_counts(model, stats, splits, self.cfg.eval.batch_size, self.ctx)
-        if clients:
-            add_client_counts(self.context, stats)
-        reduced = stats.reduce(self.ctx, name="eval")
-        metrics = split_metrics(reduced, splits)
-        if clients:
-            metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self.context))
-        return metrics
+        """test_acc and test_loss of the global model, and (`clients`) per-client accuracy (split_eval.evaluate)."""
+        return evaluate(self.context, clients)
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -475,11 +423,11 @@ class Trainer:
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
         status, error = "completed", None
-        previous_handlers = stopping.catch_stop_signals(self)
+        previous_handlers = stopping.catch_stop_signals(self.stop, self.request_stop, self.run_dir)
         try:
             for t in range(self.state.start_round, cfg.train.rounds + 1):
                 t0 = time.perf_counter()
-                stopping.check_launcher(self, logger)
+                stopping.check_launcher(self.stop, self.request_stop, logger)
                 self.where = f"round {t}"
                 row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
                     else self.run_round(t)
@@ -580,9 +528,8 @@ class Trainer:
 
     def close(self) -> None:
         """Release the run directory's lock."""
-        if self.lock is not None:
-            self.lock.close()
-            self.lock = None
+        if self.directory is not None:
+            self.directory.close()
 
 
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:

@@ -7,10 +7,35 @@ from __future__ import annotations
 
 import math
 
-from .aggregate import LOSS_BOUND, Segment
+import torch
+
+from .aggregate import LOSS_BOUND, Segment, StatBuffer
+from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 
 # segment prefix -> metric prefix
 _NAMES = {"": "test_", "train_": "global_train_"}
+
+
+@torch.no_grad()
+def evaluate(context, clients: bool) -> dict:
+    """test_acc and test_loss of the global model (or the model the method evaluates) on the whole test
+    set, sharded by batch, and (`clients`) the statistics of per-client accuracy (client_eval.py), in one
+    all_reduce. `context`: the run's RunContext (federation/run_state.py)."""
+    cfg, worker = context.cfg, context.worker
+    worker.load(*context.algorithm.evaluation_model(context.global_params, context.global_buffers))
+    model = worker.module
+    model.eval()
+    splits = eval_splits(context.data, cfg.eval.train_metrics)
+    segments, terms = split_segments(splits, cfg.eval.batch_size)
+    stats = StatBuffer(segments + (client_segments(len(context.population)) if clients else []), context.device, terms)
+    add_split_counts(model, stats, splits, cfg.eval.batch_size, context.ctx)
+    if clients:
+        add_client_counts(context, stats)
+    reduced = stats.reduce(context.ctx, name="eval")
+    metrics = split_metrics(reduced, splits)
+    if clients:
+        metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(context))
+    return metrics
 
 
 def eval_splits(data, train_metrics: bool) -> list[tuple[str, object, object]]:

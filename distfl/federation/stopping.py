@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Callable
 
 from .. import launcher
 
@@ -30,31 +31,33 @@ def interrupted_line(exc: KeyboardInterrupt) -> str:
     return f"stopped at once by a second Ctrl-C, without a checkpoint of the round in progress; {then}"
 
 
-def catch_stop_signals(trainer) -> dict:
+def catch_stop_signals(stop, request: Callable[[], None], run_dir) -> dict:
     """SIGTERM / SIGUSR1 (Slurm preemption, time limits) and SIGINT (Ctrl-C) ask for a checkpoint at
-    the end of the round; a second Ctrl-C stops at once, without one."""
+    the end of the round (`request()`, which sets `stop.requested`: run_state.StopFlags); a second
+    Ctrl-C stops at once, without one. Returns the handlers it replaced."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 
     def on_signal(signum, frame):
         # Not under torchrun: a Ctrl-C there reaches each rank twice (from the terminal, and passed
         # on by the launcher), and only the launcher is to answer a second one.
-        if signum == signal.SIGINT and trainer.stop.requested and trainer.interrupts and trainer.launcher is None:
-            raise StoppedAtOnce(trainer.run_dir)
-        trainer.interrupts += signum == signal.SIGINT
-        trainer.request_stop()
+        if signum == signal.SIGINT and stop.requested and stop.interrupts and stop.launcher is None:
+            raise StoppedAtOnce(run_dir)
+        stop.interrupts += signum == signal.SIGINT
+        request()
 
     # torchrun's workers: the launcher that started them (recorded when distfl was imported). SIGKILL,
     # or a signal torchrun does not handle (SIGUSR1: its default action kills it), ends it without
     # stopping them; from here on they notice at the next round boundary and stop as on SIGTERM
     # (before here, distfl/launcher.py stops them at once).
-    trainer.launcher = launcher.LAUNCHER
+    stop.launcher = launcher.LAUNCHER
     launcher.training()
     return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
 
-def check_launcher(trainer, logger) -> None:
+
+def check_launcher(stop, request: Callable[[], None], logger) -> None:
     """At a round boundary: a worker whose launcher died checkpoints and stops after this round."""
-    if trainer.launcher is not None and launcher.gone() and not trainer.stop.requested:
-        logger.info(f"the launcher (torchrun, pid {trainer.launcher}) is gone: checkpointing after this round, "
+    if stop.launcher is not None and launcher.gone() and not stop.requested:
+        logger.info(f"the launcher (torchrun, pid {stop.launcher}) is gone: checkpointing after this round, "
                     "then stopping")
-        trainer.request_stop()
+        request()
