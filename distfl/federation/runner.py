@@ -41,6 +41,7 @@ from .aggregate import StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
+from .graphs import resolve_cuda_graphs
 from .pack import PackStep, check_packable, resolve_pack_size
 from .population import DeviceIndices, Population, place, place_packs
 from .run_state import (GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
@@ -147,7 +148,8 @@ class Trainer:
         self.sticky = self._sticky_placement()
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
-        self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
+        graphs = resolve_cuda_graphs(cfg.runtime.cuda_graphs, self.device, self.pack_size)
+        self.pack_step = PackStep(self.worker, graphs) if self.pack_size > 1 else None
         self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
         # A method may need the store beside its rounds' own state (client_store: TCT's stage 2).
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
@@ -173,7 +175,7 @@ class Trainer:
             client_test_x=getattr(self, "client_test_x", None), client_test_y=getattr(self, "client_test_y", None),
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
             global_buffers=self.model.buffers, sticky=self.sticky,
-            pack_size=self.pack_size, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
+            pack_size=self.pack_size, pack_step=self.pack_step, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
             state=self.state, stop=self.stop, hosts=self._hosts, evaluate_round=self.evaluate_round,
             save_phase_checkpoint=self.save_phase_checkpoint)
         self.resume_warnings: list[str] = []
