@@ -162,3 +162,11 @@ def test_cuda_graphs_one_rank_equals_two_ranks_equals_resumed(gpus, tmp_path):
     resumed = cuda_run(None, f"train.rounds={one['rounds']}", resume=tmp_path / "r")
     assert one["cuda_graphs"].startswith("on (")
     assert two["model_sha256"] == one["model_sha256"] == resumed["model_sha256"]
+
+
+def test_tf32_runs_are_deterministic_and_other_bits(gpus, tmp_path):
+    config = write_config(tmp_path / "c.yaml", runtime={"device": "cuda", "pack_size": 4}, model={"name": "simplecnn"},
+                          data={"synthetic_image_size": 16})
+    strict = cuda_run(config, f"output.dir={tmp_path / 'strict'}")
+    tf32 = twice(config, tmp_path, "runtime.tf32=true")
+    assert tf32["model_sha256"] != strict["model_sha256"]

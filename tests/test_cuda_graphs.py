@@ -179,3 +179,14 @@ def test_a_packs_gathered_batches_are_each_clients_own(augment):
             assert torch.equal(y, torch.stack([alone[k][s][1] for k in rows]))
             seen += len(rows)
     assert seen == sum(len(a) for a in alone) and len(pack) == max(len(a) for a in alone)
+
+
+def test_tf32_is_what_a_run_asks_for():
+    from distfl.dist import cuda_float32_numerics
+    try:
+        cuda_float32_numerics(tf32=True)
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    finally:
+        cuda_float32_numerics()
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32

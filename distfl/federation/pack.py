@@ -154,6 +154,12 @@ class PackStep:
         """Train a pack of clients at once (`local.train_client`'s packs of two or more)."""
         return train_pack(flat, self, data, indices, runs, train_cfg, algorithm, global_buffers)
 
+    def train_rows(self, flat: FlatModel, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg,
+                   algorithm, global_buffers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Train a pack of clients at once and return their models as rows: (P x N parameters, P x M
+        buffers, P loss sums), for statistics added for the whole pack at once (`pack_statistics`)."""
+        return train_pack_rows(flat, self, data, indices, runs, train_cfg, algorithm, global_buffers)
+
     def __call__(self, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
         """w: P x N parameters, b: P x M float buffers, x: P x batch x ..., y: P x batch ->
         (P x N gradients, P losses, P x M buffers after the forward pass)."""
@@ -169,6 +175,16 @@ class PackStep:
 def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
                train_cfg, algorithm, global_buffers: torch.Tensor) -> Iterator[ClientRun]:
     """`local.train_client` of a pack of two or more, as one vectorised model (`PackStep.train`)."""
+    w, b, loss_sums = train_pack_rows(flat, step, data, indices, runs, train_cfg, algorithm, global_buffers)
+    for k, run in enumerate(runs):
+        flat.load(w[k], b[k])
+        run.loss_sum = loss_sums[k]
+        yield run
+
+
+def train_pack_rows(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
+                    train_cfg, algorithm, global_buffers: torch.Tensor):
+    """The pack's trained models as rows (`PackStep.train_rows`)."""
     count = len(runs)
     w = torch.empty(count, flat.num_params, device=flat.params.device)
     b = torch.empty(count, flat.buffers.numel(), device=flat.params.device)
@@ -195,10 +211,14 @@ def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor
                 index_of[key] = None if len(rows) == count else torch.tensor(rows, device=w.device)
             velocity = _pack_step(step, w, b, velocity, loss_sums, index_of[key], batches.gather(s, rows),
                                   [runs[k] for k in rows], s == 0, train_cfg, algorithm)
-    for k, run in enumerate(runs):
-        flat.load(w[k], b[k])
-        run.loss_sum = loss_sums[k]
-        yield run
+    return w, b, loss_sums
+
+
+def pack_statistics(algorithm) -> bool:
+    """Whether a pack's statistics can be added for all its clients at once: the method adds the
+    default ones (its weighted update and buffers: `Algorithm.client_statistics`), unchanged by any
+    feature wrapped around it."""
+    return not (acts(algorithm, "client_statistics") or acts(algorithm, "add_update"))
 
 
 def acts(algorithm, hook: str) -> bool:
