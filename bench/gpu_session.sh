@@ -11,16 +11,22 @@
 #   settings.json        the cross-device packs again under each of SETTINGS (only when SETTINGS names keys)
 #   summary.md           every bench's markdown table, the failures' log tails, and the compact summary
 # Knobs (environment): DEVICE (default cuda; cpu: a dry run of the plumbing, with LIMIT_SCALE multiplying
-# the bench steps' time limits), XD_ROUNDS, XD_REPEATS (cross-device), CIFAR_ROUNDS (default 500; 1500 = the whole run),
+# the steps' time limits, and smaller XD_PACKS, PFL_COUNTS, RANKS, RANK_PACKS than the defaults), XD_ROUNDS, XD_REPEATS (cross-device), CIFAR_ROUNDS (default 300; 1500 = the whole run),
 # SETTINGS: space-separated overrides, each compared against the default on the cross-device packs, e.g.
 #   SETTINGS="runtime.cuda_graphs=false runtime.cuda_graphs=true"   (a setting the config does not know is
 # skipped and said so). Every run of the benches also takes `--set KEY=VALUE` directly.
 set -u
 source bench/gpu_setup.sh
-DEVICE=${DEVICE:-cuda}; LIMIT_SCALE=${LIMIT_SCALE:-1}; XD_ROUNDS=${XD_ROUNDS:-5}; XD_REPEATS=${XD_REPEATS:-1}; CIFAR_ROUNDS=${CIFAR_ROUNDS:-500}
+DEVICE=${DEVICE:-cuda}; LIMIT_SCALE=${LIMIT_SCALE:-1}; XD_ROUNDS=${XD_ROUNDS:-5}; XD_REPEATS=${XD_REPEATS:-1}; CIFAR_ROUNDS=${CIFAR_ROUNDS:-300}
+XD_PACKS=${XD_PACKS:-1,10,25,50}; PFL_COUNTS=${PFL_COUNTS-1,2,3,4,5}; RANKS=${RANKS:-1,2,4}; RANK_PACKS=${RANK_PACKS:-1,50}
 SETTINGS=${SETTINGS-runtime.cuda_graphs=false runtime.cuda_graphs=true}
 RES=$(mktemp -d); SUMMARY="$OUT/summary.md"; : > "$SUMMARY"
 export DISTFL_PFL_PYTHON=python3
+# The GPU, its driver and compute mode (pfl's workers need "Default", several processes on the GPU), torch's build.
+{ echo "# GPU session $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null)"; echo
+  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_mode,memory.total --format=csv,noheader 2>&1)"
+  echo "torch: $(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>&1)"
+  echo; } | tee -a "$SUMMARY"
 # bench NAME SECONDS ARGS...: `distfl bench ARGS --out` into $RES, then the JSON into $OUT and its table
 # (or, when it failed, its log's tail) into summary.md.
 bench(){
@@ -42,13 +48,13 @@ tail -4 "$OUT/test_cuda.txt"
 step "step probe (bench/cuda_step.py)"
 PYTHONPATH=.:bench timeout $(( 60 * LIMIT_SCALE )) python3 bench/cuda_step.py > "$OUT/cuda_step.txt" 2>&1; tail -9 "$OUT/cuda_step.txt" | head -8
 
-step "cross-device: packs 1,10,25,50; pfl-research in 1-5 processes sharing the GPU"
+step "cross-device: packs $XD_PACKS; pfl-research in ${PFL_COUNTS:-no} process(es) sharing the GPU"
 bench cross-device 170 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats "$XD_REPEATS" \
-  --pack-sizes 1,10,25,50 --pfl-processes 1,2,3,4,5
+  --pack-sizes "$XD_PACKS" --pfl-processes "$PFL_COUNTS"
 
-step "distfl ranks sharing the GPU: 1, 2, 4 (packs of 50) against one rank"
-bench ranks 110 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 --pack-sizes 1,50 \
-  --pfl-processes "" --ranks 1,2,4
+step "distfl ranks sharing the GPU: $RANKS (packs of the largest of $RANK_PACKS) against one rank"
+bench ranks 110 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 --pack-sizes "$RANK_PACKS" \
+  --pfl-processes "" --ranks "$RANKS"
 
 step "whole runs: pfl-research's CIFAR-10 benchmark config ($CIFAR_ROUNDS of 1,500 rounds), the quickstart"
 bench whole-run 150 --suite whole-run --device "$DEVICE" --rounds "$CIFAR_ROUNDS"
@@ -62,7 +68,7 @@ if [ -n "$KNOWN" ]; then
   step "settings compared on the cross-device packs:$KNOWN"
   for s in $KNOWN; do
     bench "settings_${s//[^a-z0-9_]/_}" 60 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 \
-      --pack-sizes 1,10,50 --pfl-processes "" --set "$s"
+      --pack-sizes "$RANK_PACKS" --pfl-processes "" --set "$s"
   done
   python3 - "$RES" "$OUT/settings.json" <<'PY'
 import glob, json, sys

@@ -18,7 +18,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N]
-       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|whole-run] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
