@@ -139,6 +139,15 @@ class InProcess:
         return centralised_loop(model, data.train_x, data.train_y, sizes, self.cfg.train.lr, self.cfg.seed)
 
 
+def write_config(path: Path, overrides: list[str], base: str | None = None) -> Path:
+    """The YAML config of `base` (a config file, or the defaults) with `overrides`, written to `path`
+    for a `distfl train` subprocess."""
+    from ..config import dump_config, load_config
+
+    path.write_text(dump_config(load_config(base, overrides)))
+    return path
+
+
 def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
