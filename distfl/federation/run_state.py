@@ -79,6 +79,27 @@ class GlobalModel:
         self.worker._int_snapshot = [t.to(self.params.device) for t in state["int_buffers"]]
 
 
+class BestModel:
+    """eval.finetune_from=best: the evaluated global model (`Algorithm.evaluation_model`) of the best round
+    so far by test_acc, which each client fine-tunes before per-client scoring. Checkpointed, so a resumed
+    run scores its clients from the same model."""
+
+    def __init__(self, params: torch.Tensor, buffers: torch.Tensor):
+        self.params = params.detach().clone()
+        self.buffers = buffers.detach().clone()
+
+    def take(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
+        self.params.copy_(params)
+        self.buffers.copy_(buffers)
+
+    def state_dict(self) -> dict:
+        return {"best_params": self.params.cpu(), "best_buffers": self.buffers.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params.copy_(state["best_params"])
+        self.buffers.copy_(state["best_buffers"])
+
+
 class MethodState:
     """What the method's server keeps between rounds (`Algorithm.server_state`)."""
 

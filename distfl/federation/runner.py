@@ -43,7 +43,7 @@ from .split_eval import add_split_counts, eval_splits, split_metrics, split_segm
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .pack import PackStep, check_packable, resolve_pack_size
 from .population import DeviceIndices, Population, place, place_packs
-from .run_state import (GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
+from .run_state import (BestModel, GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
                         SystemState)
 from .probe import probe_model
 from .schedule import round_lr
@@ -164,9 +164,12 @@ class Trainer:
         # What a checkpoint holds: these parts' state_dicts (federation/run_state.py).
         self.plan = None  # the virtual clock's plan of the round (system.*)
         self.privacy_state = PrivacyState(self.privacy)
+        # eval.finetune_from=best: the best round's evaluated model, which the clients fine-tune.
+        self.best = BestModel(self.model.params, self.model.buffers) if cfg.eval.finetune_from == "best" else None
         self.checkpointed = [self.state, self.model, MethodState(self.algorithm), self.privacy_state,
                              SystemState(self.system),
-                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity())]
+                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity()),
+                             *([self.best] if self.best is not None else [])]
         self.context = RunContext(
             cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
             population=self.population, client_indices=self.client_indices, client_test=getattr(self, "client_test", None),
@@ -451,6 +454,15 @@ class Trainer:
             metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self.context))
         return metrics
 
+    @torch.no_grad()
+    def evaluate_clients(self, model) -> dict:
+        """The per-client statistics alone (client_eval.py), every client starting from `model` (parameters,
+        buffers), in one all_reduce."""
+        stats = StatBuffer(client_segments(len(self.population)), self.device, 1)
+        add_client_counts(self.context, stats, model)
+        reduced = stats.reduce(self.ctx, name="eval_clients")
+        return {**reduced_client_statistics(reduced), "clients_never_sampled": clients_never_sampled(self.context)}
+
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
@@ -490,12 +502,17 @@ class Trainer:
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"
-                    evaluated = self.evaluate_round(clients=cfg.eval.clients)
+                    evaluated = self.evaluate_round(clients=cfg.eval.clients and self.best is None)
                     acc = evaluated["test_acc"]
-                    metrics.update(evaluated, eval_s=time.perf_counter() - t1)
-                    self.state.progress["last_eval"] = {"round": t, **evaluated}
                     if self.state.progress["best_test_acc"] is None or acc > self.state.progress["best_test_acc"]:
                         self.state.progress["best_test_acc"], self.state.progress["best_round"] = acc, t
+                        if self.best is not None:
+                            self.best.take(*self.algorithm.evaluation_model(self.global_params, self.global_buffers))
+                    if self.best is not None:  # the clients start from the best round's model (eval.finetune_from)
+                        evaluated.update(self.evaluate_clients((self.best.params, self.best.buffers)),
+                                         client_model_round=self.state.progress["best_round"])
+                    metrics.update(evaluated, eval_s=time.perf_counter() - t1)
+                    self.state.progress["last_eval"] = {"round": t, **evaluated}
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.state.progress["wall_s"]
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
