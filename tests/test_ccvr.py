@@ -139,6 +139,16 @@ def test_crash_during_ccvr_resumes_without_retraining(tmp_path, monkeypatch):
     assert resumed["collectives"]["calls"].get("round_stats", 0) == 0  # no training round was rerun
 
 
+def test_calibrating_a_finished_run_equals_calibrating_in_it(tmp_path):
+    config = write_config(tmp_path / "c.yaml", **CONFIG)
+    within = train_ok(config, f"output.dir={tmp_path / 'within'}")
+    train_ok(config, f"output.dir={tmp_path / 'later'}", "calibration.method=none")
+    later = train_ok(config, "calibration.method=ccvr", resume=str(tmp_path / "later"))
+    assert later["model_sha256"] == within["model_sha256"]
+    untimed = [{k: v for k, v in run["phases"]["ccvr"].items() if not k.endswith("_s")} for run in (later, within)]
+    assert untimed[0] == untimed[1]
+
+
 @pytest.mark.parametrize("override,message", [
     ("model.head=sphere", "calibration.method=ccvr retrains a learnable linear head"),
     ("calibration.virtual_allocation=balanced", "calibration.virtual_allocation"),
