@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from .aggregate import Segment
+from .aggregate import Segment, StatBuffer
 from .local import ClientRun, LocalSGD, local_steps, seed_local_rng
 
 _FINETUNE_STREAM = 5  # distinct from population.py's (1, 2) and client_test.py's (3, 4) streams
@@ -68,6 +68,16 @@ def add_client_counts(context, stats, model=None) -> None:
         total[client] = len(indices)
     stats.add("client_correct", correct)
     stats.add("client_total", total)
+
+
+@torch.no_grad()
+def evaluate_clients(context, model) -> dict:
+    """The per-client statistics alone, every client starting from `model` (parameters, buffers), in one
+    all_reduce (`eval_clients`): eval.finetune_from=best, once the evaluated round's test_acc is known."""
+    stats = StatBuffer(client_segments(len(context.population)), context.device, 1)
+    add_client_counts(context, stats, model)
+    reduced = stats.reduce(context.ctx, name="eval_clients")
+    return {**reduced_client_statistics(reduced), "clients_never_sampled": clients_never_sampled(context)}
 
 
 def personal_model(context, client: int, state: dict, start: torch.Tensor) -> None:

@@ -38,7 +38,8 @@ from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
+from .client_eval import (add_client_counts, client_segments, clients_never_sampled, evaluate_clients,
+                          reduced_client_statistics)
 from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .graphs import resolve_cuda_graphs
@@ -475,15 +476,6 @@ class Trainer:
             metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(self.context))
         return metrics
 
-    @torch.no_grad()
-    def evaluate_clients(self, model) -> dict:
-        """The per-client statistics alone (client_eval.py), every client starting from `model` (parameters,
-        buffers), in one all_reduce."""
-        stats = StatBuffer(client_segments(len(self.population)), self.device, 1)
-        add_client_counts(self.context, stats, model)
-        reduced = stats.reduce(self.ctx, name="eval_clients")
-        return {**reduced_client_statistics(reduced), "clients_never_sampled": clients_never_sampled(self.context)}
-
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
@@ -530,7 +522,7 @@ class Trainer:
                         if self.best is not None:
                             self.best.take(*self.algorithm.evaluation_model(self.global_params, self.global_buffers))
                     if self.best is not None:  # the clients start from the best round's model (eval.finetune_from)
-                        evaluated.update(self.evaluate_clients((self.best.params, self.best.buffers)),
+                        evaluated.update(evaluate_clients(self.context, (self.best.params, self.best.buffers)),
                                          client_model_round=self.state.progress["best_round"])
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
                     self.state.progress["last_eval"] = {"round": t, **evaluated}

@@ -1,9 +1,9 @@
 """CCVR beside FFC on the same trained FedAvg models: python experiments/ccvr/table.py [alpha]
 
-Reads experiments/ccvr/results/fedavg_<alpha>_s<seed>/summary.json (CCVR) and the FFC run of the same
-config in experiments/spherefed/results (fedavg_<alpha> for seed 0, fedavg_<alpha>_seed-1 for seed 1).
-The training is the same bits in both (the calibration runs after it), which the table checks: the
-test accuracy before calibration and every training round's test accuracy must match.
+Reads experiments/ccvr/results/fedavg_<alpha>_s<seed>/summary.json (CCVR) and fedavg_<alpha>_s<seed>_ffc
+(FFC on a copy of the same run, resumed from its last training round: experiments/ccvr/run.sh). The
+table checks that both calibrated the same trained model: every training round's test accuracy and the
+accuracy before calibration match.
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ def rows(run: Path) -> list[dict]:
 
 def main(alpha: str = "0.1") -> None:
     table, gains = [], {"ffc": [], "ccvr": []}
-    for ccvr_dir in sorted((ROOT / "experiments/ccvr/results").glob(f"fedavg_{alpha}_s*")):
-        if not (ccvr_dir / "summary.json").exists():
+    for ccvr_dir in sorted((ROOT / "experiments/ccvr/results").glob(f"fedavg_{alpha}_s[0-9]")):
+        ffc_dir = ccvr_dir.with_name(ccvr_dir.name + "_ffc")
+        if not (ccvr_dir / "summary.json").exists() or not (ffc_dir / "summary.json").exists():
             continue
         seed = int(ccvr_dir.name.rsplit("_s", 1)[1])
-        ffc_dir = ROOT / "experiments/spherefed/results" / (f"fedavg_{alpha}" + ("" if seed == 0 else f"_seed-{seed}"))
         ccvr = json.loads((ccvr_dir / "summary.json").read_text())["phases"]["ccvr"]
         ffc = json.loads((ffc_dir / "summary.json").read_text())["phases"]["ffc"]
         trained = [(r["round"], r.get("test_acc")) for r in rows(ccvr_dir) if "phase" not in r]
