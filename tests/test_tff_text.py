@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import one_two_resumed, run_cli, write_config
+from conftest import assert_packs_train_as_one_at_a_time, one_two_resumed, run_cli, train_ok, write_config
 from distfl.data.tff_text import CHAR_VOCAB, load_tff_folder
 from distfl.errors import DataError
 
@@ -186,6 +186,7 @@ def test_token_metrics_recomputed_independently(tmp_path):
     cfg = load_config(str(_config(tmp_path, "so", "stackoverflow_lstm")), [f"output.dir={tmp_path / 'r'}"])
     trainer = Trainer(cfg, dist.init("cpu", 1))
     trainer.run_round(1)
+    trainer.run_round(2)  # the model now gets some tokens right: an accuracy of 0 would hide a wrong count
     got = trainer.evaluate_round(clients=True)
     model, data = trainer.worker.module, trainer.data
     model.eval()
@@ -195,12 +196,14 @@ def test_token_metrics_recomputed_independently(tmp_path):
         assert got[f"{prefix}loss"] == pytest.approx(loss / tokens, rel=1e-6)  # float32 log-softmax
         assert got[f"{prefix}acc"] == correct / scored
         assert tokens < y.numel() and scored < tokens  # padding, OOV and eos were there to leave out
-    hits = scores = 0
+    hits, scores, accuracies = 0, 0, []
     for k in range(2):  # the clients' own test sentences (the test-only user belongs to none)
         rows = slice(int(data.test_offsets[k]), int(data.test_offsets[k + 1]))
         _, _, correct, scored = _independent_scores(model, data.test_x[rows], data.test_y[rows], unscored)
         hits, scores = hits + correct, scores + scored
-    assert got["client_acc_weighted_mean"] == hits / scores
+        accuracies.append(correct / scored)
+    assert hits > 0 and got["client_acc_weighted_mean"] == hits / scores
+    assert got["client_acc_mean"] == pytest.approx(sum(accuracies) / 2, rel=1e-12)
 
 
 def test_shakespeare_lstm_one_rank_two_ranks_resumed(tmp_path):
@@ -223,7 +226,57 @@ def test_models_have_the_papers_sizes():
     from distfl.config.schema import ModelConfig
     from distfl.models import build_model
 
-    for name, vocabulary, params in (("shakespeare_lstm", 90, 820_522), ("stackoverflow_lstm", 10_004, 4_050_748)):
+    for name, vocabulary, params in (("shakespeare_lstm", 90, 820_522), ("stackoverflow_lstm", 10_004, 4_050_748),
+                                     ("token_transformer", 10_004, 2_970_388)):
         model = build_model(ModelConfig(name=name), (20,), vocabulary)
         assert sum(p.numel() for p in model.parameters()) == params
         assert model(torch.randint(0, vocabulary, (3, 20))).shape == (3, 20, vocabulary)
+
+
+def test_transformer_attention_is_causal_and_equals_torchs():
+    """Each head's attention equals torch's scaled_dot_product_attention with its causal mask, and a
+    position's logits do not move when a later token changes."""
+    from distfl.config.schema import ModelConfig
+    from distfl.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="token_transformer"), (12,), 90)
+    attention = model.features.blocks[0].attention
+    x = torch.randn(3, 12, 128)
+    q, k, v = (t.reshape(3, 12, 4, 32).transpose(1, 2) for t in attention.qkv(x).split(128, dim=-1))
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attention(x), attention.out(heads.transpose(1, 2).reshape(3, 12, 128)))
+    tokens = torch.randint(1, 90, (2, 12))
+    later = tokens.clone()
+    later[:, 7:] = torch.randint(1, 90, (2, 5))
+    with torch.no_grad():
+        a, b = model(tokens), model(later)
+    assert torch.equal(a[:, :7], b[:, :7]) and not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+@pytest.mark.parametrize("model", ["shakespeare_lstm", "token_transformer"])
+def test_token_models_train_in_packs_as_one_at_a_time(tmp_path, model):
+    """The per-token loss vectorises over a pack of clients (torch.func): a round in a pack of 3 gives
+    the model of one client at a time, up to float rounding."""
+    (tmp_path / "sh").mkdir()
+    _shakespeare(tmp_path / "sh")
+    assert_packs_train_as_one_at_a_time(_config(tmp_path, "sh", model), tmp_path, 3, "train.clients_per_round=3")
+
+
+def test_prepared_stackoverflow_keeps_its_tokens_and_trains_the_same_model(tmp_path):
+    from distfl.data.prepared import load_prepared
+
+    (tmp_path / "so").mkdir()
+    _stackoverflow(tmp_path / "so")
+    out = tmp_path / "prepared"
+    proc = run_cli(["data", "prepare", "tff", "--from", str(tmp_path / "so"), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    source, ours = load_tff_folder(str(tmp_path / "so")), load_prepared(str(out))
+    assert ours.tokens == source.tokens and ours.num_classes == 10_004 and ours.client_ids == source.client_ids
+    for key in ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offsets"):
+        np.testing.assert_array_equal(getattr(ours, key), getattr(source, key))
+    cfg = _config(tmp_path, "so", "stackoverflow_lstm")
+    direct = train_ok(cfg, f"output.dir={tmp_path / 'direct'}")
+    prepared = train_ok(cfg, f"output.dir={tmp_path / 'prep'}", "data.dataset=prepared", f"data.path={out}")
+    assert direct["model_sha256"] == prepared["model_sha256"]
+    assert direct["final_test_acc"] == prepared["final_test_acc"]

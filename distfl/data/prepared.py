@@ -120,5 +120,6 @@ def describe(fed: Federated) -> str:
     sizes = np.diff(fed.train_offsets)
     return (f"{fed.num_clients} clients, {len(fed.train_y)} training samples (per client min/median/max "
             f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {len(fed.test_y)} test samples "
-            f"({int(fed.test_offsets[-1])} in the clients' own test splits), {fed.num_classes} classes, "
+            f"({int(fed.test_offsets[-1])} in the clients' own test splits), {fed.num_classes} "
+            f"{'classes' if fed.tokens is None else 'tokens (next-token sequences: ' + fed.tokens.name + ')'}, "
             f"inputs {tuple(fed.train_x.shape[1:])} {fed.train_x.dtype}")

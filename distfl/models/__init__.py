@@ -25,6 +25,7 @@ No model contains dropout or in-place activations.
 | char_lstm   | LEAF's Shakespeare LSTM, 80 characters            | 817,872 (80 character indices)     |                      |
 | shakespeare_lstm | TFF's Shakespeare LSTM, a character a position | 820,522 (90 tokens: TFF's Shakespeare) |                 |
 | stackoverflow_lstm | Reddi et al.'s StackOverflow next-word LSTM   | 4,050,748 (10,004 tokens)          |                      |
+| token_transformer | small causal transformer (2 blocks of 128)    | 2,970,388 (10,004 tokens, L = 20)  |                      |
 
 `model.name: package.module:build` (or a name registered in the entry-point group `distfl.models`) calls
 the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return.
@@ -52,6 +53,7 @@ from distfl.models.senet import build_senet18
 from distfl.models.simplecnn import build_simplecnn
 from distfl.models.tct_cnn import build_tct_cnn
 from distfl.models.token_lstm import build_shakespeare_lstm, build_stackoverflow_lstm
+from distfl.models.token_transformer import build_token_transformer
 from distfl.models.vgg import build_vgg13
 from distfl.config.schema import ModelConfig
 
@@ -75,10 +77,11 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
     "char_lstm": lambda cfg, shape, k: build_char_lstm(shape, k),
     "shakespeare_lstm": lambda cfg, shape, k: build_shakespeare_lstm(shape, k),
     "stackoverflow_lstm": lambda cfg, shape, k: build_stackoverflow_lstm(shape, k),
+    "token_transformer": lambda cfg, shape, k: build_token_transformer(shape, k),
 }
 
 # Next-token models (TokenClassifier: a prediction at every position; data/tokens.py).
-TOKEN_MODELS = ("shakespeare_lstm", "stackoverflow_lstm")
+TOKEN_MODELS = ("shakespeare_lstm", "stackoverflow_lstm", "token_transformer")
 # Models whose inputs are token sequences (int64, B x L) rather than images C x H x W.
 SEQUENCE_MODELS = ("char_lstm",) + TOKEN_MODELS
 
