@@ -280,3 +280,12 @@ def test_prepared_stackoverflow_keeps_its_tokens_and_trains_the_same_model(tmp_p
     prepared = train_ok(cfg, f"output.dir={tmp_path / 'prep'}", "data.dataset=prepared", f"data.path={out}")
     assert direct["model_sha256"] == prepared["model_sha256"]
     assert direct["final_test_acc"] == prepared["final_test_acc"]
+
+
+def test_a_method_counting_classes_is_refused_on_next_token_data(tmp_path):
+    (tmp_path / "sh").mkdir()
+    _shakespeare(tmp_path / "sh")
+    proc = run_cli(["train", str(_config(tmp_path, "sh", "shakespeare_lstm")), f"output.dir={tmp_path / 'r'}",
+                    "algorithm.name=fedlc"])
+    assert proc.returncode != 0 and "the data's samples have no class (a next-token task)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -5,17 +5,21 @@ targets `y[i]` (length L, `y[i, t]` the token that follows `x[i, :t + 1]`), as T
 StackOverflow pipelines cut them (data/tff_text.py). Token 0 is padding in every such dataset. A model
 for them (models/base.py `TokenClassifier`) maps B x L tokens to B x L x V logits.
 
-They are scored per token, as TFF's baselines and Reddi et al. (ICLR 2021, "Adaptive Federated
-Optimization") report them:
+They are scored per token:
 
-- loss: the cross-entropy of every target that is not padding, summed over all of them and divided by
-  their count (a client with more tokens weighs more, exactly as pooling the tokens would);
-- accuracy: argmax predictions equal to the target, over the targets outside `TokenTask.unscored` (padding
-  always; for StackOverflow also the out-of-vocabulary and end-of-sentence tokens, TFF's
-  `accuracy_without_out_of_vocab_or_end_of_sentence`; beginning-of-sentence is never a target).
+- loss: the cross-entropy of every target that is not padding, summed over the split and divided by the
+  number of such targets (a client with more tokens weighs more, exactly as pooling its tokens would).
+  TFF's baselines report the mean of each batch's loss weighted by the batch's sequences
+  (keras_utils' `_WeightedMeanLossMetric`), so a value of theirs is not comparable to the last digit;
+- accuracy: argmax predictions equal to the target, over the targets outside `TokenTask.unscored`, as
+  TFF's `MaskedCategoricalAccuracy` counts them: padding always; for StackOverflow also the
+  out-of-vocabulary and end-of-sentence tokens (TFF's `accuracy_without_out_of_vocab_or_end_of_sentence`;
+  the beginning-of-sentence token is never a target).
 
 The sums are exact: each batch adds its loss sum and its integer hit count, and the denominators are
-integer token counts of the split (`token_counts`), so 1 or N ranks give the same value.
+integer token counts of the split (`token_counts`), so 1 or N ranks give the same value. Local training
+steps on each batch's mean over its non-padding targets; the round's
+`train_loss` averages those batch means weighted by the batch's sequences, like TFF's.
 """
 from __future__ import annotations
 
