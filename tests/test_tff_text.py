@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_packs_train_as_one_at_a_time, one_two_resumed, run_cli, train_ok, write_config
+from conftest import (assert_packs_train_as_one_at_a_time, one_two_resumed, record_client_models, run_cli, train_ok,
+                      write_config)
 from distfl.data.tff_text import CHAR_VOCAB, load_tff_folder
 from distfl.errors import DataError
 
@@ -288,4 +289,34 @@ def test_a_method_counting_classes_is_refused_on_next_token_data(tmp_path):
     proc = run_cli(["train", str(_config(tmp_path, "sh", "shakespeare_lstm")), f"output.dir={tmp_path / 'r'}",
                     "algorithm.name=fedlc"])
     assert proc.returncode != 0 and "the data's samples have no class (a next-token task)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_clients_weighted_by_their_tokens(tmp_path):
+    """algorithm.weighting=tokens: a client's weight is its non-padding target tokens over the cohort's
+    (a snippet's bytes, begin and end tokens, less the first token of each piece, which is only an input),
+    and the new global model is the so-weighted mean of the client models."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    (tmp_path / "sh").mkdir()
+    data = _shakespeare(tmp_path / "sh")
+    cfg = load_config(str(_config(tmp_path, "sh", "shakespeare_lstm")),
+                      ["algorithm.weighting=tokens", "train.clients_per_round=3", f"output.dir={tmp_path / 'r'}"])
+    trainer = Trainer(cfg, dist.init("cpu", 1))
+    seen = record_client_models(trainer)
+    trainer.run_round(1)
+    def targets(snippet: str) -> int:  # its n = bytes + 2 tokens less the first of each piece of 81, never a target
+        n = len(snippet.encode()) + 2
+        return n - -(-n // 81)
+
+    tokens = [sum(targets(s) for s in data["train"][c]) for c in sorted(data["train"])]
+    assert [w for _, w in seen] == [t / sum(tokens) for t in tokens]
+    torch.testing.assert_close(trainer.global_params, sum(w * p for p, w in seen), rtol=1e-5, atol=1e-6)
+
+
+def test_token_weighting_needs_next_token_data(tmp_path, small_config):
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'r'}", "algorithm.weighting=tokens"])
+    assert proc.returncode == 2 and "algorithm.weighting=tokens weighs clients by their target tokens" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

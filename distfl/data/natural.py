@@ -53,7 +53,12 @@ CLIENT_COUNTS = {"fedprox_synthetic": 30}
 
 def check_natural(v: dict) -> None:
     """ConfigError, before any data loads: partition.scheme=natural needs a dataset whose clients come with
-    it, and all of them (`v`: the dotted config values)."""
+    it, and all of them (`v`: the dotted config values). algorithm.weighting=tokens needs a dataset that
+    can hold next-token data (data/tokens.py)."""
+    if v["algorithm.weighting"] == "tokens" and v["data.dataset"] not in ("tff", "prepared"):
+        raise ConfigError(f"algorithm.weighting=tokens weighs clients by their target tokens, which only next-token "
+                          f"data has (data.dataset=tff with Shakespeare or StackOverflow, or prepared from one), not "
+                          f"data.dataset={v['data.dataset']}; use algorithm.weighting=samples")
     if v["partition.scheme"] != "natural":
         return
     dataset = v["data.dataset"]

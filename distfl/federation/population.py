@@ -20,6 +20,8 @@ class Population:
         self.sizes = np.array([len(p) for p in self.indices], dtype=np.int64)
         # class_counts[k, c]: samples of class c held by client k (label-histogram methods, reports).
         self._class_counts = None
+        # token_counts[k]: client k's non-padding target tokens (algorithm.weighting=tokens; set by the runner)
+        self.token_counts: np.ndarray | None = None
         if labels is not None:  # one bincount over (client, label) pairs: the same counts, O(samples) not O(clients) calls
             owner = np.repeat(np.arange(len(self.indices), dtype=np.int64), self.sizes)
             flat = np.concatenate(self.indices) if self.indices else np.zeros(0, dtype=np.int64)

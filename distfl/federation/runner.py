@@ -32,6 +32,7 @@ from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
+from ..data.tokens import client_token_counts
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
 from ..logging import RunLogger
@@ -102,6 +103,8 @@ class Trainer:
             parts, held = holdout_split(parts, labels if labels is not None else np.zeros(len(self.data.train_y), np.int64),
                                         cfg.eval.client_holdout, seed)  # one "class": a plain random holdout
         self.population = Population(parts, labels, self.data.num_classes)
+        if cfg.algorithm.weighting == "tokens":
+            self.population.token_counts = client_token_counts(self.population.indices, self.data.train_y, self.data.tokens)
         self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
