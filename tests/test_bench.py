@@ -300,3 +300,20 @@ def test_tct_bench_on_cuda_computes_in_float32_as_a_run_does(monkeypatch):
         for (flags, name, _), value in zip(torch_defaults, before):
             setattr(flags, name, value)
     assert seen == {"conv_tf32": False, "matmul_tf32": False, "deterministic": True, "benchmark": False}
+
+
+def test_pfl_workers_get_gloo_even_where_pfl_asks_for_nccl(monkeypatch):
+    """pfl 0.6 calls init_process_group(backend='nccl', ...) on CUDA, which refuses two workers on one GPU
+    ("Duplicate GPU detected", seen on an H200): the bench's workers must start gloo whatever pfl passes."""
+    import importlib.util
+
+    import torch.distributed
+    path = Path(__file__).resolve().parents[1] / "bench" / "pfl_research_cross_device.py"
+    spec = importlib.util.spec_from_file_location("pfl_bench_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    calls = []
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: calls.append((a, k)))
+    assert script.use_backend("gloo") == "gloo"
+    torch.distributed.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:1", rank=1, world_size=2)
+    assert calls == [(("gloo",), {"init_method": "tcp://127.0.0.1:1", "rank": 1, "world_size": 2})]
