@@ -320,3 +320,32 @@ def test_token_weighting_needs_next_token_data(tmp_path, small_config):
     proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'r'}", "algorithm.weighting=tokens"])
     assert proc.returncode == 2 and "algorithm.weighting=tokens weighs clients by their target tokens" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_held_out_client_samples_of_next_token_data(tmp_path):
+    """eval.client_split=holdout on next-token data: each client's held-out sequences leave its training
+    samples (a plain random holdout, there being no class to stratify by) and score its accuracy by token."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    (tmp_path / "sh").mkdir()
+    _shakespeare(tmp_path / "sh")
+    cfg = load_config(str(_config(tmp_path, "sh", "shakespeare_lstm")),
+                      ["eval.client_split=holdout", "eval.client_holdout=0.5", f"output.dir={tmp_path / 'r'}"])
+    trainer = Trainer(cfg, dist.init("cpu", 1))
+    held = [idx.numpy() for idx in trainer.client_test]
+    for k in range(3):
+        own = np.arange(trainer.data.train_offsets[k], trainer.data.train_offsets[k + 1])
+        assert sorted(np.concatenate([trainer.population.indices[k], held[k]]).tolist()) == own.tolist()
+        assert len(held[k]) == 2  # round(0.5 n) of n = 4, 4, 3 sequences
+    trainer.run_round(1)
+    got = trainer.evaluate_round(clients=True)
+    model = trainer.worker.module
+    model.eval()
+    hits = scores = 0
+    for h in held:
+        rows = torch.from_numpy(h)
+        _, _, correct, scored = _independent_scores(model, trainer.data.train_x[rows], trainer.data.train_y[rows], {0})
+        hits, scores = hits + correct, scores + scored
+    assert got["client_acc_weighted_mean"] == hits / scores
