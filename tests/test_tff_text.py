@@ -349,3 +349,10 @@ def test_held_out_client_samples_of_next_token_data(tmp_path):
         _, _, correct, scored = _independent_scores(model, trainer.data.train_x[rows], trainer.data.train_y[rows], {0})
         hits, scores = hits + correct, scores + scored
     assert got["client_acc_weighted_mean"] == hits / scores
+
+
+def test_distfl_partition_refuses_next_token_data(tmp_path):
+    (tmp_path / "sh").mkdir()
+    _shakespeare(tmp_path / "sh")
+    proc = run_cli(["partition", str(_config(tmp_path, "sh", "shakespeare_lstm"))])
+    assert proc.returncode == 2 and "is a next-token dataset split by its own clients" in proc.stderr, proc.stderr
