@@ -23,6 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from ..data.tokens import hits, token_counts
 from .aggregate import Segment, StatBuffer
 from .local import ClientRun, LocalSGD, local_steps, seed_local_rng
 
@@ -50,6 +51,7 @@ def add_client_counts(context, stats, model=None) -> None:
     correct = torch.zeros(num_clients, dtype=torch.int64)
     total = torch.zeros(num_clients, dtype=torch.int64)
     batch = context.cfg.eval.batch_size
+    tokens = getattr(context.data, "tokens", None)  # a next-token dataset counts tokens (data/tokens.py)
     for client in range(ctx.rank, num_clients, ctx.world_size):
         worker.load(*evaluated)
         state = context.store.peek(client) if (alg.stateful or alg.personalised) and context.store is not None else None
@@ -63,9 +65,9 @@ def add_client_counts(context, stats, model=None) -> None:
         indices = context.client_test[client]
         for start in range(0, len(indices), batch):
             idx = indices[start : start + batch]
-            hits = worker.module(context.client_test_x[idx]).argmax(1) == context.client_test_y[idx]
-            correct[client] += int(hits.sum())
-        total[client] = len(indices)
+            y = context.client_test_y[idx]
+            correct[client] += int(hits(worker.module(context.client_test_x[idx]), y, tokens))
+        total[client] = len(indices) if tokens is None else token_counts(context.client_test_y[indices], tokens)[1]
     stats.add("client_correct", correct)
     stats.add("client_total", total)
 
@@ -78,6 +80,15 @@ def evaluate_clients(context, model) -> dict:
     add_client_counts(context, stats, model)
     reduced = stats.reduce(context.ctx, name="eval_clients")
     return {**reduced_client_statistics(reduced), "clients_never_sampled": clients_never_sampled(context)}
+
+
+def best_round_scores(context, best, improved: bool) -> dict:
+    """eval.finetune_from=best: keep the evaluated global model if this round `improved` test_acc (`best`:
+    run_state.BestModel), then score every client starting from the kept one (`evaluate_clients`)."""
+    if improved:
+        best.take(*context.algorithm.evaluation_model(context.global_params, context.global_buffers))
+    return {**evaluate_clients(context, (best.params, best.buffers)),
+            "client_model_round": context.state.progress["best_round"]}
 
 
 def personal_model(context, client: int, state: dict, start: torch.Tensor) -> None:

@@ -36,6 +36,13 @@ class RunProgress:
     # from, the runtime before and after (summary.json).
     runtime_changes: list = field(default_factory=list)
 
+    def record_best(self, acc: float, round_idx: int) -> bool:
+        """A training round's test accuracy: whether it is the best so far (then `best_test_acc`, `best_round`)."""
+        if self.progress["best_test_acc"] is not None and acc <= self.progress["best_test_acc"]:
+            return False
+        self.progress["best_test_acc"], self.progress["best_round"] = acc, round_idx
+        return True
+
     def record_eval(self, acc: float, loss: float | None, label: str, client_stats: dict | None = None) -> None:
         """A phase's evaluation of the final model: it becomes the run's final accuracy (`best_test_acc`
         stays the best over the training rounds); `client_stats` (eval.clients) its final_client_acc."""
