@@ -14,7 +14,7 @@
 # the steps' time limits, and smaller XD_PACKS, PFL_COUNTS, RANKS, RANK_PACKS than the defaults), XD_ROUNDS, XD_REPEATS (cross-device), CIFAR_ROUNDS (default 300; 1500 = the whole run),
 # SETTINGS: space-separated overrides, each compared against the default on the cross-device packs, e.g.
 #   SETTINGS="runtime.cuda_graphs=false runtime.cuda_graphs=true"   (a setting the config does not know is
-# skipped and said so). Every run of the benches also takes `--set KEY=VALUE` directly.
+# skipped and said so). The cross-device and whole-run benches also take KEY=VALUE overrides directly.
 set -u
 source bench/gpu_setup.sh
 DEVICE=${DEVICE:-cuda}; LIMIT_SCALE=${LIMIT_SCALE:-1}; XD_ROUNDS=${XD_ROUNDS:-5}; XD_REPEATS=${XD_REPEATS:-1}; CIFAR_ROUNDS=${CIFAR_ROUNDS:-300}
@@ -68,7 +68,7 @@ if [ -n "$KNOWN" ]; then
   step "settings compared on the cross-device packs:$KNOWN"
   for s in $KNOWN; do
     bench "settings_${s//[^a-z0-9_]/_}" 60 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 \
-      --pack-sizes "$RANK_PACKS" --pfl-processes "" --set "$s"
+      --pack-sizes "$RANK_PACKS" --pfl-processes "" "$s"
   done
   python3 - "$RES" "$OUT/settings.json" <<'PY'
 import glob, json, sys

@@ -153,7 +153,7 @@ def test_cross_device_ranks_sharing_the_device_train_the_same_model(tmp_path, mo
     monkeypatch.setattr(xdev, "WORKLOAD", _shrink(xdev.WORKLOAD))
     out = tmp_path / "ranks.json"
     args = argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=False, suite="cross-device",
-                              pack_sizes="1,5", pfl_processes="", ranks="1,2", extra=["train.lr=0.05"])
+                              pack_sizes="1,5", pfl_processes="", ranks="1,2", overrides=["train.lr=0.05"])
     assert distfl.bench.main(args) == 0
     res = json.loads(out.read_text())
     shared = res["ranks_sharing_device"]
@@ -188,6 +188,14 @@ def test_cross_device_counts_are_checked_before_any_work(flag, value, capsys):
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("suite", ["runtime", "tct"])
+def test_bench_overrides_are_refused_where_no_run_takes_them(suite, capsys):
+    from distfl.cli import main
+
+    assert main(["bench", "--suite", suite, "train.lr=0.05"]) != 0
+    assert "train.lr=0.05" in capsys.readouterr().err
+
+
 def test_whole_run_suite_times_each_run_and_projects_a_shortened_one(tmp_path, monkeypatch):
     """`--suite whole-run --rounds 3`: both runs (shrunken here) as `distfl train` processes; training
     seconds = the rounds' round_s; a shortened run projected to its whole length at its per-round rate."""
@@ -201,7 +209,7 @@ def test_whole_run_suite_times_each_run_and_projects_a_shortened_one(tmp_path, m
     runs["quickstart"]["overrides"] += ["partition.num_clients=20", "train.clients_per_round=2", "eval.every=2"]
     monkeypatch.setattr(whole, "RUNS", runs)
     out = tmp_path / "whole-run.json"
-    args = argparse.Namespace(out=str(out), rounds=3, repeats=1, quick=False, suite="whole-run", extra=[])
+    args = argparse.Namespace(out=str(out), rounds=3, repeats=1, quick=False, suite="whole-run", overrides=[])
     assert distfl.bench.main(args) == 0
     res = json.loads(out.read_text())
     for name, cohort, full in (("cifar10", 10, 1500), ("quickstart", 2, 100)):
