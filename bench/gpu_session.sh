@@ -10,8 +10,9 @@
 #   whole-run.json       pfl-research's CIFAR-10 benchmark run (CIFAR_ROUNDS of its 1,500 rounds) and the quickstart
 #   settings.json        the cross-device packs again under each of SETTINGS (only when SETTINGS names keys)
 #   summary.md           every bench's markdown table, the failures' log tails, and the compact summary
-# Knobs (environment): DEVICE (default cuda; cpu: a dry run of the plumbing, with LIMIT_SCALE multiplying
-# the steps' time limits, and smaller XD_PACKS, PFL_COUNTS, RANKS, RANK_PACKS than the defaults), XD_ROUNDS, XD_REPEATS (cross-device), CIFAR_ROUNDS (default 300; 1500 = the whole run),
+# Knobs (environment): XD_ROUNDS, XD_REPEATS (cross-device), CIFAR_ROUNDS (default 300; 1500 = the whole run),
+# XD_PACKS, PFL_COUNTS, RANKS, RANK_PACKS (the lists timed); DEVICE (default cuda; cpu: a dry run of the
+# plumbing, with LIMIT_SCALE multiplying the steps' time limits and smaller lists);
 # SETTINGS: space-separated overrides, each compared against the default on the cross-device packs, e.g.
 #   SETTINGS="runtime.cuda_graphs=false runtime.cuda_graphs=true"   (a setting the config does not know is
 # skipped and said so). The cross-device and whole-run benches also take KEY=VALUE overrides directly.
@@ -27,13 +28,13 @@ export DISTFL_PFL_PYTHON=python3
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_mode,memory.total --format=csv,noheader 2>&1)"
   echo "torch: $(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>&1)"
   echo; } | tee -a "$SUMMARY"
-# bench NAME SECONDS ARGS...: `distfl bench ARGS --out` into $RES, then the JSON into $OUT and its table
-# (or, when it failed, its log's tail) into summary.md.
+# bench NAME SECONDS ARGS...: `distfl bench ARGS --out` into $RES, then the JSON into $OUT (unless KEEP=0)
+# and its table (or, when it failed, its log's tail) into summary.md.
 bench(){
   local name=$1 limit=$(( $2 * LIMIT_SCALE )); shift 2
   timeout "$limit" python3 -m distfl bench "$@" --out "$RES/$name.json" > "$RES/$name.log" 2>&1
   local rc=$?
-  if [ -s "$RES/$name.json" ]; then cp "$RES/$name.json" "$OUT/"; cat "$RES/$name.md" >> "$SUMMARY"
+  if [ -s "$RES/$name.json" ]; then [ "${KEEP:-1}" = 1 ] && cp "$RES/$name.json" "$OUT/"; cat "$RES/$name.md" >> "$SUMMARY"
   else printf '\n## %s failed (exit %s%s)\n\n```\n%s\n```\n' "$name" "$rc" "$([ $rc = 124 ] && echo ', timed out')" \
          "$(tail -25 "$RES/$name.log")" >> "$SUMMARY"; fi
   echo "" >> "$SUMMARY"; tail -4 "$RES/$name.log"
@@ -67,7 +68,7 @@ done
 if [ -n "$KNOWN" ]; then
   step "settings compared on the cross-device packs:$KNOWN"
   for s in $KNOWN; do
-    bench "settings_${s//[^a-z0-9_]/_}" 60 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 \
+    KEEP=0 bench "settings_${s//[^a-z0-9_]/_}" 60 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 \
       --pack-sizes "$RANK_PACKS" --pfl-processes "" "$s"
   done
   python3 - "$RES" "$OUT/settings.json" <<'PY'
@@ -100,7 +101,7 @@ except (OSError, ValueError, IndexError, KeyError):
     print("- step probe: no result")
 xd = load("cross-device.json")
 if xd:
-    print(f"- cross-device on {xd['gpu']}: s/round by pack size "
+    print(f"- cross-device on {xd['gpu'] or xd['device']}: s/round by pack size "
           + ", ".join(f"{p}: {v:.3f}" for p, v in xd["median_s_per_round"].items()))
     pfl = {n: r["s_per_round"] for n, r in xd["pfl_research_processes"].items() if isinstance(r, dict)}
     why = {n: r for n, r in xd["pfl_research_processes"].items() if not isinstance(r, dict)}
@@ -116,7 +117,7 @@ if ranks and ranks.get("ranks_sharing_device"):
     print(f"- ranks sharing the GPU (packs of {r['pack_size']}): "
           + ", ".join(f"{n}: {v:.3f} s/round {r['client_updates_per_s'][n]:.0f} updates/s"
                       for n, v in r["median_s_per_round"].items())
-          + f"; one rank in-process pack 50: {ranks['median_s_per_round'].get('50', float('nan')):.3f} s/round"
+          + f"; one rank in-process pack {r['pack_size']}: {ranks['median_s_per_round'][str(r['pack_size'])]:.3f} s/round"
           + f"; bit-identical: {r['bit_identical']}")
 whole = load("whole-run.json")
 for name, w in (whole or {}).get("runs", {}).items():
