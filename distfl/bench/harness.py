@@ -96,7 +96,7 @@ class InProcess:
 
         self.rounds = rounds
         self.cfg = load_config(None, overrides)
-        self.ctx = dist.init(self.cfg.runtime.device, self.cfg.runtime.threads)
+        self.ctx = dist.init(self.cfg.runtime.device, self.cfg.runtime.threads, tf32=self.cfg.runtime.tf32)
         self.trainer = Trainer(self.cfg, self.ctx)
         tr = self.trainer
         self.init_params = tr.global_params.clone()
