@@ -14,13 +14,13 @@
 # XD_PACKS, PFL_COUNTS, RANKS, RANK_PACKS (the lists timed); DEVICE (default cuda; cpu: a dry run of the
 # plumbing, with LIMIT_SCALE multiplying the steps' time limits and smaller lists);
 # SETTINGS: space-separated overrides, each compared against the default on the cross-device packs, e.g.
-#   SETTINGS="runtime.cuda_graphs=false runtime.cuda_graphs=true"   (a setting the config does not know is
+#   SETTINGS="runtime.cuda_graphs=off runtime.cuda_graphs=auto"   (the default; a setting the config does not know is
 # skipped and said so). The cross-device and whole-run benches also take KEY=VALUE overrides directly.
 set -u
 source bench/gpu_setup.sh
 DEVICE=${DEVICE:-cuda}; LIMIT_SCALE=${LIMIT_SCALE:-1}; XD_ROUNDS=${XD_ROUNDS:-5}; XD_REPEATS=${XD_REPEATS:-1}; CIFAR_ROUNDS=${CIFAR_ROUNDS:-300}
 XD_PACKS=${XD_PACKS:-1,10,25,50}; PFL_COUNTS=${PFL_COUNTS-1,2,3,4,5}; RANKS=${RANKS:-1,2,4}; RANK_PACKS=${RANK_PACKS:-1,50}
-SETTINGS=${SETTINGS-runtime.cuda_graphs=false runtime.cuda_graphs=true}
+SETTINGS=${SETTINGS-runtime.cuda_graphs=off runtime.cuda_graphs=auto}
 RES=$(mktemp -d); SUMMARY="$OUT/summary.md"; : > "$SUMMARY"
 export DISTFL_PFL_PYTHON=python3
 # The GPU, its driver and compute mode (pfl's workers need "Default", several processes on the GPU), torch's build.
