@@ -21,7 +21,6 @@ detected"), so on one GPU this script starts pfl's process group with gloo (`--b
 the output), which all-reduces CUDA tensors through host memory; pfl's own code is unchanged.
 """
 import argparse
-import functools
 import json
 import os
 import socket
@@ -122,8 +121,12 @@ def use_backend(backend: str) -> str:
     replaces that choice, and nothing else, before pfl starts the group. Every worker this script
     starts trains on `cuda` (device 0), so on CUDA only gloo can run more than one of them."""
     if backend == "gloo":
-        torch.distributed.init_process_group = functools.partial(torch.distributed.init_process_group,
-                                                                 backend="gloo")
+        start = torch.distributed.init_process_group
+
+        def init_gloo(*args, **kwargs):  # pfl passes backend= itself: replaced here, not just defaulted
+            kwargs.pop("backend", None)
+            return start("gloo", *args[1:], **kwargs)
+        torch.distributed.init_process_group = init_gloo
         return "gloo"
     return "nccl" if torch.cuda.is_available() else "gloo"
 

@@ -308,3 +308,50 @@ def test_tct_bench_on_cuda_computes_in_float32_as_a_run_does(monkeypatch):
         for (flags, name, _), value in zip(torch_defaults, before):
             setattr(flags, name, value)
     assert seen == {"conv_tf32": False, "matmul_tf32": False, "deterministic": True, "benchmark": False}
+
+
+def test_pfl_workers_get_gloo_even_where_pfl_asks_for_nccl(monkeypatch):
+    """pfl 0.6 calls init_process_group(backend='nccl', ...) on CUDA, which refuses two workers on one GPU
+    ("Duplicate GPU detected", seen on an H200): the bench's workers must start gloo whatever pfl passes."""
+    import importlib.util
+
+    import torch.distributed
+    path = Path(__file__).resolve().parents[1] / "bench" / "pfl_research_cross_device.py"
+    spec = importlib.util.spec_from_file_location("pfl_bench_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    calls = []
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: calls.append((a, k)))
+    assert script.use_backend("gloo") == "gloo"
+    torch.distributed.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:1", rank=1, world_size=2)
+    assert calls == [(("gloo",), {"init_method": "tcp://127.0.0.1:1", "rank": 1, "world_size": 2})]
+
+
+def test_the_step_probes_unfold_convolution_is_a_convolution(monkeypatch):
+    """bench/cuda_step.py's candidate for the packs' convolutions computes F.conv2d's values and
+    gradients under vmap, and gives F.conv2d back afterwards."""
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    from distfl.models.pfl_cnn import build_pfl_cnn
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import cuda_step
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(4, 3, 9, 11, generator=gen), torch.randn(5, 3, 3, 3, generator=gen), torch.randn(5, generator=gen)
+    for kwargs in [{}, {"padding": 1}, {"stride": 2}, {"dilation": 2, "padding": 2}]:
+        torch.testing.assert_close(cuda_step.unfold_conv2d(x, w, b, **kwargs), F.conv2d(x, w, b, **kwargs),
+                                   rtol=1e-5, atol=1e-5)
+    model = build_pfl_cnn((3, 16, 16), 10)
+    names = [n for n, _ in model.named_parameters()]
+    stacked = [p.detach().unsqueeze(0).repeat(3, *([1] * p.dim())) for p in model.parameters()]
+    xs, ys = torch.randn(3, 4, 3, 16, 16, generator=gen), torch.randint(0, 10, (3, 4), generator=gen)
+
+    def loss(params, xb, yb):
+        return F.cross_entropy(functional_call(model, dict(zip(names, params)), (xb,)), yb)
+    cudnn = vmap(grad(loss))(stacked, xs, ys)
+    with cuda_step.convolutions("unfold"):
+        assert F.conv2d is cuda_step.unfold_conv2d
+        unfolded = vmap(grad(loss))(stacked, xs, ys)
+    assert F.conv2d is cuda_step.CONV2D
+    for a, c in zip(cudnn, unfolded):
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
