@@ -112,7 +112,10 @@ def launch(args) -> dict:
         log.seek(0)
         outs.append(log.read())
         if p.returncode != 0:
-            sys.exit(f"pfl worker {rank} of {args.processes} failed (exit {p.returncode}): {outs[-1].strip()[-2000:]}")
+            lines = outs[-1].strip().splitlines() or ["no output"]
+            print("\n".join(lines[-40:]), file=sys.stderr)
+            errors = [line for line in lines if "Error" in line or "Exception" in line] or lines
+            sys.exit(f"pfl worker {rank} of {args.processes} failed (exit {p.returncode}): {errors[-1].strip()}")
     return json.loads(outs[0].strip().splitlines()[-1])
 
 

@@ -80,7 +80,10 @@ def pfl_research(rounds: int, log, processes: int = 1) -> dict | str:
     log(f"pfl-research 0.6: {' '.join(cmd[1:])}")
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
-        return f"not measured ({script.name} failed: {proc.stderr.strip().splitlines()[-1:]})"
+        # The script's own last word ("pfl worker R of N failed ...") if it said one: torch's warnings at exit come after it.
+        lines = proc.stderr.strip().splitlines()
+        said = [line for line in lines if line.startswith("pfl worker")] or lines[-3:]
+        return f"not measured ({script.name} --processes {processes} failed: {said[-1][:1500] if said else 'no output'})"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
