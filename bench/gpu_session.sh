@@ -6,7 +6,7 @@
 #   test_cuda.txt        tests/test_cuda.py with -n 3
 #   cuda_step.txt        the step probe, bench/cuda_step.py
 #   cross-device.json    packs of 1,10,25,50 beside pfl-research in 1-5 worker processes on the GPU
-#   ranks.json           1, 2, 4 distfl ranks sharing the GPU (torchrun, gloo) against one rank's bigger packs
+#   ranks.json           1, 2, 4 distfl ranks sharing the GPU (torchrun, gloo; packs of 50, 25, 13) vs one rank
 #   whole-run.json       pfl-research's CIFAR-10 benchmark run (CIFAR_ROUNDS of its 1,500 rounds) and the quickstart
 #   settings.json        the cross-device packs again under each of SETTINGS (only when SETTINGS names keys)
 #   summary.md           every bench's markdown table, the failures' log tails, and the compact summary
@@ -55,7 +55,7 @@ step "cross-device: packs $XD_PACKS; pfl-research in ${PFL_COUNTS:-no} process(e
 bench cross-device 170 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats "$XD_REPEATS" \
   --pack-sizes "$XD_PACKS" --pfl-processes "$PFL_COUNTS"
 
-step "distfl ranks sharing the GPU: $RANKS (packs of the largest of $RANK_PACKS) against one rank"
+step "distfl ranks sharing the GPU: $RANKS (packs of the largest of $RANK_PACKS, at most a rank's share) against one rank"
 bench ranks 110 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 --pack-sizes "$RANK_PACKS" \
   --pfl-processes "" --ranks "$RANKS"
 
@@ -126,11 +126,12 @@ if xd:
 ranks = load("ranks.json")
 if ranks and ranks.get("ranks_sharing_device"):
     r = ranks["ranks_sharing_device"]
-    print(f"- ranks sharing the GPU (packs of {r['pack_size']}): "
-          + ", ".join(f"{n}: {v:.3f} s/round {r['client_updates_per_s'][n]:.0f} updates/s"
+    largest = max(ranks["median_s_per_round"], key=int)
+    print("- ranks sharing the GPU: "
+          + ", ".join(f"{n} (packs of {r['pack_size'][n]}): {v:.3f} s/round {r['client_updates_per_s'][n]:.0f} updates/s"
                       for n, v in r["median_s_per_round"].items())
-          + f"; one rank in-process pack {r['pack_size']}: {ranks['median_s_per_round'][str(r['pack_size'])]:.3f} s/round"
-          + f"; bit-identical: {r['bit_identical']}")
+          + f"; one rank in-process, packs of {largest}: {ranks['median_s_per_round'][largest]:.3f} s/round"
+          + f"; same model at equal pack sizes: {r['bit_identical_at_equal_pack_size']}")
 whole = load("whole-run.json")
 for name, w in (whole or {}).get("runs", {}).items():
     proj = "" if w["rounds"] == w["full_rounds"] else f", whole run projected {w['full_run_training_s']:.1f} s"
