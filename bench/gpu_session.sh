@@ -21,7 +21,7 @@ source bench/gpu_setup.sh
 DEVICE=${DEVICE:-cuda}; LIMIT_SCALE=${LIMIT_SCALE:-1}; XD_ROUNDS=${XD_ROUNDS:-5}; XD_REPEATS=${XD_REPEATS:-1}; CIFAR_ROUNDS=${CIFAR_ROUNDS:-300}
 XD_PACKS=${XD_PACKS:-1,10,25,50}; PFL_COUNTS=${PFL_COUNTS-1,2,3,4,5}; RANKS=${RANKS:-1,2,4}; RANK_PACKS=${RANK_PACKS:-1,50}
 SETTINGS=${SETTINGS-runtime.cuda_graphs=off runtime.tf32=true}
-RES=$(mktemp -d); SUMMARY="$OUT/summary.md"; : > "$SUMMARY"
+RES=$(mktemp -d); trap 'rm -rf "$RES"' EXIT; SUMMARY="$OUT/summary.md"; : > "$SUMMARY"
 export DISTFL_PFL_PYTHON=python3
 # The GPU, its driver and compute mode (pfl's workers need "Default", several processes on the GPU), torch's build.
 { echo "# GPU session $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null)"; echo
