@@ -122,6 +122,9 @@ def cmd_partition(args) -> int:
     cfg = load_config(args.config, args.overrides)
     seed = data_seed(cfg)
     data = load_dataset(cfg.data, seed)
+    if data.tokens is not None:
+        raise ConfigError(f"distfl partition splits and describes samples by class, but {data.name} is a next-token "
+                          "dataset split by its own clients; `distfl data prepare` prints them")
     labels = data.train_y.numpy()
     parts = partition(labels, cfg.partition, data.num_classes, seed, natural=data.train_offsets)
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
