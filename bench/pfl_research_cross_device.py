@@ -112,7 +112,10 @@ def launch(args) -> dict:
         log.seek(0)
         outs.append(log.read())
         if p.returncode != 0:
-            sys.exit(f"pfl worker {rank} of {args.processes} failed (exit {p.returncode}): {outs[-1].strip()[-2000:]}")
+            lines = outs[-1].strip().splitlines() or ["no output"]
+            print("\n".join(lines[-40:]), file=sys.stderr)
+            errors = [line for line in lines if "Error" in line or "Exception" in line] or lines
+            sys.exit(f"pfl worker {rank} of {args.processes} failed (exit {p.returncode}): {errors[-1].strip()}")
     return json.loads(outs[0].strip().splitlines()[-1])
 
 
@@ -144,7 +147,8 @@ def main() -> None:
     if args.processes > 1 and RANK_ENV not in os.environ:
         print(json.dumps({**launch(args), "processes_started": args.processes}))
         return
-    backend = use_backend(args.backend) if RANK_ENV in os.environ else None
+    if RANK_ENV in os.environ:
+        use_backend(args.backend)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     data = {u: (torch.rand(PER_USER, 3, 32, 32, generator=g), torch.randint(0, 10, (PER_USER,), generator=g))
@@ -157,7 +161,9 @@ def main() -> None:
     print(json.dumps({"pfl_version": "0.6.0", "rounds": args.rounds, "users": args.users, "cohort": args.cohort,
                       "s_per_round": (many - one) / args.rounds,
                       "first_round_s": one, "torch": torch.__version__, "processes": ops.distributed.world_size,
-                      "backend": backend, "device": str(ops.get_default_device())}))
+                      # the process group pfl's workers actually started (None: one process, no group)
+                      "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+                      "device": str(ops.get_default_device())}))
 
 
 if __name__ == "__main__":
