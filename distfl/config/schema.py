@@ -75,7 +75,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = key("simplecnn", choices=["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm"], plugin=True)  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model) | femnist_cnn (LEAF's FEMNIST CNN) | char_lstm (LEAF's Shakespeare LSTM: 8-d embedding, 2 LSTM layers of 256), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
+    name: str = key("simplecnn", choices=["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm", "shakespeare_lstm", "stackoverflow_lstm", "token_transformer"], plugin=True)  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model) | femnist_cnn (LEAF's FEMNIST CNN) | char_lstm (LEAF's Shakespeare LSTM: 8-d embedding, 2 LSTM layers of 256) | shakespeare_lstm (TFF's Shakespeare LSTM, 8-d embedding, 2 x 256, a character at every position) | stackoverflow_lstm (Reddi et al.'s next-word LSTM: 96-d embedding, 670 units, projection 96) | token_transformer (a small causal transformer for next-token data: 2 blocks of width 128, 4 heads), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = key("bn", choices=["bn", "gn"], applies=("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]))  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = key(2, range=">= 1", limit=64, applies=("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]))  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = key(64, range=">= 1", limit=8192, applies=("model.name", ["mlp"]))  # mlp: hidden width (two hidden layers)
@@ -92,7 +92,7 @@ class ModelConfig:
 class AlgorithmConfig:
     name: str = "fedavg"  # a built-in method (docs/algorithms/NAME.md; tct: stage 1 by tct.stage1, then TCT's stages; personalised methods are scored by eval.clients), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # the method's own options, declared by its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable; the table below lists the built-in methods')
-    weighting: str = key("samples", choices=["samples", "uniform"])  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
+    weighting: str = key("samples", choices=["samples", "uniform", "tokens"])  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|) | tokens (t_k / t, a client's non-padding target tokens: next-token data only, TFF's StackOverflow baseline)
 
 
 @dataclass
@@ -105,10 +105,16 @@ class AggregationConfig:
 
 @dataclass
 class CalibrationConfig:
-    method: str = key("none", choices=["none", "ffc"], resumable="phase")  # none | ffc (SphereFed's fast federated calibration: least-squares head after training)
+    method: str = key("none", choices=["none", "ffc", "ccvr"], resumable="phase")  # none | ffc (SphereFed's fast federated calibration: least-squares head after training) | ccvr (CCVR, Luo et al. 2021: a Gaussian per class fitted from the clients' feature means and covariances, and the linear head retrained on features sampled from it; docs/algorithms/ccvr.md)
     ridge: float = key(0.0, range=">= 0", applies=("calibration.method", ["ffc"]), resumable="phase")  # ffc: the paper's lambda in W^T = (sum Z^T Z + lambda I)^-1 sum Z^T Y (paper: 0)
-    clients: str = key("all", choices=["all", "last_cohort"], applies=("calibration.method", ["ffc"]), resumable="phase")  # ffc: all (every client of the population, the paper's "each client") | last_cohort (only the last round's cohort)
-    batch_size: int = key(1000, range=">= 1", applies=("calibration.method", ["ffc"]), resumable="phase")  # ffc: feature-extraction batch size (memory; changes W* only by float32 round-off, ~1e-8 relative)
+    clients: str = key("all", choices=["all", "last_cohort"], applies=("calibration.method", ["ffc", "ccvr"]), resumable="phase")  # ffc, ccvr: all (every client of the population, the papers' "each client") | last_cohort (only the last round's cohort)
+    batch_size: int = key(1000, range=">= 1", applies=("calibration.method", ["ffc", "ccvr"]), resumable="phase")  # ffc, ccvr: feature-extraction batch size (memory; changes the result only by float32 round-off, ~1e-8 relative)
+    virtual_samples: int = key(100, range=">= 1", limit=10**7, applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: M, the virtual features drawn per class (the paper's M_c; with virtual_allocation=proportional, the mean per class)
+    virtual_allocation: str = key("equal", choices=["equal", "proportional"], applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: equal (M_c = M for every class seen in training) | proportional (M_c = round(C M N_c / N): the training set's class frequencies, the paper's alternative)
+    retrain_epochs: int = key(10, range=">= 1", limit=10**5, applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: passes of SGD over the virtual features when the head is retrained (cross-entropy, from the trained head)
+    retrain_lr: float = key(0.01, range="> 0", applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: the head's SGD learning rate
+    retrain_momentum: float = key(0.9, range="[0, 1)", applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: the head's SGD momentum
+    retrain_batch_size: int = key(64, range=">= 1", applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: mini-batch of virtual features, in an order drawn from (seed) each pass
 
 
 @dataclass
@@ -178,6 +184,7 @@ class EvalConfig:
     finetune_optimizer: str = key("own", choices=["own", "train"], resumable=True, previous="train")  # the optimizer of every fine-tuning before per-client scoring (eval.finetune_epochs, fedbabu's algorithm.options.finetune_epochs): own (SGD at eval.finetune_lr with eval.finetune_momentum, no weight decay: FedBABU's protocol) | train (the lr of the last round trained with train.momentum and train.weight_decay: the only behaviour before this key, kept to reproduce earlier runs; a saved config without the key resumes with it)
     finetune_lr: float = key(0.001, range="> 0", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's lr (FedBABU's paper: 1e-3)
     finetune_momentum: float = key(0.9, range="[0, 1)", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's momentum, restarted for each client (FedBABU's paper: 0.9)
+    finetune_from: str = key("last", choices=["last", "best"])  # eval.clients with a fine-tuning before scoring (eval.finetune_epochs; a personalised method that keeps nothing per client: fedbabu, perfedavg): the global model each client starts from: last (the evaluated round's) | best (the best so far by test_acc, the global model's accuracy on the whole test set, FedBABU's protocol: after the last round, the best round's model). Kept in the checkpoints; metrics.jsonl's client_model_round says which round's model the clients were scored from. Cannot change on resume
     train_metrics: bool = key(False, resumable=True)  # also score the global model on the whole training split at each evaluation: global_train_loss and global_train_acc (FedProx's "training loss": the global model's loss on every client's training data, weighted by samples)
     client_holdout: float = key(0.1, range="(0, 1)", applies=("eval.client_split", ["holdout"]))  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import checkpoint, dist, faults
@@ -31,18 +32,20 @@ from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
+from ..data.tokens import client_token_counts
 from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
+from .client_eval import best_round_scores
 from .split_eval import evaluate
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .graphs import resolve_cuda_graphs
 from .pack import PackStep, check_packable, pack_statistics, resolve_pack_size
 from .population import DeviceIndices, Population, place, place_packs
-from .run_state import (Checkpoints, GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord,
+from .run_state import (BestModel, Checkpoints, GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord,
                         StopFlags, SystemState)
 from .probe import probe_model
 from .schedule import round_lr
@@ -82,7 +85,8 @@ class Trainer:
         self.noise_multiplier = None if cfg.privacy.mechanism == "none" else _accountant().resolve_noise_multiplier(cfg)
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
-        labels = self.data.train_y.cpu().numpy()
+        # A next-token dataset has no class a sample (data/tokens.py): no labels, no class counts.
+        labels = self.data.train_y.cpu().numpy() if self.data.tokens is None else None
         parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
         self.data_sources = {role: {"path": path, "sha256": digest}
@@ -93,8 +97,11 @@ class Trainer:
         # the Population (sizes, weights, class counts) is built; every rank computes the same split.
         holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
         if holdout:
-            parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, seed)
+            parts, held = holdout_split(parts, labels if labels is not None else np.zeros(len(self.data.train_y), np.int64),
+                                        cfg.eval.client_holdout, seed)  # one "class": a plain random holdout
         self.population = Population(parts, labels, self.data.num_classes)
+        if cfg.algorithm.weighting == "tokens":
+            self.population.token_counts = client_token_counts(self.population.indices, self.data.train_y, self.data.tokens)
         self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
@@ -119,7 +126,7 @@ class Trainer:
         single = next((k for k in range(len(sizes)) if int(sizes[k]) == 1), None)
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
-                    single if has_batchnorm else None)
+                    single if has_batchnorm else None, next_token=self.data.tokens is not None)
         channels_last = uses_channels_last(cfg.runtime.channels_last, cfg.model.name, self.device)
         self.worker = FlatModel(model, channels_last=channels_last)
         self.model = GlobalModel(self.worker)
@@ -162,9 +169,12 @@ class Trainer:
         # What a checkpoint holds: these parts' state_dicts (federation/run_state.py).
         self.plan = None  # the virtual clock's plan of the round (system.*)
         self.privacy_state = PrivacyState(self.privacy)
+        # eval.finetune_from=best: the best round's evaluated model, which the clients fine-tune.
+        self.best = BestModel(self.model.params, self.model.buffers) if cfg.eval.finetune_from == "best" else None
         self.checkpointed = [self.state, self.model, MethodState(self.algorithm), self.privacy_state,
                              SystemState(self.system),
-                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity())]
+                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity()),
+                             *([self.best] if self.best is not None else [])]
         # With phases after training, the last training round's checkpoint is never pruned: a phase can be
         # rerun from it (another calibration.ridge, other tct.* stage-2 settings).
         self.checkpoints = Checkpoints(self.run_dir, ctx, self.checkpointed, self.privacy_state, self.model, self.store,
@@ -459,12 +469,12 @@ class Trainer:
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"
-                    evaluated = self.evaluate_round(clients=cfg.eval.clients)
-                    acc = evaluated["test_acc"]
+                    evaluated = self.evaluate_round(clients=cfg.eval.clients and self.best is None)
+                    improved = self.state.record_best(evaluated["test_acc"], t)
+                    if self.best is not None:  # the clients start from the best round's model (eval.finetune_from)
+                        evaluated.update(best_round_scores(self.context, self.best, improved))
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
                     self.state.progress["last_eval"] = {"round": t, **evaluated}
-                    if self.state.progress["best_test_acc"] is None or acc > self.state.progress["best_test_acc"]:
-                        self.state.progress["best_test_acc"], self.state.progress["best_round"] = acc, t
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.state.progress["wall_s"]
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
