@@ -168,13 +168,13 @@ def test_every_built_in_model_has_batchnorm_exactly_when_validation_says():
 
     from distfl.config import load_config
     from distfl.config.schema import KEYS
-    from distfl.models import build_model
+    from distfl.models import SEQUENCE_MODELS, build_model
     from distfl.models.base import has_batchnorm
 
     for name in KEYS["model.name"].choices:
         for norm in KEYS["model.norm"].choices:
             cfg = load_config(None, [f"model.name={name}", f"model.norm={norm}"]).model
-            shape = {"char_lstm": (80,), "femnist_cnn": (1, 28, 28)}.get(name, (3, 32, 32))
+            shape = (80,) if name in SEQUENCE_MODELS else {"femnist_cnn": (1, 28, 28)}.get(name, (3, 32, 32))
             model = build_model(cfg, shape, 10)
             built = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
             assert built == has_batchnorm(name, norm), (name, norm)
