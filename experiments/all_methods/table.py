@@ -23,10 +23,10 @@ GROUPS = [
     ("global-model baselines", ["moon", "fedexp"]),
     ("label skew", ["fedlc", "fedntd"]),
     ("personalised", ["local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "perfedavg",
-                      "pfedme", "fedrod", "fedproto", "fedala"]),
+                      "pfedme", "fedrod", "fedproto", "fedala", "fedpac"]),
 ]
 PERSONALISED = {"local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "perfedavg", "pfedme",
-                "fedrod", "fedproto", "fedala"}
+                "fedrod", "fedproto", "fedala", "fedpac"}
 LABELS = {"slowmo": "slowmo (FedADC's baseline)", "gma": "fedavg + GMA", "spherefed": "SphereFed + FFC",
           "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)",
           "local": "local only"}
