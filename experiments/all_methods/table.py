@@ -82,7 +82,10 @@ def main(root: Path) -> None:
                           f"{WORK.get(method, '1 epoch')} |")
                 for seed, s in runs:
                     status = "" if s["status"] == "completed" else f" (diverged in {s['error'].split(':')[0]}; round {s['rounds']}'s evaluation)"
-                    per_seed.append(f"| {label} | {method} | {seed} | {100 * s['final_test_acc']:.2f}{status} | "
+                    if s["final_test_acc"] is None:  # diverged before its first evaluation
+                        status = f"— (diverged in {s['error'].split(':')[0]}, before any evaluation)"
+                    glob_acc = "" if s["final_test_acc"] is None else f"{100 * s['final_test_acc']:.2f}"
+                    per_seed.append(f"| {label} | {method} | {seed} | {glob_acc}{status} | "
                                     + (f"{100 * client(s, 'mean'):.2f}" if client(s, "mean") is not None else "—")
                                     + f" | {s['model_sha256'][:8]} | {s['wall_s']:.0f} |")
                 if not ss:
