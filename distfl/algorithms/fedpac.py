@@ -63,7 +63,6 @@ class FedPAC(Algorithm):
         self.head = head_coordinates(worker, cfg.model.name)
         self.body = ~self.head
         self.head_index = self.head.nonzero().squeeze(1)
-        self.no_params = torch.zeros_like(self.head)
         self.num_classes = int(population.class_counts.shape[1])
         self.dim = int(worker.module.feature_dim)
         self.slots = min(cfg.train.clients_per_round, len(population))
@@ -101,7 +100,8 @@ class FedPAC(Algorithm):
 
     @torch.no_grad()
     def class_sums(self, run, worker):
-        """Over the client's training samples, in eval mode: per class k, n_k, sum z and sum ||z||^2 (float64)."""
+        """Over the client's training samples (as its local SGD holds them, `run.sgd`), in order and in eval mode:
+        per class k, n_k, sum z and sum ||z||^2 (float64). No random numbers are drawn, no augmentation applied."""
         model, sgd = worker.module, run.sgd
         model.eval()
         counts = torch.zeros(self.num_classes, dtype=torch.float64, device=self.device)
