@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import checkpoint, dist, faults
@@ -111,7 +112,7 @@ class Trainer:
                 sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
                                         cfg.eval.client_test_size, seed)
                 self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
-            self.client_test = [torch.from_numpy(s).to(self.device) for s in sets]
+            self.client_test = DeviceIndices(sets, self.device)  # each made when that client is first scored
 
         def model_factory():
             return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
@@ -119,7 +120,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = model_factory()
         sizes = self.population.sizes
-        single = next((k for k in range(len(sizes)) if int(sizes[k]) == 1), None)
+        ones = np.flatnonzero(sizes == 1)  # the first client with a single sample, if any
+        single = int(ones[0]) if len(ones) else None
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
                     single if has_batchnorm else None)
