@@ -1,8 +1,11 @@
 """`distfl bench --quick`: it runs end to end and records what it should. No speed assertions here:
 the speed targets are judged in the bench's own results (bench/results.md), never in tests."""
 import argparse
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,16 +112,21 @@ def test_bench_quick(tmp_path):
     assert _processes_mentioning(res["tmp_dir"]) == []
 
 
+def _shrink(workload: list[str]) -> list[str]:
+    """The cross-device shape, shrunk: 20 clients of 10 8x8 images, 10 a round."""
+    small = [o for o in workload if not o.startswith(("data.synthetic_train", "data.synthetic_image_size",
+                                                       "partition.num_clients", "train.clients_per_round"))]
+    return small + ["data.synthetic_train=200", "data.synthetic_image_size=8", "partition.num_clients=20",
+                    "train.clients_per_round=10"]
+
+
 def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
     """`--suite cross-device` on a shrunken workload: every pack size timed, the packed model within
     float rounding of the one-at-a-time one, JSON and markdown written."""
     import distfl.bench
     import distfl.bench.cross_device as xdev
 
-    small = [o for o in xdev.WORKLOAD if not o.startswith(("data.synthetic_train", "data.synthetic_image_size",
-                                                             "partition.num_clients", "train.clients_per_round"))]
-    monkeypatch.setattr(xdev, "WORKLOAD", small + ["data.synthetic_train=200", "data.synthetic_image_size=8",
-                                                   "partition.num_clients=20", "train.clients_per_round=10"])
+    monkeypatch.setattr(xdev, "WORKLOAD", _shrink(xdev.WORKLOAD))
     out = tmp_path / "cross-device.json"
     args = argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=False, suite="cross-device",
                               pack_sizes="1,3,10")
@@ -134,6 +142,94 @@ def test_cross_device_suite_times_each_pack_size(tmp_path, monkeypatch):
     assert exact["num_params"] > 0 and exact["clients"] == 10
     assert exact["ms_per_client_per_mparam"] == exact["ms_per_client"] / (exact["num_params"] / 1e6) > 0
     assert "ms per client per million parameters" in out.with_suffix(".md").read_text()
+
+
+def test_cross_device_ranks_sharing_the_device_train_the_same_model(tmp_path, monkeypatch):
+    """`--ranks 1,2`: real torchrun runs (gloo) of the shrunken shape in packs of the largest pack size;
+    1 rank and 2 ranks give the same final model, and each count's rate is its clients over its time."""
+    import distfl.bench
+    import distfl.bench.cross_device as xdev
+
+    monkeypatch.setattr(xdev, "WORKLOAD", _shrink(xdev.WORKLOAD))
+    out = tmp_path / "ranks.json"
+    args = argparse.Namespace(out=str(out), rounds=2, repeats=1, quick=False, suite="cross-device",
+                              pack_sizes="1,5", pfl_processes="", ranks="1,2", extra=["train.lr=0.05"])
+    assert distfl.bench.main(args) == 0
+    res = json.loads(out.read_text())
+    shared = res["ranks_sharing_device"]
+    assert shared["pack_size"] == 5 and set(shared["median_s_per_round"]) == {"1", "2"}
+    assert shared["bit_identical"] and len(shared["model_sha256"]) == 1
+    for n, s_per_round in shared["median_s_per_round"].items():
+        assert shared["client_updates_per_s"][n] == 10 / s_per_round
+    assert res["extra_overrides"] == ["train.lr=0.05"]
+    assert res["pfl_research_processes"] == {} and "speedup_vs_pfl" not in res["best"]
+    assert "| 2 |" in out.with_suffix(".md").read_text()
+
+
+def test_cross_device_best_compares_the_fastest_of_each():
+    """The comparison the suite reports: distfl's fastest configuration (a pack size or a rank count)
+    against pfl-research's fastest process count, as pfl-research's time over distfl's."""
+    from distfl.bench.cross_device import _best
+
+    shared = {"pack_size": 50, "median_s_per_round": {"1": 0.09, "2": 0.06, "4": 0.07}}
+    pfl = {"1": {"s_per_round": 0.55}, "2": {"s_per_round": 0.40}, "3": "not measured (failed)"}
+    best = _best({1: 0.56, 50: 0.08}, shared, pfl)
+    assert best == {"distfl": "2 ranks, pack_size=50", "distfl_s_per_round": 0.06, "pfl_processes": 2,
+                    "pfl_s_per_round": 0.40, "speedup_vs_pfl": 0.40 / 0.06}
+    assert _best({1: 0.56, 50: 0.08}, None, {})["distfl"] == "pack_size=50"
+
+
+@pytest.mark.parametrize("flag,value", [("--ranks", "0"), ("--ranks", "1,1"), ("--pfl-processes", "x"),
+                                        ("--pfl-processes", "2,-1")])
+def test_cross_device_counts_are_checked_before_any_work(flag, value, capsys):
+    from distfl.cli import main
+
+    assert main(["bench", "--suite", "cross-device", flag, value]) != 0
+    assert flag in capsys.readouterr().err
+
+
+def test_whole_run_suite_times_each_run_and_projects_a_shortened_one(tmp_path, monkeypatch):
+    """`--suite whole-run --rounds 3`: both runs (shrunken here) as `distfl train` processes; training
+    seconds = the rounds' round_s; a shortened run projected to its whole length at its per-round rate."""
+    import copy
+
+    import distfl.bench
+    import distfl.bench.whole_run as whole
+
+    runs = copy.deepcopy(whole.RUNS)
+    runs["cifar10"]["overrides"] = _shrink(runs["cifar10"]["overrides"])
+    runs["quickstart"]["overrides"] += ["partition.num_clients=20", "train.clients_per_round=2", "eval.every=2"]
+    monkeypatch.setattr(whole, "RUNS", runs)
+    out = tmp_path / "whole-run.json"
+    args = argparse.Namespace(out=str(out), rounds=3, repeats=1, quick=False, suite="whole-run", extra=[])
+    assert distfl.bench.main(args) == 0
+    res = json.loads(out.read_text())
+    for name, cohort, full in (("cifar10", 10, 1500), ("quickstart", 2, 100)):
+        r = res["runs"][name]
+        assert (r["rounds"], r["full_rounds"], r["world_size"]) == (3, full, 1) and len(r["round_s"]) == 3
+        assert r["training_s"] == sum(r["round_s"]) and r["first_round_s"] == r["round_s"][0]
+        assert r["client_updates"] == 3 * cohort and r["client_updates_per_s"] == 3 * cohort / r["training_s"]
+        assert r["full_run_training_s"] == r["round_s"][0] + sum(r["round_s"][1:]) / 2 * (full - 1)
+        assert r["final_test_acc"] is not None
+    quick = res["runs"]["quickstart"]
+    assert quick["met"] == (quick["full_run_training_s"] <= 10.0)
+    cifar = res["runs"]["cifar10"]
+    assert cifar["met"] == (10 * 1500 / cifar["full_run_training_s"] >= 1000.0)
+    assert "| quickstart | 3 of 100 |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pfl") is None, reason="pfl-research 0.6 is not installed here")
+def test_pfl_research_runs_in_several_worker_processes(tmp_path):
+    """bench/pfl_research_cross_device.py --processes 2: two pfl workers (PFL_WORKER_ADDRESSES), and pfl's
+    own distributed context counts both."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "pfl_research_cross_device.py"
+    proc = subprocess.run([sys.executable, str(script), "--rounds", "1", "--processes", "2", "--users", "20",
+                           "--cohort", "4"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (res["processes"], res["processes_started"], res["backend"]) == (2, 2, "gloo")
+    assert res["s_per_round"] > 0
 
 
 @pytest.mark.parametrize("sizes", ["2,10", "1,0", "1,1", "1,x", ""])

@@ -167,6 +167,7 @@ class RunContext:
     global_buffers: torch.Tensor
     sticky: bool
     pack_size: int
+    pack_step: object | None  # pack.PackStep of packs of two or more (its `graphed`: runtime.cuda_graphs), None at pack_size 1
     system: object | None  # the virtual clock (system.*: distfl/system), None while every system.* key is default
     privacy: object | None  # the Gaussian mechanism, under privacy.mechanism=gaussian
     ledger: object | None

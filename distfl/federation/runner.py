@@ -42,7 +42,8 @@ from .aggregate import StatBuffer, round_segments
 from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
 from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
-from .pack import PackStep, check_packable, resolve_pack_size
+from .graphs import resolve_cuda_graphs
+from .pack import PackStep, check_packable, pack_statistics, resolve_pack_size
 from .population import DeviceIndices, Population, place, place_packs
 from .run_state import (GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
                         SystemState)
@@ -149,7 +150,8 @@ class Trainer:
         self.sticky = self._sticky_placement()
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
-        self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
+        graphs = resolve_cuda_graphs(cfg.runtime.cuda_graphs, self.device, self.pack_size)
+        self.pack_step = PackStep(self.worker, graphs) if self.pack_size > 1 else None
         self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
         # A method may need the store beside its rounds' own state (client_store: TCT's stage 2).
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
@@ -175,7 +177,7 @@ class Trainer:
             client_test_x=getattr(self, "client_test_x", None), client_test_y=getattr(self, "client_test_y", None),
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
             global_buffers=self.model.buffers, sticky=self.sticky,
-            pack_size=self.pack_size, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
+            pack_size=self.pack_size, pack_step=self.pack_step, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
             state=self.state, stop=self.stop, hosts=self._hosts, evaluate_round=self.evaluate_round,
             save_phase_checkpoint=self.save_phase_checkpoint)
         self.resume_warnings: list[str] = []
@@ -365,9 +367,15 @@ class Trainer:
         """Local training of this rank's packs; each client's statistics go into the round's buffer."""
         largest = max((self._samples_trained(k) for k in cohort), default=1)
         stats = StatBuffer(round_segments(self.algorithm.segments(), largest), self.device, len(cohort))
+        whole_packs = pack_statistics(self.algorithm) and not (self.store is not None and self.algorithm.stateful)
         for pack in packs:
             self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
+            if len(runs) > 1 and whole_packs:
+                rows = self.pack_step.train_rows(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
+                                                 self.cfg.train, self.algorithm, self.global_buffers)
+                self._contribute_pack(runs, *rows, stats)
+                continue
             for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
                                     self.cfg.train, self.algorithm, self.global_buffers, self.pack_step):
                 self._contribute(run, stats)
@@ -427,6 +435,19 @@ class Trainer:
         # stage-1 rounds place clients on any rank: storing their empty state there would duplicate it).
         if self.store is not None and self.algorithm.stateful:
             self.store.put(run.client_id, run.state)
+
+    def _contribute_pack(self, runs: list[ClientRun], params: torch.Tensor, buffers: torch.Tensor,
+                         loss_sums: torch.Tensor, stats: StatBuffer) -> None:
+        """`_contribute` of every client of a pack at once (`pack.pack_statistics`): the same sums, bit for bit."""
+        stats.add_rows("loss_sum", loss_sums, [1.0] * len(runs))
+        low, high = torch.aminmax(params, dim=1)
+        stats.add("nonfinite", (~(torch.isfinite(low) & torch.isfinite(high))).sum())
+        weights = [run.weight for run in runs]
+        stats.add_rows("delta", params - self.global_params, weights)
+        stats.add_rows("buffers", buffers, weights)
+        for run in runs:
+            stats.add("samples", self._samples_trained(run.client_id))
+            stats.add("clients", 1)
 
     # ---- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
@@ -590,7 +611,7 @@ class Trainer:
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank.
     An unexpected error ends as faults.RunFailed: one line, the traceback saved in the run directory."""
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic, cfg.runtime.tf32)
     trainer, started = None, time.time()
     if resume and run_dir.not_yet_checkpointed(Path(cfg.output.dir)):
         if ctx.is_main:

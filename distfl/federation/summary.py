@@ -60,6 +60,8 @@ def build(context, status: str, error: str | None) -> dict:
         "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
         "device": str(context.device),
         "pack_size": context.pack_size,  # runtime.pack_size as run (auto resolved)
+        # runtime.cuda_graphs as run: "on" (N graphs captured), "off", or "failed: why" (steps taken eagerly)
+        "cuda_graphs": graphs_status(context.pack_step),
         "num_params": context.worker.num_params,
         "algorithm": context.cfg.algorithm.name,
         "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else context.cfg.train.rounds),
@@ -77,3 +79,12 @@ def build(context, status: str, error: str | None) -> dict:
         # system.*: the virtual clock's time at the end of the last round, in seconds
         **({"virtual_time_s": context.system.now_s} if context.system is not None else {}),
     }
+
+
+def graphs_status(pack_step) -> str:
+    graphed = getattr(pack_step, "graphed", None)
+    if graphed is None:
+        return "off"
+    if graphed.failed is not None:
+        return f"failed: {graphed.failed}"
+    return f"on ({len(graphed.graphs)} graphs)"
