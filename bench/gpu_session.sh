@@ -6,53 +6,56 @@
 #   test_cuda.txt        tests/test_cuda.py with -n 3
 #   cuda_step.txt        the step probe, bench/cuda_step.py
 #   cross-device.json    packs of 1,10,25,50 beside pfl-research in 1-5 worker processes on the GPU
-#   ranks.json           1, 2, 4 distfl ranks sharing the GPU (torchrun, gloo) against one rank's bigger packs
+#   ranks.json           1, 2, 4 distfl ranks sharing the GPU (torchrun, gloo; packs of 50, 25, 13) vs one rank
 #   whole-run.json       pfl-research's CIFAR-10 benchmark run (CIFAR_ROUNDS of its 1,500 rounds) and the quickstart
 #   settings.json        the cross-device packs again under each of SETTINGS (only when SETTINGS names keys)
 #   summary.md           every bench's markdown table, the failures' log tails, and the compact summary
-# Knobs (environment): DEVICE (default cuda; cpu: a dry run of the plumbing, with LIMIT_SCALE multiplying
-# the steps' time limits, and smaller XD_PACKS, PFL_COUNTS, RANKS, RANK_PACKS than the defaults), XD_ROUNDS, XD_REPEATS (cross-device), CIFAR_ROUNDS (default 300; 1500 = the whole run),
+# Knobs (environment): XD_ROUNDS, XD_REPEATS (cross-device), CIFAR_ROUNDS (default 300; 1500 = the whole run),
+# XD_PACKS, PFL_COUNTS, RANKS, RANK_PACKS (the lists timed); DEVICE (default cuda; cpu: a dry run of the
+# plumbing, with LIMIT_SCALE multiplying the steps' time limits and smaller lists);
 # SETTINGS: space-separated overrides, each compared against the default on the cross-device packs, e.g.
-#   SETTINGS="runtime.cuda_graphs=false runtime.cuda_graphs=true"   (a setting the config does not know is
-# skipped and said so). Every run of the benches also takes `--set KEY=VALUE` directly.
+#   SETTINGS="runtime.cuda_graphs=off runtime.tf32=true"   (the default; a setting the config does not know is
+# skipped and said so). The cross-device and whole-run benches also take KEY=VALUE overrides directly.
 set -u
 source bench/gpu_setup.sh
 DEVICE=${DEVICE:-cuda}; LIMIT_SCALE=${LIMIT_SCALE:-1}; XD_ROUNDS=${XD_ROUNDS:-5}; XD_REPEATS=${XD_REPEATS:-1}; CIFAR_ROUNDS=${CIFAR_ROUNDS:-300}
 XD_PACKS=${XD_PACKS:-1,10,25,50}; PFL_COUNTS=${PFL_COUNTS-1,2,3,4,5}; RANKS=${RANKS:-1,2,4}; RANK_PACKS=${RANK_PACKS:-1,50}
-SETTINGS=${SETTINGS-runtime.cuda_graphs=false runtime.cuda_graphs=true}
-RES=$(mktemp -d); SUMMARY="$OUT/summary.md"; : > "$SUMMARY"
+SETTINGS=${SETTINGS-runtime.cuda_graphs=off runtime.tf32=true}
+RES=$(mktemp -d); trap 'rm -rf "$RES"' EXIT; SUMMARY="$OUT/summary.md"; : > "$SUMMARY"
 export DISTFL_PFL_PYTHON=python3
 # The GPU, its driver and compute mode (pfl's workers need "Default", several processes on the GPU), torch's build.
 { echo "# GPU session $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null)"; echo
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_mode,memory.total --format=csv,noheader 2>&1)"
   echo "torch: $(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>&1)"
   echo; } | tee -a "$SUMMARY"
-# bench NAME SECONDS ARGS...: `distfl bench ARGS --out` into $RES, then the JSON into $OUT and its table
-# (or, when it failed, its log's tail) into summary.md.
+# bench NAME SECONDS ARGS...: `distfl bench ARGS --out` into $RES, then the JSON into $OUT (unless KEEP=0)
+# and its table (or, when it failed, its log's tail) into summary.md.
 bench(){
   local name=$1 limit=$(( $2 * LIMIT_SCALE )); shift 2
   timeout "$limit" python3 -m distfl bench "$@" --out "$RES/$name.json" > "$RES/$name.log" 2>&1
   local rc=$?
-  if [ -s "$RES/$name.json" ]; then cp "$RES/$name.json" "$OUT/"; cat "$RES/$name.md" >> "$SUMMARY"
+  if [ -s "$RES/$name.json" ]; then [ "${KEEP:-1}" = 1 ] && cp "$RES/$name.json" "$OUT/"; cat "$RES/$name.md" >> "$SUMMARY"
   else printf '\n## %s failed (exit %s%s)\n\n```\n%s\n```\n' "$name" "$rc" "$([ $rc = 124 ] && echo ', timed out')" \
          "$(tail -25 "$RES/$name.log")" >> "$SUMMARY"; fi
   echo "" >> "$SUMMARY"; tail -4 "$RES/$name.log"
 }
 
-XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 3")  # pytest-xdist where the machine has it
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-3}")  # pytest-xdist where the machine has it
 step "tests/test_cuda.py (${XDIST:-no -n: pytest-xdist missing})"
 timeout $(( 150 * LIMIT_SCALE )) python3 -m pytest -q -p no:cacheprovider -p no:benchmark $XDIST -rs tests/test_cuda.py \
   > "$OUT/test_cuda.txt" 2>&1
 tail -4 "$OUT/test_cuda.txt"
 
-step "step probe (bench/cuda_step.py)"
-PYTHONPATH=.:bench timeout $(( 60 * LIMIT_SCALE )) python3 bench/cuda_step.py > "$OUT/cuda_step.txt" 2>&1; tail -9 "$OUT/cuda_step.txt" | head -8
+if [ "${STEP_PROBE:-1}" = 1 ]; then  # STEP_PROBE=0 skips it
+  step "step probe (bench/cuda_step.py)"
+  PYTHONPATH=.:bench timeout $(( 100 * LIMIT_SCALE )) python3 bench/cuda_step.py > "$OUT/cuda_step.txt" 2>&1; tail -9 "$OUT/cuda_step.txt" | head -8
+fi
 
 step "cross-device: packs $XD_PACKS; pfl-research in ${PFL_COUNTS:-no} process(es) sharing the GPU"
 bench cross-device 170 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats "$XD_REPEATS" \
   --pack-sizes "$XD_PACKS" --pfl-processes "$PFL_COUNTS"
 
-step "distfl ranks sharing the GPU: $RANKS (packs of the largest of $RANK_PACKS) against one rank"
+step "distfl ranks sharing the GPU: $RANKS (packs of the largest of $RANK_PACKS, at most a rank's share) against one rank"
 bench ranks 110 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 --pack-sizes "$RANK_PACKS" \
   --pfl-processes "" --ranks "$RANKS"
 
@@ -67,8 +70,8 @@ done
 if [ -n "$KNOWN" ]; then
   step "settings compared on the cross-device packs:$KNOWN"
   for s in $KNOWN; do
-    bench "settings_${s//[^a-z0-9_]/_}" 60 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 \
-      --pack-sizes "$RANK_PACKS" --pfl-processes "" --set "$s"
+    KEEP=0 bench "settings_${s//[^a-z0-9_]/_}" 60 --suite cross-device --device "$DEVICE" --rounds "$XD_ROUNDS" --repeats 1 \
+      --pack-sizes "$RANK_PACKS" --pfl-processes "" "$s"
   done
   python3 - "$RES" "$OUT/settings.json" <<'PY'
 import glob, json, sys
@@ -93,14 +96,24 @@ try:
 except OSError:
     print("- tests/test_cuda.py: no output")
 try:
-    step = json.loads(open(os.path.join(out, "cuda_step.txt")).read().strip().splitlines()[-1])
+    lines = open(os.path.join(out, "cuda_step.txt")).read().strip().splitlines()
+except OSError:
+    lines = []
+step = None
+for line in reversed(lines):  # its JSON line, wherever warnings put it
+    try:
+        step = json.loads(line)
+        break
+    except ValueError:
+        continue
+if isinstance(step, dict) and "ms_per_client_step" in step:
     print(f"- step probe on {step['device']}, ms per client step: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in step["ms_per_client_step"].items() if isinstance(v, float)))
-except (OSError, ValueError, IndexError, KeyError):
-    print("- step probe: no result")
+          + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in step["ms_per_client_step"].items()))
+else:
+    print("- step probe: no result; its last lines: " + " | ".join(lines[-3:]))
 xd = load("cross-device.json")
 if xd:
-    print(f"- cross-device on {xd['gpu']}: s/round by pack size "
+    print(f"- cross-device on {xd['gpu'] or xd['device']}: s/round by pack size "
           + ", ".join(f"{p}: {v:.3f}" for p, v in xd["median_s_per_round"].items()))
     pfl = {n: r["s_per_round"] for n, r in xd["pfl_research_processes"].items() if isinstance(r, dict)}
     why = {n: r for n, r in xd["pfl_research_processes"].items() if not isinstance(r, dict)}
@@ -113,11 +126,12 @@ if xd:
 ranks = load("ranks.json")
 if ranks and ranks.get("ranks_sharing_device"):
     r = ranks["ranks_sharing_device"]
-    print(f"- ranks sharing the GPU (packs of {r['pack_size']}): "
-          + ", ".join(f"{n}: {v:.3f} s/round {r['client_updates_per_s'][n]:.0f} updates/s"
+    largest = max(ranks["median_s_per_round"], key=int)
+    print("- ranks sharing the GPU: "
+          + ", ".join(f"{n} (packs of {r['pack_size'][n]}): {v:.3f} s/round {r['client_updates_per_s'][n]:.0f} updates/s"
                       for n, v in r["median_s_per_round"].items())
-          + f"; one rank in-process pack 50: {ranks['median_s_per_round'].get('50', float('nan')):.3f} s/round"
-          + f"; bit-identical: {r['bit_identical']}")
+          + f"; one rank in-process, packs of {largest}: {ranks['median_s_per_round'][largest]:.3f} s/round"
+          + f"; same model at equal pack sizes: {r['bit_identical_at_equal_pack_size']}")
 whole = load("whole-run.json")
 for name, w in (whole or {}).get("runs", {}).items():
     proj = "" if w["rounds"] == w["full_rounds"] else f", whole run projected {w['full_run_training_s']:.1f} s"

@@ -21,7 +21,6 @@ detected"), so on one GPU this script starts pfl's process group with gloo (`--b
 the output), which all-reduces CUDA tensors through host memory; pfl's own code is unchanged.
 """
 import argparse
-import functools
 import json
 import os
 import socket
@@ -113,7 +112,10 @@ def launch(args) -> dict:
         log.seek(0)
         outs.append(log.read())
         if p.returncode != 0:
-            sys.exit(f"pfl worker {rank} of {args.processes} failed (exit {p.returncode}): {outs[-1].strip()[-2000:]}")
+            lines = outs[-1].strip().splitlines() or ["no output"]
+            print("\n".join(lines[-40:]), file=sys.stderr)
+            errors = [line for line in lines if "Error" in line or "Exception" in line] or lines
+            sys.exit(f"pfl worker {rank} of {args.processes} failed (exit {p.returncode}): {errors[-1].strip()}")
     return json.loads(outs[0].strip().splitlines()[-1])
 
 
@@ -122,8 +124,12 @@ def use_backend(backend: str) -> str:
     replaces that choice, and nothing else, before pfl starts the group. Every worker this script
     starts trains on `cuda` (device 0), so on CUDA only gloo can run more than one of them."""
     if backend == "gloo":
-        torch.distributed.init_process_group = functools.partial(torch.distributed.init_process_group,
-                                                                 backend="gloo")
+        start = torch.distributed.init_process_group
+
+        def init_gloo(*args, **kwargs):  # pfl passes backend= itself: replaced here, not just defaulted
+            kwargs.pop("backend", None)
+            return start("gloo", *args[1:], **kwargs)
+        torch.distributed.init_process_group = init_gloo
         return "gloo"
     return "nccl" if torch.cuda.is_available() else "gloo"
 
@@ -141,7 +147,8 @@ def main() -> None:
     if args.processes > 1 and RANK_ENV not in os.environ:
         print(json.dumps({**launch(args), "processes_started": args.processes}))
         return
-    backend = use_backend(args.backend) if RANK_ENV in os.environ else None
+    if RANK_ENV in os.environ:
+        use_backend(args.backend)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     data = {u: (torch.rand(PER_USER, 3, 32, 32, generator=g), torch.randint(0, 10, (PER_USER,), generator=g))
@@ -154,7 +161,9 @@ def main() -> None:
     print(json.dumps({"pfl_version": "0.6.0", "rounds": args.rounds, "users": args.users, "cohort": args.cohort,
                       "s_per_round": (many - one) / args.rounds,
                       "first_round_s": one, "torch": torch.__version__, "processes": ops.distributed.world_size,
-                      "backend": backend, "device": str(ops.get_default_device())}))
+                      # the process group pfl's workers actually started (None: one process, no group)
+                      "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+                      "device": str(ops.get_default_device())}))
 
 
 if __name__ == "__main__":

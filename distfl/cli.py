@@ -18,7 +18,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N]
-       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|whole-run] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|whole-run] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
@@ -122,6 +122,9 @@ def cmd_partition(args) -> int:
     cfg = load_config(args.config, args.overrides)
     seed = data_seed(cfg)
     data = load_dataset(cfg.data, seed)
+    if data.tokens is not None:
+        raise ConfigError(f"distfl partition splits and describes samples by class, but {data.name} is a next-token "
+                          "dataset split by its own clients; `distfl data prepare` prints them")
     labels = data.train_y.numpy()
     parts = partition(labels, cfg.partition, data.num_classes, seed, natural=data.train_offsets)
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
@@ -280,9 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", default="", metavar="N1,N2,...",
                    help="cross-device suite: also time `distfl train` with these numbers of ranks sharing the "
                         "device (torchrun, gloo), packs of the largest --pack-sizes value (default: none)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="extra",
-                   help="cross-device and whole-run suites: a config override for every distfl run (repeatable)")
-    p.set_defaults(func=cmd_bench)
+    # KEY=VALUE anywhere after `bench` (taken out by `main`, as for `train`): cross-device and whole-run
+    # suites, config overrides for every distfl run they time
+    p.set_defaults(func=cmd_bench, overrides=[])
     p = sub.add_parser("sweep", help="run a grid of configs x seeds, here or on Slurm (docs/sweeps.md)")
     p.add_argument("config", help="base YAML config (its output.dir is the sweep directory); then fixed overrides")
     p.set_defaults(overrides=[])

@@ -23,6 +23,7 @@ import signal
 import threading
 from pathlib import Path
 
+from ..errors import ConfigError
 from .harness import _command_line, log
 
 
@@ -50,9 +51,12 @@ def main_suite(args) -> int:
 
     quick = getattr(args, "quick", False)
     rounds = _rounds(args)
-    extra = tuple(getattr(args, "extra", ()))
-    repeats = 1 if quick else int(args.repeats)
     suite = args.suite
+    extra = tuple(getattr(args, "overrides", ()))
+    if extra and suite not in ("cross-device", "whole-run"):
+        raise ConfigError(f"distfl bench: KEY=VALUE overrides ({' '.join(extra)}) apply to the cross-device "
+                          f"and whole-run suites only, not --suite {suite}")
+    repeats = 1 if quick else int(args.repeats)
     out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
     module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup, "system": system,
               "whole-run": whole_run}[suite]
@@ -84,7 +88,7 @@ def _rounds(args) -> int:
 
 
 def main(args) -> int:
-    if getattr(args, "suite", "runtime") != "runtime":
+    if getattr(args, "suite", "runtime") != "runtime" or getattr(args, "overrides", None):
         return main_suite(args)
     from . import runtime
 

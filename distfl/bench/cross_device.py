@@ -17,9 +17,10 @@ exact sum's cost alone: milliseconds per client per million parameters (`exact_s
 `--pfl-processes 1,2,3,4,5`: pfl-research in each of those numbers of worker processes sharing the
 device (its guide's advice for one GPU: try 1-5), every count in every repeat; its best count is
 compared with distfl's best configuration. `--ranks 1,2,4`: `distfl train` under torchrun with that
-many ranks sharing the device (gloo), packs of the largest `--pack-sizes` value, one untimed warm-up
-round, then `rounds` rounds timed from metrics.jsonl's `round_s`; seconds per round, client updates
-per second and whether the final models of all rank counts are bit-identical.
+many ranks sharing the device (gloo), in packs of the largest `--pack-sizes` value or a rank's share
+of the round's clients if smaller (`rank_pack_size`), one untimed warm-up round, then `rounds` rounds
+timed from metrics.jsonl's `round_s`; seconds per round, client updates per second and whether rank
+counts with equal pack sizes gave bit-identical final models.
 """
 from __future__ import annotations
 
@@ -80,7 +81,10 @@ def pfl_research(rounds: int, log, processes: int = 1) -> dict | str:
     log(f"pfl-research 0.6: {' '.join(cmd[1:])}")
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
-        return f"not measured ({script.name} failed: {proc.stderr.strip().splitlines()[-1:]})"
+        # The script's own last word ("pfl worker R of N failed ...") if it said one: torch's warnings at exit come after it.
+        lines = proc.stderr.strip().splitlines()
+        said = [line for line in lines if line.startswith("pfl worker")] or lines[-3:]
+        return f"not measured ({script.name} --processes {processes} failed: {said[-1][:1500] if said else 'no output'})"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -131,7 +135,7 @@ def exact_sum_cost(num_params: int, clients: int, repeats: int, device: torch.de
 def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None,
                        sizes: tuple[int, ...] = PACK_SIZES, pfl_processes: tuple[int, ...] = (1,),
                        ranks: tuple[int, ...] = (), extra: tuple[str, ...] = ()) -> dict:
-    """`extra`: overrides added to every distfl run (`distfl bench --set KEY=VALUE`)."""
+    """`extra`: overrides added to every distfl run (`distfl bench ... KEY=VALUE`)."""
     from ..federation.local import local_steps
     from .harness import HARNESS, InProcess
 
@@ -144,8 +148,9 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
             runs[p] = InProcess(rounds, overrides)
             log(f"pack_size={p}: warm-up round (untimed)")
             runs[p].time_fl(1)
-        ranked = WORKLOAD + placed + HARNESS + [*extra, f"runtime.pack_size={max(sizes)}",
-                                                f"data.root={Path(runs[1].cfg.data.root).resolve()}"]
+        ranked = WORKLOAD + placed + HARNESS + [*extra, f"data.root={Path(runs[1].cfg.data.root).resolve()}"]
+        cohort = runs[1].cfg.train.clients_per_round
+        rank_packs = {n: rank_pack_size(max(sizes), cohort, n) for n in ranks}
         per_round = {p: [] for p in sizes}
         pfl_runs: dict = {n: [] for n in pfl_processes}  # run between distfl's in every repeat (same load)
         rank_runs: dict = {n: [] for n in ranks}
@@ -156,8 +161,9 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
                     pfl_runs[p[1]].append(pfl_research(rounds, log, p[1]))
                     continue
                 if isinstance(p, tuple):
-                    rank_runs[p[1]].append(time_ranks(p[1], ranked, rounds, tmp))
-                    log(f"repeat {rep + 1}/{repeats}: {p[1]} rank(s), packs of {max(sizes)}: "
+                    n = p[1]
+                    rank_runs[n].append(time_ranks(n, ranked + [f"runtime.pack_size={rank_packs[n]}"], rounds, tmp))
+                    log(f"repeat {rep + 1}/{repeats}: {n} rank(s), packs of {rank_packs[n]}: "
                         f"{rank_runs[p[1]][-1]['s_per_round']:.3f} s/round")
                     continue
                 res = runs[p].time_fl(rounds)
@@ -175,7 +181,7 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
             f"({exact_sum['ms_per_client_per_mparam']:.2f} ms per million parameters)")
     median = {p: statistics.median(v) for p, v in per_round.items()}
     pfl = {str(n): _pfl_summary(r, median[1]) for n, r in pfl_runs.items()}
-    shared = _ranks_summary(rank_runs, train.clients_per_round, max(sizes))
+    shared = _ranks_summary(rank_runs, train.clients_per_round, rank_packs if ranks else {})
     return {
         "extra_overrides": list(extra),
         "exact_sum": exact_sum,
@@ -197,16 +203,27 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
     }
 
 
-def _ranks_summary(rank_runs: dict, clients_per_round: int, pack_size: int) -> dict | None:
+def rank_pack_size(largest: int, clients_per_round: int, ranks: int) -> int:
+    """The pack size `--ranks` runs `ranks` ranks with: the largest `--pack-sizes` value, but at most a
+    rank's share of the round's clients. Packs are cut from the cohort whatever the world size and dealt
+    whole to ranks, so packs bigger than a share would leave ranks without work."""
+    return min(largest, -(-clients_per_round // ranks))
+
+
+def _ranks_summary(rank_runs: dict, clients_per_round: int, pack_sizes: dict) -> dict | None:
     if not rank_runs:
         return None
     med = {n: statistics.median(r["s_per_round"] for r in runs) for n, runs in rank_runs.items()}
-    shas = {r["model_sha256"] for runs in rank_runs.values() for r in runs}
-    return {"pack_size": pack_size, "backend": "gloo (ranks share the device)",
+    # Equal pack sizes must give equal models on any number of ranks; other pack sizes round differently.
+    shas = {}
+    for n, runs in rank_runs.items():
+        shas.setdefault(pack_sizes[n], set()).update(r["model_sha256"] for r in runs)
+    return {"pack_size": {str(n): p for n, p in pack_sizes.items()}, "backend": "gloo (ranks share the device)",
             "median_s_per_round": {str(n): v for n, v in med.items()},
             "s_per_round_each_repeat": {str(n): [r["s_per_round"] for r in runs] for n, runs in rank_runs.items()},
             "client_updates_per_s": {str(n): clients_per_round / v for n, v in med.items()},
-            "bit_identical": len(shas) == 1, "model_sha256": sorted(shas)}
+            "bit_identical_at_equal_pack_size": all(len(v) == 1 for v in shas.values()),
+            "model_sha256_by_pack_size": {str(p): sorted(v) for p, v in shas.items()}}
 
 
 def _best(median: dict, shared: dict | None, pfl: dict) -> dict:
@@ -214,7 +231,7 @@ def _best(median: dict, shared: dict | None, pfl: dict) -> dict:
     fastest process count: the speed-up, pfl-research's s / round over distfl's."""
     ours = {f"pack_size={p}": v for p, v in median.items()}
     if shared:
-        ours.update({f"{n} ranks, pack_size={shared['pack_size']}": v
+        ours.update({f"{n} ranks, pack_size={shared['pack_size'][n]}": v
                      for n, v in shared["median_s_per_round"].items()})
     name = min(ours, key=ours.get)
     theirs = {n: r["s_per_round"] for n, r in pfl.items() if isinstance(r, dict)}
@@ -275,15 +292,15 @@ def markdown(res: dict) -> str:
         lines.append("")
     shared = res.get("ranks_sharing_device")
     if shared:
-        lines += [f"distfl ranks sharing the device (torchrun, gloo, packs of {shared['pack_size']}; final models "
-                  f"bit-identical across rank counts: {shared['bit_identical']}):", "",
-                  "| ranks | s / round | client updates / s |", "|---|---|---|"]
-        lines += [f"| {n} | {v:.3f} | {shared['client_updates_per_s'][n]:.0f} |"
+        lines += ["distfl ranks sharing the device (torchrun, gloo; the same final model at equal pack sizes: "
+                  f"{shared['bit_identical_at_equal_pack_size']}):", "",
+                  "| ranks | pack_size | s / round | client updates / s |", "|---|---|---|---|"]
+        lines += [f"| {n} | {shared['pack_size'][n]} | {v:.3f} | {shared['client_updates_per_s'][n]:.0f} |"
                   for n, v in shared["median_s_per_round"].items()]
         lines.append("")
     best = res.get("best")
     if best and "speedup_vs_pfl" in best:
         lines += [f"Best of each: distfl {best['distfl']} {best['distfl_s_per_round']:.3f} s / round, pfl-research "
                   f"{best['pfl_processes']} process(es) {best['pfl_s_per_round']:.3f} s / round: "
-                  f"**distfl {best['speedup_vs_pfl']:.2f}x faster** (target 10x).", ""]
+                  f"pfl-research's time over distfl's **{best['speedup_vs_pfl']:.2f}x** (target 10x).", ""]
     return "\n".join(lines)

@@ -11,7 +11,7 @@
 Training seconds = the sum of metrics.jsonl's `round_s` (each round's local training, sum and update;
 start-up, evaluation and checkpoints excluded); the first round, which pays CUDA's and cuDNN's
 warm-up, is reported on its own too. `--rounds N` runs at most N rounds of each; the figures then also
-say what the whole run would take at the measured per-round rate. `--set KEY=VALUE` adds an override
+say what the whole run would take at the measured per-round rate. `KEY=VALUE` overrides apply
 to both runs (e.g. a runtime setting to compare).
 """
 from __future__ import annotations

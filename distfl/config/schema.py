@@ -74,7 +74,7 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = key("simplecnn", choices=["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm"], plugin=True)  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model) | femnist_cnn (LEAF's FEMNIST CNN) | char_lstm (LEAF's Shakespeare LSTM: 8-d embedding, 2 LSTM layers of 256), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
+    name: str = key("simplecnn", choices=["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "vgg13", "senet18", "mobilenetv2", "pfl_cnn", "mclr", "femnist_cnn", "char_lstm", "shakespeare_lstm", "stackoverflow_lstm", "token_transformer"], plugin=True)  # simplecnn | tct_cnn (TCT's FMNIST net: 2 conv + max-pool, 2 FC, 454,922 params) | lenet5 | cifar_cnn | resnet18 | resnet20 | mlp | vgg13 | senet18 | mobilenetv2 | pfl_cnn (pfl-research's CIFAR-10 CNN, the cross-device bench) | mclr (multinomial logistic regression, FedProx's synthetic model) | femnist_cnn (LEAF's FEMNIST CNN) | char_lstm (LEAF's Shakespeare LSTM: 8-d embedding, 2 LSTM layers of 256) | shakespeare_lstm (TFF's Shakespeare LSTM, 8-d embedding, 2 x 256, a character at every position) | stackoverflow_lstm (Reddi et al.'s next-word LSTM: 96-d embedding, 670 units, projection 96) | token_transformer (a small causal transformer for next-token data: 2 blocks of width 128, 4 heads), or your own: package.module:build, a function (input_shape, num_classes) -> nn.Module (docs/extending.md)
     norm: str = key("bn", choices=["bn", "gn"], applies=("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]))  # resnet18, vgg13, senet18, mobilenetv2: bn | gn
     gn_groups: int = key(2, range=">= 1", limit=64, applies=("model.name", ["resnet18", "vgg13", "senet18", "mobilenetv2"]))  # resnet18, vgg13, senet18, mobilenetv2 with norm=gn: groups per GroupNorm layer (a divisor of 64; of 8 for mobilenetv2)
     mlp_hidden: int = key(64, range=">= 1", limit=8192, applies=("model.name", ["mlp"]))  # mlp: hidden width (two hidden layers)
@@ -91,7 +91,7 @@ class ModelConfig:
 class AlgorithmConfig:
     name: str = "fedavg"  # a built-in method (docs/algorithms/NAME.md; tct: stage 1 by tct.stage1, then TCT's stages; personalised methods are scored by eval.clients), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # the method's own options, declared by its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable; the table below lists the built-in methods')
-    weighting: str = key("samples", choices=["samples", "uniform"])  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|)
+    weighting: str = key("samples", choices=["samples", "uniform", "tokens"])  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|) | tokens (t_k / t, a client's non-padding target tokens: next-token data only, TFF's StackOverflow baseline)
 
 
 @dataclass

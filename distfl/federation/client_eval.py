@@ -23,6 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from ..data.tokens import hits, token_counts
 from .aggregate import Segment
 from .local import ClientRun, LocalSGD, local_steps, seed_local_rng
 
@@ -46,6 +47,7 @@ def add_client_counts(context, stats) -> None:
     correct = torch.zeros(num_clients, dtype=torch.int64)
     total = torch.zeros(num_clients, dtype=torch.int64)
     batch = context.cfg.eval.batch_size
+    tokens = getattr(context.data, "tokens", None)  # a next-token dataset counts tokens (data/tokens.py)
     for client in range(ctx.rank, num_clients, ctx.world_size):
         worker.load(*alg.evaluation_model(context.global_params, context.global_buffers))
         state = context.store.peek(client) if (alg.stateful or alg.personalised) and context.store is not None else None
@@ -59,9 +61,9 @@ def add_client_counts(context, stats) -> None:
         indices = context.client_test[client]
         for start in range(0, len(indices), batch):
             idx = indices[start : start + batch]
-            hits = worker.module(context.client_test_x[idx]).argmax(1) == context.client_test_y[idx]
-            correct[client] += int(hits.sum())
-        total[client] = len(indices)
+            y = context.client_test_y[idx]
+            correct[client] += int(hits(worker.module(context.client_test_x[idx]), y, tokens))
+        total[client] = len(indices) if tokens is None else token_counts(context.client_test_y[indices], tokens)[1]
     stats.add("client_correct", correct)
     stats.add("client_total", total)
 

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..data.parts import Parts
+from ..errors import DataError
 
 # Distinct streams for distinct purposes, so adding a random draw in one never shifts another.
 _COHORT_STREAM = 1
@@ -21,12 +22,24 @@ class Population:
         self.indices = Parts.of(parts)
         self.sizes = self.indices.sizes
         # class_counts[k, c]: samples of class c held by client k (label-histogram methods, reports).
-        self.class_counts = None
+        self._class_counts = None
+        # token_counts[k]: client k's non-padding target tokens (algorithm.weighting=tokens; set by the runner)
+        self.token_counts: np.ndarray | None = None
         if labels is not None:  # one bincount over (client, label) pairs: the same counts, O(samples) not O(clients) calls
             owner = np.repeat(np.arange(len(self.indices), dtype=np.int64), self.sizes)
             pairs = owner * num_classes + np.asarray(labels)[self.indices.flat]
-            self.class_counts = np.bincount(pairs, minlength=len(self.indices) * num_classes).reshape(
+            self._class_counts = np.bincount(pairs, minlength=len(self.indices) * num_classes).reshape(
                 len(self.indices), num_classes)
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        """class_counts[k, c]: samples of class c held by client k; DataError where the samples have no
+        class (a next-token dataset: data/tokens.py)."""
+        if self._class_counts is None:
+            raise DataError("this run needs each client's samples counted by class (a label-histogram method or "
+                            "per-client test sets drawn by class), but the data's samples have no class (a next-token "
+                            "task): use a method without class counts")
+        return self._class_counts
 
     def __len__(self) -> int:
         return len(self.indices)

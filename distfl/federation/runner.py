@@ -32,6 +32,7 @@ from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
+from ..data.tokens import client_token_counts
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
 from ..logging import RunLogger
@@ -87,7 +88,8 @@ class Trainer:
         self.noise_multiplier = None if cfg.privacy.mechanism == "none" else _accountant().resolve_noise_multiplier(cfg)
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
-        labels = self.data.train_y.cpu().numpy()
+        # A next-token dataset has no class a sample (data/tokens.py): no labels, no class counts.
+        labels = self.data.train_y.cpu().numpy() if self.data.tokens is None else None
         parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
         self.data_sources = {role: {"path": path, "sha256": digest}
@@ -98,8 +100,11 @@ class Trainer:
         # the Population (sizes, weights, class counts) is built; every rank computes the same split.
         holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
         if holdout:
-            parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, seed)
+            parts, held = holdout_split(parts, labels if labels is not None else np.zeros(len(self.data.train_y), np.int64),
+                                        cfg.eval.client_holdout, seed)  # one "class": a plain random holdout
         self.population = Population(parts, labels, self.data.num_classes)
+        if cfg.algorithm.weighting == "tokens":
+            self.population.token_counts = client_token_counts(self.population.indices, self.data.train_y, self.data.tokens)
         self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
@@ -125,7 +130,7 @@ class Trainer:
         single = int(ones[0]) if len(ones) else None
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
-                    single if has_batchnorm else None)
+                    single if has_batchnorm else None, next_token=self.data.tokens is not None)
         channels_last = uses_channels_last(cfg.runtime.channels_last, cfg.model.name, self.device)
         self.worker = FlatModel(model, channels_last=channels_last)
         self.model = GlobalModel(self.worker)
