@@ -232,10 +232,19 @@ def deterministic_ops():
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext, name: str) -> torch.Tensor:
     """In-place SUM over ranks. Counted under `name` even at world size 1, where it is the identity."""
+    return _counted(tensor, ctx, name, "SUM")
+
+
+def all_reduce_max(tensor: torch.Tensor, ctx: DistContext, name: str) -> torch.Tensor:
+    """In-place MAX over ranks (exact in any order), counted under `name` like `all_reduce_sum`."""
+    return _counted(tensor, ctx, name, "MAX")
+
+
+def _counted(tensor: torch.Tensor, ctx: DistContext, name: str, op: str) -> torch.Tensor:
     COLLECTIVE_CALLS[name] += 1
     COLLECTIVE_BYTES[name] += tensor.numel() * tensor.element_size()
     if ctx.world_size > 1:
-        _all_reduce(tensor, torch_dist.ReduceOp.SUM, ctx)
+        _all_reduce(tensor, getattr(torch_dist.ReduceOp, op), ctx)
     return tensor
 
 

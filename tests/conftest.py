@@ -256,3 +256,21 @@ def method_fixture():
         return MethodFixture(overrides, clients, samples, input_shape, num_classes)
 
     return build
+
+
+def trained_model(run_dir: Path):
+    """The run's config, data and model of its first checkpoint of a training round (the last one when
+    checkpoint.every=0), loaded into a FlatModel: (cfg, data, model, flat)."""
+    from distfl.checkpoint import complete_checkpoints, load
+    from distfl.config import load_config
+    from distfl.data.datasets import load_dataset
+    from distfl.federation.local import FlatModel
+    from distfl.models import build_model
+
+    cfg = load_config(str(run_dir / "config.yaml"))
+    data = load_dataset(cfg.data, cfg.seed)
+    state = load(next(p for p in complete_checkpoints(run_dir) if p.name.startswith("round_")), "cpu")
+    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    flat = FlatModel(model)
+    flat.load(state["params"], state["buffers"])
+    return cfg, data, model, flat

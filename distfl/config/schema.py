@@ -104,10 +104,16 @@ class AggregationConfig:
 
 @dataclass
 class CalibrationConfig:
-    method: str = key("none", choices=["none", "ffc"], resumable="phase")  # none | ffc (SphereFed's fast federated calibration: least-squares head after training)
+    method: str = key("none", choices=["none", "ffc", "ccvr"], resumable="phase")  # none | ffc (SphereFed's fast federated calibration: least-squares head after training) | ccvr (CCVR, Luo et al. 2021: a Gaussian per class fitted from the clients' feature means and covariances, and the linear head retrained on features sampled from it; docs/algorithms/ccvr.md)
     ridge: float = key(0.0, range=">= 0", applies=("calibration.method", ["ffc"]), resumable="phase")  # ffc: the paper's lambda in W^T = (sum Z^T Z + lambda I)^-1 sum Z^T Y (paper: 0)
-    clients: str = key("all", choices=["all", "last_cohort"], applies=("calibration.method", ["ffc"]), resumable="phase")  # ffc: all (every client of the population, the paper's "each client") | last_cohort (only the last round's cohort)
-    batch_size: int = key(1000, range=">= 1", applies=("calibration.method", ["ffc"]), resumable="phase")  # ffc: feature-extraction batch size (memory; changes W* only by float32 round-off, ~1e-8 relative)
+    clients: str = key("all", choices=["all", "last_cohort"], applies=("calibration.method", ["ffc", "ccvr"]), resumable="phase")  # ffc, ccvr: all (every client of the population, the papers' "each client") | last_cohort (only the last round's cohort)
+    batch_size: int = key(1000, range=">= 1", applies=("calibration.method", ["ffc", "ccvr"]), resumable="phase")  # ffc, ccvr: feature-extraction batch size (memory; changes the result only by float32 round-off, ~1e-8 relative)
+    virtual_samples: int = key(100, range=">= 1", limit=10**7, applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: M, the virtual features drawn per class (the paper's M_c; with virtual_allocation=proportional, the mean per class)
+    virtual_allocation: str = key("equal", choices=["equal", "proportional"], applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: equal (M_c = M for every class seen in training) | proportional (M_c = round(C M N_c / N): the training set's class frequencies, the paper's alternative)
+    retrain_epochs: int = key(10, range=">= 1", limit=10**5, applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: passes of SGD over the virtual features when the head is retrained (cross-entropy, from the trained head)
+    retrain_lr: float = key(0.01, range="> 0", applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: the head's SGD learning rate
+    retrain_momentum: float = key(0.9, range="[0, 1)", applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: the head's SGD momentum
+    retrain_batch_size: int = key(64, range=">= 1", applies=("calibration.method", ["ccvr"]), resumable="phase")  # ccvr: mini-batch of virtual features, in an order drawn from (seed) each pass
 
 
 @dataclass
@@ -177,6 +183,7 @@ class EvalConfig:
     finetune_optimizer: str = key("own", choices=["own", "train"], resumable=True, previous="train")  # the optimizer of every fine-tuning before per-client scoring (eval.finetune_epochs, fedbabu's algorithm.options.finetune_epochs): own (SGD at eval.finetune_lr with eval.finetune_momentum, no weight decay: FedBABU's protocol) | train (the lr of the last round trained with train.momentum and train.weight_decay: the only behaviour before this key, kept to reproduce earlier runs; a saved config without the key resumes with it)
     finetune_lr: float = key(0.001, range="> 0", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's lr (FedBABU's paper: 1e-3)
     finetune_momentum: float = key(0.9, range="[0, 1)", resumable=True)  # eval.finetune_optimizer=own: the fine-tuning's momentum, restarted for each client (FedBABU's paper: 0.9)
+    finetune_from: str = key("last", choices=["last", "best"])  # eval.clients with a fine-tuning before scoring (eval.finetune_epochs; a personalised method that keeps nothing per client: fedbabu, perfedavg): the global model each client starts from: last (the evaluated round's) | best (the best so far by test_acc, the global model's accuracy on the whole test set, FedBABU's protocol: after the last round, the best round's model). Kept in the checkpoints; metrics.jsonl's client_model_round says which round's model the clients were scored from. Cannot change on resume
     train_metrics: bool = key(False, resumable=True)  # also score the global model on the whole training split at each evaluation: global_train_loss and global_train_acc (FedProx's "training loss": the global model's loss on every client's training data, weighted by samples)
     client_holdout: float = key(0.1, range="(0, 1)", applies=("eval.client_split", ["holdout"]))  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
 

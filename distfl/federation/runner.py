@@ -40,14 +40,15 @@ from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
+from .client_eval import (add_client_counts, best_round_scores, client_segments, clients_never_sampled,
+                          reduced_client_statistics)
 from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .graphs import resolve_cuda_graphs
 from .pack import PackStep, check_packable, pack_statistics, resolve_pack_size
 from .population import DeviceIndices, Population, place, place_packs
-from .run_state import (GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
-                        SystemState)
+from .run_state import (BestModel, GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord,
+                        StopFlags, SystemState)
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
@@ -173,9 +174,12 @@ class Trainer:
         # What a checkpoint holds: these parts' state_dicts (federation/run_state.py).
         self.plan = None  # the virtual clock's plan of the round (system.*)
         self.privacy_state = PrivacyState(self.privacy)
+        # eval.finetune_from=best: the best round's evaluated model, which the clients fine-tune.
+        self.best = BestModel(self.model.params, self.model.buffers) if cfg.eval.finetune_from == "best" else None
         self.checkpointed = [self.state, self.model, MethodState(self.algorithm), self.privacy_state,
                              SystemState(self.system),
-                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity())]
+                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity()),
+                             *([self.best] if self.best is not None else [])]
         self.context = RunContext(
             cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
             population=self.population, client_indices=self.client_indices, client_test=getattr(self, "client_test", None),
@@ -518,12 +522,12 @@ class Trainer:
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"
-                    evaluated = self.evaluate_round(clients=cfg.eval.clients)
-                    acc = evaluated["test_acc"]
+                    evaluated = self.evaluate_round(clients=cfg.eval.clients and self.best is None)
+                    improved = self.state.record_best(evaluated["test_acc"], t)
+                    if self.best is not None:  # the clients start from the best round's model (eval.finetune_from)
+                        evaluated.update(best_round_scores(self.context, self.best, improved))
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
                     self.state.progress["last_eval"] = {"round": t, **evaluated}
-                    if self.state.progress["best_test_acc"] is None or acc > self.state.progress["best_test_acc"]:
-                        self.state.progress["best_test_acc"], self.state.progress["best_round"] = acc, t
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.state.progress["wall_s"]
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm

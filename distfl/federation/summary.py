@@ -50,6 +50,9 @@ def build(context, status: str, error: str | None) -> dict:
         # eval.clients: clients no round had sampled by the last evaluation (scored with the global model,
         # or FedPer's / FedRep's initial head); None without eval.clients
         "clients_never_sampled": last.get("clients_never_sampled"),
+        # eval.finetune_from=best: the round of the global model the clients fine-tuned at the last evaluation
+        # (the best round by test_acc); None: the evaluated round's own model (eval.finetune_from=last)
+        "client_model_round": last.get("client_model_round"),
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else context.cfg.train.rounds,
