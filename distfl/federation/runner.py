@@ -127,8 +127,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = model_factory()
         sizes = self.population.sizes
-        ones = np.flatnonzero(sizes == 1)  # the first client with a single sample, if any
-        single = int(ones[0]) if len(ones) else None
+        single = int(np.argmax(sizes == 1)) if (sizes == 1).any() else None  # the first client with one sample
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
                     single if has_batchnorm else None, next_token=self.data.tokens is not None)
