@@ -2,12 +2,10 @@
 # Here (no GPU): gather what bench/gpu_session.sh needs on a bare GPU machine that has python3 with torch
 # but no network: distfl's other dependencies and pfl-research 0.6 as wheels for its Python (.whl/), and
 # Fashion-MNIST (.gpu/fmnist/, the training images xz-compressed to fit a 64 MiB transfer). Both folders are
-# git-ignored through .git/info/exclude. Usage: bench/gpu_prepare.sh [PYTHON_VERSION, default 3.12]
+# git-ignored (.gitignore). Usage: bench/gpu_prepare.sh [PYTHON_VERSION, default 3.12]
 set -eu
 cd "$(dirname "$0")/.."
 PYV=${1:-3.12}
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
 mkdir -p .whl .gpu/fmnist
 PLAT="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 for pkg in pfl==0.6.0 prv-accountant==0.2.0 multiprocess==0.70.19 dill==0.4.1 dp-accounting==0.6.0 dm-tree==0.1.10 submitit; do
@@ -19,7 +17,13 @@ zcat $SRC/train-images-idx3-ubyte.gz | xz -9e > .gpu/fmnist/train-images-idx3-ub
 du -sh .whl .gpu
 # What travels to the GPU machine (tracked and untracked-not-ignored files, plus the two carried folders)
 # must stay under 64 MiB. The committed NIID-Bench runs (~30 MiB) are what to leave behind if it does not:
-# echo /experiments/niid_bench/runs/ >> .git/info/exclude; git rm -r -q --cached experiments/niid_bench/runs
+# echo /experiments/niid_bench/runs/ >> "$(git rev-parse --git-path info/exclude)"; git rm -r -q --cached experiments/niid_bench/runs
 # and, after the call: git reset -q HEAD -- experiments/niid_bench/runs; then delete that exclude line.
 MIB=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | awk '/total$/ {s += $1} END {print int(s / 1048576)}')
-echo "working tree ${MIB} MiB + .whl and .gpu $(du -sm .whl .gpu | awk '{s += $1} END {print s}') MiB (limit 64 MiB)"
+CARRY=$(du -sm .whl .gpu | awk '{s += $1} END {print s}')
+echo "working tree ${MIB} MiB + .whl and .gpu ${CARRY} MiB (limit 64 MiB)"
+if [ $((MIB + CARRY)) -gt 64 ]; then
+  echo "OVER 64 MiB: leave the NIID-Bench runs behind for the call. Before it:"
+  echo "  echo /experiments/niid_bench/runs/ >> \"\$(git rev-parse --git-path info/exclude)\"; git rm -r -q --cached experiments/niid_bench/runs"
+  echo "after it: git reset -q HEAD -- experiments/niid_bench/runs, then delete that line from the exclude file"
+fi

@@ -6,6 +6,6 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 T0=$(date +%s); step(){ echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl
-D=/usr/share/datasets/fashion-mnist; mkdir -p $D; cp .gpu/fmnist/*.gz $D/
+D=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}; mkdir -p $D; cp .gpu/fmnist/*.gz $D/
 python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.gpu/fmnist/train-images-idx3-ubyte.xz'), open('$D/train-images-idx3-ubyte', 'wb'))"
 nvidia-smi -L

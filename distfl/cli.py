@@ -18,7 +18,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N]
-       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick]
+       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|whole-run] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
@@ -122,6 +122,9 @@ def cmd_partition(args) -> int:
     cfg = load_config(args.config, args.overrides)
     seed = data_seed(cfg)
     data = load_dataset(cfg.data, seed)
+    if data.tokens is not None:
+        raise ConfigError(f"distfl partition splits and describes samples by class, but {data.name} is a next-token "
+                          "dataset split by its own clients; `distfl data prepare` prints them")
     labels = data.train_y.numpy()
     parts = partition(labels, cfg.partition, data.num_classes, seed, natural=data.train_offsets)
     print(f"{cfg.partition.scheme} partition of {cfg.data.dataset} ({len(labels)} samples) into "
@@ -255,13 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
     p.add_argument("--out", default="bench/results.json", help="where to write the JSON results")
-    p.add_argument("--rounds", type=int, default=10, help="FL rounds per measurement")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="FL rounds per measurement (default 10; whole-run suite: each run's own, at most this)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
-    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup", "system"], default="runtime",
+    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup", "system", "whole-run"],
+                   default="runtime",
                    help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
                         "extra phases against a training round; cross-device: seconds per round one client "
-                        "at a time versus packs (runtime.pack_size); startup: what a short 2-rank run spends outside training "
+                        "at a time versus packs (runtime.pack_size); startup: what a short 2-rank run spends outside training; "
+                        "whole-run: training seconds of pfl-research's CIFAR-10 benchmark run and of the quickstart "
                         "(written to bench/<suite>.json)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="runtime and cross-device suites: the device the runs train on (default: runtime cpu, "
@@ -271,7 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cross-device suite: the runtime.pack_size values timed side by side; the first is "
                         "the reference the others' speed-up and final-model difference are measured against "
                         "(default: 1,10)")
-    p.set_defaults(func=cmd_bench)
+    p.add_argument("--pfl-processes", default="1", metavar="N1,N2,...",
+                   help="cross-device suite, with DISTFL_PFL_PYTHON set: pfl-research in each of these numbers of "
+                        "worker processes sharing the device (default: 1)")
+    p.add_argument("--ranks", default="", metavar="N1,N2,...",
+                   help="cross-device suite: also time `distfl train` with these numbers of ranks sharing the "
+                        "device (torchrun, gloo), packs of the largest --pack-sizes value (default: none)")
+    # KEY=VALUE anywhere after `bench` (taken out by `main`, as for `train`): cross-device and whole-run
+    # suites, config overrides for every distfl run they time
+    p.set_defaults(func=cmd_bench, overrides=[])
     p = sub.add_parser("sweep", help="run a grid of configs x seeds, here or on Slurm (docs/sweeps.md)")
     p.add_argument("config", help="base YAML config (its output.dir is the sweep directory); then fixed overrides")
     p.set_defaults(overrides=[])

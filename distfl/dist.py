@@ -139,15 +139,17 @@ def set_deterministic(mode: bool, warn_only: bool = False) -> None:
         torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
-def cuda_float32_numerics() -> None:
+def cuda_float32_numerics(tf32: bool = False) -> None:
     """What every CUDA run of distfl computes with: cuDNN deterministic with benchmarking off, and TF32
     off for matmuls and convolutions. TF32 rounds their inputs to 10 mantissa bits; off, CUDA results
     are float32 maths. (torch's default leaves TF32 on for convolutions.) Also for code that computes
-    on a GPU outside a run, such as `distfl bench`, so it measures what a run computes."""
+    on a GPU outside a run, such as `distfl bench`, so it measures what a run computes.
+    tf32 (runtime.tf32): TF32 on for both, as torch's default has it for convolutions: tensor-core
+    kernels, still deterministic, other bits."""
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
 
 
 # How long the rendezvous of init_process_group waits for every rank to join (a rank whose peers never
@@ -158,11 +160,12 @@ RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
-def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = True) -> DistContext:
+def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = True, tf32: bool = False) -> DistContext:
     """Join the process group described by the environment, or run alone when there is none.
 
     deterministic: torch must use deterministic kernels, and an op that has none raises (turned into a
     ConfigError by `deterministic_ops`); False lets such ops run, with a warning, giving up bit-identity.
+    tf32: runtime.tf32 (`cuda_float32_numerics`).
     """
     torch.set_num_threads(threads)
     if "RANK" not in os.environ:  # torchrun's variables win; else a task that srun started
@@ -183,7 +186,7 @@ def init(device_choice: str = "auto", threads: int = 1, deterministic: bool = Tr
     if use_cuda:
         device = torch.device("cuda", local_rank % gpus)
         torch.cuda.set_device(device)
-        cuda_float32_numerics()
+        cuda_float32_numerics(tf32)
     else:
         device = torch.device("cpu")
     set_deterministic(True, warn_only=not deterministic)
@@ -229,10 +232,19 @@ def deterministic_ops():
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext, name: str) -> torch.Tensor:
     """In-place SUM over ranks. Counted under `name` even at world size 1, where it is the identity."""
+    return _counted(tensor, ctx, name, "SUM")
+
+
+def all_reduce_max(tensor: torch.Tensor, ctx: DistContext, name: str) -> torch.Tensor:
+    """In-place MAX over ranks (exact in any order), counted under `name` like `all_reduce_sum`."""
+    return _counted(tensor, ctx, name, "MAX")
+
+
+def _counted(tensor: torch.Tensor, ctx: DistContext, name: str, op: str) -> torch.Tensor:
     COLLECTIVE_CALLS[name] += 1
     COLLECTIVE_BYTES[name] += tensor.numel() * tensor.element_size()
     if ctx.world_size > 1:
-        _all_reduce(tensor, torch_dist.ReduceOp.SUM, ctx)
+        _all_reduce(tensor, getattr(torch_dist.ReduceOp, op), ctx)
     return tensor
 
 

@@ -137,6 +137,30 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_packs_train_as_one_at_a_time(config: Path, tmp_path: Path, pack: int, *overrides: str) -> None:
+    """Round 1 of `config` in packs of `pack` clients (torch.func) moves the model as one client at a
+    time does, up to float rounding."""
+    import torch
+
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    params = {}
+    for size in (1, pack):
+        trainer = Trainer(load_config(str(config), [f"runtime.pack_size={size}", *overrides,
+                                                    f"output.dir={tmp_path / f'pack{size}'}"]), dist.init("cpu", 1))
+        try:
+            assert trainer.pack_size == size
+            start = trainer.global_params.clone()
+            trainer.run_round(1)
+            params[size] = trainer.global_params.clone()
+            assert not torch.equal(params[size], start)
+        finally:
+            trainer.close()
+    torch.testing.assert_close(params[pack], params[1], rtol=1e-4, atol=1e-6)
+
+
 @pytest.fixture
 def small_config(tmp_path) -> Path:
     return write_config(tmp_path / "small.yaml")
@@ -232,3 +256,21 @@ def method_fixture():
         return MethodFixture(overrides, clients, samples, input_shape, num_classes)
 
     return build
+
+
+def trained_model(run_dir: Path):
+    """The run's config, data and model of its first checkpoint of a training round (the last one when
+    checkpoint.every=0), loaded into a FlatModel: (cfg, data, model, flat)."""
+    from distfl.checkpoint import complete_checkpoints, load
+    from distfl.config import load_config
+    from distfl.data.datasets import load_dataset
+    from distfl.federation.local import FlatModel
+    from distfl.models import build_model
+
+    cfg = load_config(str(run_dir / "config.yaml"))
+    data = load_dataset(cfg.data, cfg.seed)
+    state = load(next(p for p in complete_checkpoints(run_dir) if p.name.startswith("round_")), "cpu")
+    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    flat = FlatModel(model)
+    flat.load(state["params"], state["buffers"])
+    return cfg, data, model, flat

@@ -130,3 +130,43 @@ def test_nccl_on_two_gpus_equals_one_rank(gpus, tmp_path):
     one = cuda_run(config, f"output.dir={tmp_path / 'one'}")
     two = cuda_run(config, f"output.dir={tmp_path / 'two'}", nproc=2)
     assert two["model_sha256"] == one["model_sha256"]
+
+
+GRAPHED_ON_CUDA = {
+    "fedavg_momentum": {"train": {"momentum": 0.9, "weight_decay": 0.01}},
+    "scaffold_disk": {"algorithm": {"name": "scaffold"}, "runtime": {"client_state": "disk"}},
+    "gma": {"aggregation": {"mask": "gma", "tau": 0.4}},
+    "resnet20_batchnorm": {"model": {"name": "resnet20"}},
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPHED_ON_CUDA))
+def test_cuda_graphs_give_the_bits_of_eager_packs(gpus, tmp_path, name):
+    """runtime.cuda_graphs: a pack's steps replayed as CUDA graphs compute what the eager steps compute,
+    bit for bit (Dirichlet clients of unequal sizes: full and partial batches, row groups)."""
+    extra = GRAPHED_ON_CUDA[name]
+    config = write_config(tmp_path / "c.yaml", **{**extra, "runtime": {"device": "cuda", "pack_size": 4,
+                                                                      **extra.get("runtime", {})}})
+    eager = cuda_run(config, f"output.dir={tmp_path / 'eager'}", "runtime.cuda_graphs=off")
+    graphed = cuda_run(config, f"output.dir={tmp_path / 'graphed'}", "runtime.cuda_graphs=on")
+    assert eager["cuda_graphs"] == "off" and graphed["cuda_graphs"].startswith("on ("), graphed["cuda_graphs"]
+    assert graphed["model_sha256"] == eager["model_sha256"]
+
+
+def test_cuda_graphs_one_rank_equals_two_ranks_equals_resumed(gpus, tmp_path):
+    config = write_config(tmp_path / "c.yaml", runtime={"device": "cuda", "pack_size": 4, "cuda_graphs": "on"},
+                          train={"momentum": 0.9})
+    one = cuda_run(config, f"output.dir={tmp_path / 'one'}")
+    two = cuda_run(config, f"output.dir={tmp_path / 'two'}", nproc=2)  # on one GPU: two ranks share it (gloo)
+    cuda_run(config, f"output.dir={tmp_path / 'r'}", "train.rounds=3")
+    resumed = cuda_run(None, f"train.rounds={one['rounds']}", resume=tmp_path / "r")
+    assert one["cuda_graphs"].startswith("on (")
+    assert two["model_sha256"] == one["model_sha256"] == resumed["model_sha256"]
+
+
+def test_tf32_runs_are_deterministic_and_other_bits(gpus, tmp_path):
+    config = write_config(tmp_path / "c.yaml", runtime={"device": "cuda", "pack_size": 4}, model={"name": "simplecnn"},
+                          data={"synthetic_image_size": 16})
+    strict = cuda_run(config, f"output.dir={tmp_path / 'strict'}")
+    tf32 = twice(config, tmp_path, "runtime.tf32=true")
+    assert tf32["model_sha256"] != strict["model_sha256"]

@@ -1,4 +1,4 @@
-"""FFC under FedBN: each client's features come from its own model, the global one with its own BatchNorm
+"""FFC and CCVR under FedBN: each client's features come from its own model, the global one with its own BatchNorm
 (the global BatchNorm for a client never sampled), as in per-client evaluation (docs/algorithms/fedbn.md)."""
 from __future__ import annotations
 
@@ -162,3 +162,33 @@ def test_ffc_under_fedbn_one_rank_equals_two_and_calibrating_later(tmp_path):
     assert all(torch.equal(w, weights[0]) for w in weights)
     assert one["final_client_acc"] == two["final_client_acc"] == disk["final_client_acc"] == later["final_client_acc"]
     assert two["collectives"]["calls"]["ffc"] == 1
+
+
+def test_ccvr_under_fedbn_uses_each_clients_own_batchnorm(tmp_path):
+    """CCVR's Gaussians under FedBN are the pooled per-class mean and covariance of each client's features
+    from its own model (own BatchNorm; the global one for a client never sampled), not the global model's."""
+    from distfl.algorithms.ccvr import STATS_FILE as CCVR_STATS
+
+    config = _config(tmp_path)
+    train_ok(config, f"output.dir={tmp_path / 'r'}", "calibration.method=ccvr", "calibration.virtual_samples=20",
+             "calibration.retrain_epochs=1")
+    cfg, data, parts, model, flat, state, own = _own_models(tmp_path / "r")
+    assert 0 < sum(has for _, _, has in own) < len(parts)
+    z, z_global, y = [], [], []
+    for k, idx in enumerate(parts):
+        idx = torch.from_numpy(idx)
+        for out, (params, buffers) in ((z, own[k][:2]), (z_global, (state["params"], state["buffers"]))):
+            flat.load(params, buffers)
+            model.eval()
+            with torch.no_grad():
+                out.append(model.represent(data.train_x[idx]).double())
+        y.append(data.train_y[idx])
+    z, z_global, y = torch.cat(z), torch.cat(z_global), torch.cat(y)
+    saved = torch.load(tmp_path / "r" / CCVR_STATS)
+    for c in range(data.num_classes):
+        if int((y == c).sum()) < 2:
+            continue
+        torch.testing.assert_close(saved["means"][c], z[y == c].mean(0), rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(saved["covs"][c], torch.cov(z[y == c].t()), rtol=1e-9, atol=1e-10)
+    # The global BatchNorm's features give other statistics: the check above can tell them apart.
+    assert float((torch.cov(z_global[y == 0].t()) - saved["covs"][0]).abs().max()) > 1e-3

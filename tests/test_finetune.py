@@ -207,3 +207,54 @@ def test_refused_before_any_work(tmp_path, small_config, monkeypatch, overrides,
     assert says in proc.stderr and "eval.finetune_epochs" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not run.exists()
+
+
+# lr 0.5: test_acc peaks at round 4 of 6 (measured 0.254, then 0.17 and 0.232), so the best round's model
+# is neither the first nor the last evaluated.
+BEST = ["eval.every=1", "eval.clients=true", "eval.finetune_epochs=1", "train.lr=0.5"]
+
+
+def test_finetuning_from_the_best_round_scores_that_rounds_model(tmp_path, small_config):
+    """eval.finetune_from=best: after round 6 the clients fine-tune round 4's global model (the best by
+    test_acc), so their statistics are those of a run stopped at round 4 (fine-tuning its last model), not
+    those of round 6's model; the same on 2 ranks and after a stop at round 5 and a resume (the best model
+    comes back from the checkpoint)."""
+    best = train_ok(small_config, f"output.dir={tmp_path / 'best'}", *BEST, "eval.finetune_from=best")
+    assert best["best_round"] == best["client_model_round"] == 4
+    at_best = train_ok(small_config, f"output.dir={tmp_path / 'at4'}", *BEST, "train.rounds=4")
+    last = train_ok(small_config, f"output.dir={tmp_path / 'last'}", *BEST)
+    assert last["client_model_round"] is None and at_best["final_test_acc"] == best["best_test_acc"]
+    assert best["final_client_acc"] == at_best["final_client_acc"]
+    assert best["final_client_acc"] != last["final_client_acc"]  # the last round's model scores otherwise
+    assert best["model_sha256"] == last["model_sha256"] and best["final_test_acc"] == last["final_test_acc"]
+    rows = metrics(tmp_path / "best")
+    assert [r["client_model_round"] for r in rows] == [1, 1, 3, 4, 4, 4]  # the best so far at each evaluation
+    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *BEST, "eval.finetune_from=best", nproc=2)
+    train_ok(small_config, f"output.dir={tmp_path / 'res'}", *BEST, "eval.finetune_from=best", "train.rounds=5")
+    resumed = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "res"))
+    assert two["final_client_acc"] == resumed["final_client_acc"] == best["final_client_acc"]
+    assert [r["client_acc_mean"] for r in metrics(tmp_path / "res")] == [r["client_acc_mean"] for r in rows]
+
+
+def test_fedbabu_finetunes_the_best_rounds_model(tmp_path, small_config):
+    """FedBABU keeps nothing per client: its fine-tuning may start from the best round's body and head."""
+    args = [*BEST[:2], "algorithm.name=fedbabu", "algorithm.options.finetune_epochs=1", "train.lr=0.5"]
+    best = train_ok(small_config, f"output.dir={tmp_path / 'best'}", *args, "eval.finetune_from=best")
+    at_best = train_ok(small_config, f"output.dir={tmp_path / 'at'}", *args, f"train.rounds={best['best_round']}")
+    assert best["client_model_round"] == best["best_round"] < 6
+    assert best["final_client_acc"] == at_best["final_client_acc"]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["eval.finetune_epochs=0", "eval.clients=true"], "nothing fine-tunes it"),
+    (["eval.finetune_epochs=1"], "set eval.clients=true"),
+    (["eval.finetune_epochs=0", "eval.clients=true", "algorithm.name=ditto"], "from its own state"),
+    (["eval.finetune_epochs=1", "eval.clients=true", "calibration.method=ffc"], "changes the final model"),
+    (["eval.finetune_epochs=1", "eval.clients=true", "eval.finetune_from=latest"], "did you mean"),
+])
+def test_finetune_from_best_refused_before_any_work(tmp_path, small_config, overrides, says):
+    run = tmp_path / "r"
+    proc = run_cli(["train", str(small_config), f"output.dir={run}", "eval.finetune_from=best", *overrides])
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not run.exists()

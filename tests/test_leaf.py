@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import one_two_resumed, run_cli, write_config
+from conftest import assert_packs_train_as_one_at_a_time, one_two_resumed, run_cli, write_config
 from distfl.data.leaf import ALL_LETTERS, load_leaf
 from distfl.errors import DataError
 
@@ -270,24 +270,9 @@ def test_per_client_evaluation_needs_clients_with_test_samples(tmp_path):
 def test_lstm_trains_in_packs_as_one_at_a_time(tmp_path):
     """char_lstm is written as cell equations so torch.func vectorises it: a round in packs of 2 gives the
     model of one client at a time, up to float rounding."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     _shakespeare_all_data(tmp_path / "leaf", length=12)
     cfg = write_config(tmp_path / "c.yaml", {
         "data": {"dataset": "leaf", "path": str(tmp_path / "leaf")}, "partition": {"scheme": "natural", "num_clients": 4},
         "model": {"name": "char_lstm"}, "train": {"rounds": 1, "clients_per_round": 4, "batch_size": 4, "lr": 0.5},
         "output": {"progress": "none", "tensorboard": False}})
-    params = {}
-    for pack in (1, 2):
-        trainer = Trainer(load_config(str(cfg), [f"runtime.pack_size={pack}", f"output.dir={tmp_path / str(pack)}"]),
-                          dist.init("cpu", 1))
-        try:
-            start = trainer.global_params.clone()
-            trainer.run_round(1)
-            params[pack] = trainer.global_params.clone()
-            assert not torch.equal(params[pack], start)
-        finally:
-            trainer.close()
-    torch.testing.assert_close(params[2], params[1], rtol=1e-4, atol=1e-6)
+    assert_packs_train_as_one_at_a_time(cfg, tmp_path, 2)

@@ -26,22 +26,23 @@ def _trained(config, tmp_path, name, *overrides, rounds=2):
     from distfl.config import load_config
     from distfl.federation import runner
 
-    packs = []
-    train_client = runner.train_client
+    from distfl.federation import pack
 
-    def counting(flat, data, indices, runs, *args):
-        if len(runs) > 1:
-            packs.append(len(runs))
-        return train_client(flat, data, indices, runs, *args)
+    packs = []
+    train_rows = pack.train_pack_rows
+
+    def counting(flat, step, data, indices, runs, *args):
+        packs.append(len(runs))
+        return train_rows(flat, step, data, indices, runs, *args)
 
     trainer = runner.Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"]),
                              dist.init("cpu", 1))
-    original, runner.train_client = runner.train_client, counting
+    original, pack.train_pack_rows = pack.train_pack_rows, counting
     try:
         for t in range(1, rounds + 1):
             trainer.run_round(t)
     finally:
-        runner.train_client = original
+        pack.train_pack_rows = original
     return trainer, packs
 
 
@@ -250,3 +251,41 @@ def test_summary_and_start_line_name_the_pack_size(tmp_path, small_config):
     assert summary(tmp_path / "p")["pack_size"] == 4
     one = train_ok(small_config, f"output.dir={tmp_path / 'one'}")
     assert one["pack_size"] == 1
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedavg_adam"])
+def test_a_packs_statistics_added_at_once_equal_client_by_client(tmp_path, monkeypatch, name):
+    """Methods with the default statistics add a pack's updates as rows (StatBuffer.add_rows): the
+    round's sums, hence the model, are those of adding each client's in turn, bit for bit."""
+    from distfl.federation import runner
+    config = write_config(tmp_path / "c.yaml", train={"rounds": 3, "clients_per_round": 6, "lr": 0.1,
+                                                       "batch_size": 16})
+    at_once, _ = _trained(config, tmp_path, "rows", "runtime.pack_size=4", *PACKABLE[name], rounds=3)
+    calls = []
+    monkeypatch.setattr(runner, "pack_statistics", lambda algorithm: calls.append(1) and False)
+    one_by_one, _ = _trained(config, tmp_path, "each", "runtime.pack_size=4", *PACKABLE[name], rounds=3)
+    assert calls  # the client-by-client path ran
+    assert torch.equal(at_once.global_params, one_by_one.global_params)
+
+
+def test_add_rows_equals_add_row_by_row():
+    from distfl.federation.aggregate import Segment, StatBuffer
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.randn(7, 1000, generator=gen) * 1e-2
+    rows[3, 10] = float("inf")  # a non-finite client is counted
+    weights = [0.1, 0.3, 0.05, 0.2, 0.15, 0.1, 0.1]
+    segments = [Segment("delta", 1000), Segment("wide", 1000, accumulate="int64"), Segment("count", 1000, kind="int"),
+                Segment("loss", 1)]
+    a, b = StatBuffer(segments, torch.device("cpu"), 7), StatBuffer(segments, torch.device("cpu"), 7)
+    a._scratch = a._scratch[:300]  # rows go in chunks
+    a.add_rows("delta", rows, weights)
+    a.add_rows("wide", rows, weights)
+    a.add_rows("count", (rows * 100).round(), [2] * 7)
+    a.add_rows("loss", rows[:, 0], [1.0] * 7)
+    for k, w in enumerate(weights):
+        b.add("delta", rows[k], w)
+        b.add("wide", rows[k], w)
+        b.add("count", (rows[k] * 100).round(), 2)
+        b.add("loss", rows[k, 0], 1.0)
+    assert torch.equal(a.buffer, b.buffer)
+    assert int(a.view("_nonfinite")[0]) == 1

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import metrics, run_cli, summary, train_ok, write_config
+from conftest import metrics, run_cli, summary, train_ok, trained_model, write_config
 from distfl.algorithms.ffc import STATS_FILE, fixed_point_bits, solve
 from distfl.checkpoint import complete_checkpoints, load
 from distfl.errors import ConfigError
@@ -88,15 +88,7 @@ def _pooled_reference(run_dir: Path, ridge: float) -> tuple[torch.Tensor, int]:
     """The single-process float64 solve on the pooled features of the checkpointed model before
     calibration: (Z^T Z + ridge I)^-1 Z^T Y, and at ridge 0 (the paper's lambda) the minimum-norm least
     squares solution pinv(Z) Y, which is the same when Z^T Z is invertible."""
-    from distfl.config import load_config
-    from distfl.data.datasets import load_dataset
-
-    cfg = load_config(str(run_dir / "config.yaml"))
-    data = load_dataset(cfg.data, cfg.seed)
-    state = load(next(p for p in complete_checkpoints(run_dir) if p.name.startswith("round_")), "cpu")
-    model = build_model(cfg.model, data.input_shape, data.num_classes)
-    flat = FlatModel(model)
-    flat.load(state["params"], state["buffers"])
+    _, data, model, _ = trained_model(run_dir)
     model.eval()
     with torch.no_grad():
         z = F.normalize(model.features(data.train_x).double(), dim=1)

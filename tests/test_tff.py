@@ -85,7 +85,7 @@ def test_malformed_files_are_refused_in_one_line(tmp_path, damage, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_missing_group_and_text_federations_are_refused(tmp_path):
+def test_missing_group_and_unpaired_files_are_refused(tmp_path):
     with h5py.File(tmp_path / "fed_emnist_train.h5", "w") as f:
         f.create_group("clients")
     with h5py.File(tmp_path / "fed_emnist_test.h5", "w") as f:
@@ -94,8 +94,8 @@ def test_missing_group_and_text_federations_are_refused(tmp_path):
         load_tff(str(tmp_path))
     other = tmp_path / "so"
     other.mkdir()
-    (other / "stackoverflow_train.h5").write_bytes(b"")
-    with pytest.raises(DataError, match="one of TFF's text federations"):
+    (other / "stackoverflow_train.h5").write_bytes(b"")  # its test file is missing
+    with pytest.raises(DataError, match="holds no pair PREFIX_train.h5, PREFIX_test.h5"):
         load_tff(str(other))
 
 

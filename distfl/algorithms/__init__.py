@@ -59,10 +59,14 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
 
 def build_phases(cfg) -> list:
     """The run's phases after its training rounds, in order (federation/phases.py): the method's own
-    (TCT's stages), then SphereFed's FFC calibration. Imported only when a run has them."""
+    (TCT's stages), then the calibration (SphereFed's FFC or CCVR). Imported only when a run has them."""
     phases = algorithm_class(cfg.algorithm.name).phases(cfg)
     if cfg.calibration.method == "ffc":
         from .ffc import FFCPhase
 
         phases.append(FFCPhase())
+    elif cfg.calibration.method == "ccvr":
+        from .ccvr import CCVRPhase
+
+        phases.append(CCVRPhase())
     return phases

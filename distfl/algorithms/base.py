@@ -105,7 +105,7 @@ class Algorithm:
         algorithms/private.py)."""
         if self.cfg.algorithm.weighting == "uniform":
             return 1.0 / len(cohort)
-        sizes = self.population.sizes
+        sizes = self.population.token_counts if self.cfg.algorithm.weighting == "tokens" else self.population.sizes
         return float(sizes[client_id]) / float(sum(int(sizes[c]) for c in cohort))
 
     # ---- client side ---------------------------------------------------------------------------

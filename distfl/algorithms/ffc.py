@@ -38,8 +38,7 @@ import torch.nn.functional as F
 
 from .. import checkpoint
 from ..federation.aggregate import Segment, StatBuffer
-from ..federation.phases import Phase
-from ..federation.population import place
+from ..federation.phases import Phase, calibration_clients, evaluate_calibrated, hosted_client_models, log_result
 
 STATS_FILE = "ffc_stats.pt"  # A, B, N and the float64 solution, for re-solving with another lambda
 
@@ -113,11 +112,7 @@ class FFCPhase(Phase):
         t0 = time.perf_counter()
         acc_before, loss_before = context.evaluate()
 
-        if cfg.calibration.clients == "all":
-            clients = list(range(len(context.population)))
-        else:
-            clients = context.population.cohort(cfg.seed, cfg.train.rounds, cfg.train.clients_per_round,
-                                                cfg.train.cohort)
+        clients = calibration_clients(context)
         sizes = context.population.sizes
         bits = fixed_point_bits(max(int(sizes[k]) for k in clients), len(clients))
         upper = torch.triu_indices(d, d, device=context.device)
@@ -125,17 +120,9 @@ class FFCPhase(Phase):
                             Segment("zty", d * c, frac_bits=bits, accumulate="int64"),
                             Segment("samples", 1, kind="int"), Segment("zero_features", 1, kind="int")],
                            context.device, len(clients))
-        alg = context.algorithm
-        # FedBN: a client's features come from its own model, the global one with its own BatchNorm
-        # (kept in its state, on the rank that hosts it under sticky placement); a client never sampled
-        # has none and uses the global BatchNorm, as in per-client evaluation.
-        sticky = alg.stateful and context.sticky
         t_features = time.perf_counter()
-        for k in place(clients, sizes, ctx.world_size, sticky=sticky)[ctx.rank]:
-            context.worker.load(context.global_params, context.global_buffers)
-            if alg.stateful:
-                alg.load_own_model(context.store.peek(k) or {}, context.worker)
-            idx = context.client_indices[k]
+        # FedBN: a client's features come from its own model (hosted_client_models).
+        for k, idx in hosted_client_models(context, clients):
             a, b, zeros = client_sums(model, context.data.train_x[idx], context.data.train_y[idx], c,
                                       cfg.calibration.batch_size)
             stats.add("ztz", a[upper[0], upper[1]])
@@ -169,10 +156,8 @@ class FFCPhase(Phase):
             model.head.weight.copy_(weight)
         apply_calibrated_head(model)
         # With eval.clients, each client's own model (FedBN: its own BatchNorm) with the calibrated head.
-        after = context.evaluate_round(clients=cfg.eval.clients)
-        acc_after, loss_after = after["test_acc"], after["test_loss"]
-        client_stats = {k: v for k, v in after.items() if k.startswith("client_acc_")}
-        context.state.record_eval(acc_after, loss_after, self.name, client_stats)
+        after = evaluate_calibrated(context, self.name)
+        acc_after = after["test_acc"]
 
         if ctx.is_main:
             checkpoint.atomic_torch_save(
@@ -181,7 +166,7 @@ class FFCPhase(Phase):
                 Path(context.run_dir) / STATS_FILE)
         result = {
             "test_acc_before": acc_before, "test_loss_before": loss_before,
-            "test_acc": acc_after, "test_loss": loss_after, **client_stats,
+            **after,
             "clients": len(clients), "samples": n, "zero_features": zero, "trace": trace,
             "ridge": cfg.calibration.ridge, **info,
             "features_s": t_reduce - t_features, "reduce_s": t_solve - t_reduce, "solve_s": solve_s,
@@ -194,8 +179,7 @@ class FFCPhase(Phase):
         logger.info(f"FFC on {len(clients)} clients, {n} samples: test accuracy {100 * acc_before:.2f}% -> "
                     f"{100 * acc_after:.2f}%, condition number {info['condition_number'] or float('inf'):.3g}, "
                     f"{result['total_s']:.2f}s")
-        logger.log_phase({"round": context.state.step + 1, "phase": self.name,
-                          **{k: v for k, v in result.items() if isinstance(v, (int, float))}})
+        log_result(logger, context, self.name, result)
         return result
 
     def restore(self, context) -> None:

@@ -125,7 +125,8 @@ class TCT(Algorithm):
     def check_config(cls, cfg):
         if cfg.calibration.method != "none":
             raise ConfigError("algorithm.name=tct replaces the network by a linear model on eNTK features; "
-                              "calibration.method=ffc does not apply to it: set calibration.method=none")
+                              f"calibration.method={cfg.calibration.method} does not apply to it: set "
+                              "calibration.method=none")
         if cfg.model.head != "linear":
             raise ConfigError(f"algorithm.name=tct re-initialises a learnable linear head; model.head="
                               f"{cfg.model.head} is fixed: use model.head=linear")

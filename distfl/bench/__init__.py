@@ -7,6 +7,8 @@ shared harness (harness.py):
   ffc, tct           a paper method's extra phases against a training round (ffc.py, tct.py)
   startup            where a short run's time goes that is not training (startup.py)
   system             the virtual clock's cost per round and the async schedule's rate (system.py)
+  whole-run          training seconds of whole runs: pfl-research's CIFAR-10 benchmark config and the
+                     quickstart (whole_run.py)
 
 Each writes JSON with every raw timing and a markdown table beside it (bench/<suite>.json and .md;
 the runtime suite: bench/results.json).
@@ -21,10 +23,11 @@ import signal
 import threading
 from pathlib import Path
 
+from ..errors import ConfigError
 from .harness import _command_line, log
 
 
-SUITES = ("runtime", "ffc", "tct", "cross-device", "startup", "system")
+SUITES = ("runtime", "ffc", "tct", "cross-device", "startup", "system", "whole-run")
 
 
 def _raise_on_sigterm(signum, frame):
@@ -44,19 +47,29 @@ def main_suite(args) -> int:
     `--suite startup`: what a run spends outside training."""
     import torch
 
-    from . import cross_device, ffc, startup, system, tct
+    from . import cross_device, ffc, startup, system, tct, whole_run
 
     quick = getattr(args, "quick", False)
-    repeats = 1 if quick else int(args.repeats)
+    rounds = _rounds(args)
     suite = args.suite
+    extra = tuple(getattr(args, "overrides", ()))
+    if extra and suite not in ("cross-device", "whole-run"):
+        raise ConfigError(f"distfl bench: KEY=VALUE overrides ({' '.join(extra)}) apply to the cross-device "
+                          f"and whole-run suites only, not --suite {suite}")
+    repeats = 1 if quick else int(args.repeats)
     out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
-    module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup, "system": system}[suite]
+    module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup, "system": system,
+              "whole-run": whole_run}[suite]
     if suite == "startup":
-        res = startup.bench(repeats, log, 2 if quick else int(args.rounds))
+        res = startup.bench(repeats, log, 2 if quick else rounds)
     elif suite == "cross-device":
-        res = cross_device.bench_cross_device(1 if quick else int(args.rounds), repeats, log,
+        res = cross_device.bench_cross_device(1 if quick else rounds, repeats, log,
                                               getattr(args, "device", None),
-                                              cross_device.pack_sizes(getattr(args, "pack_sizes", "1,10")))
+                                              cross_device.pack_sizes(getattr(args, "pack_sizes", "1,10")),
+                                              cross_device.counts(getattr(args, "pfl_processes", "1"), "--pfl-processes"),
+                                              cross_device.counts(getattr(args, "ranks", ""), "--ranks"), extra)
+    elif suite == "whole-run":
+        res = whole_run.bench(2 if quick else getattr(args, "rounds", None), log, getattr(args, "device", None), extra)
     elif suite == "tct":
         res = tct.bench(repeats, log, getattr(args, "device", None))
     else:
@@ -69,14 +82,19 @@ def main_suite(args) -> int:
     return 0
 
 
+def _rounds(args) -> int:
+    """--rounds, 10 when not given (the whole-run suite reads None as each run's own number of rounds)."""
+    return 10 if getattr(args, "rounds", None) is None else int(args.rounds)
+
+
 def main(args) -> int:
-    if getattr(args, "suite", "runtime") != "runtime":
+    if getattr(args, "suite", "runtime") != "runtime" or getattr(args, "overrides", None):
         return main_suite(args)
     from . import runtime
 
     runtime.DEVICE = getattr(args, "device", None) or "cpu"
     quick = bool(getattr(args, "quick", False))
-    rounds = 2 if quick else int(args.rounds)
+    rounds = 2 if quick else _rounds(args)
     repeats = 1 if quick else int(args.repeats)
     out = Path(args.out)
     # SIGTERM unwinds like Ctrl-C, so the `finally` blocks kill the subprocesses the bench started.

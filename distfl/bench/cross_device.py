@@ -13,6 +13,14 @@ model is from the one-at-a-time one (float rounding; README "Client packs"), and
 DISTFL_PFL_PYTHON names a Python with pfl==0.6.0, pfl-research's seconds per round on the same shape
 (bench/pfl_research_cross_device.py, run in every repeat beside distfl's runs, on pfl's default device). And the
 exact sum's cost alone: milliseconds per client per million parameters (`exact_sum_cost`).
+
+`--pfl-processes 1,2,3,4,5`: pfl-research in each of those numbers of worker processes sharing the
+device (its guide's advice for one GPU: try 1-5), every count in every repeat; its best count is
+compared with distfl's best configuration. `--ranks 1,2,4`: `distfl train` under torchrun with that
+many ranks sharing the device (gloo), in packs of the largest `--pack-sizes` value or a rank's share
+of the round's clients if smaller (`rank_pack_size`), one untimed warm-up round, then `rounds` rounds
+timed from metrics.jsonl's `round_s`; seconds per round, client updates per second and whether rank
+counts with equal pack sizes gave bit-identical final models.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ WORKLOAD = [
     "train.batch_size=10", "train.lr=0.1", "runtime.threads=1",
 ]
 PACK_SIZES = (1, 10)
+COHORT = 50  # pfl-research's clients a round in bench/pfl_research_cross_device.py
 
 
 def pack_sizes(text: str) -> tuple[int, ...]:
@@ -52,17 +61,48 @@ def pack_sizes(text: str) -> tuple[int, ...]:
 PFL_PYTHON_ENV = "DISTFL_PFL_PYTHON"
 
 
-def pfl_research(rounds: int, log) -> dict | str:
+def counts(text: str, flag: str) -> tuple[int, ...]:
+    """`--pfl-processes 1,2,3` or `--ranks 1,2,4` -> (1, 2, 3); empty text -> () (not measured)."""
+    try:
+        values = tuple(int(v) for v in text.split(",")) if text else ()
+    except ValueError:
+        values = (0,)
+    if any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise ConfigError(f"{flag} {text!r}: expected distinct positive integers, e.g. 1,2,4")
+    return values
+
+
+def pfl_research(rounds: int, log, processes: int = 1) -> dict | str:
     python = os.environ.get(PFL_PYTHON_ENV)
     if not python:
         return f"not measured (set {PFL_PYTHON_ENV} to a Python with pfl==0.6.0 and torch installed)"
     script = Path(__file__).resolve().parents[2] / "bench" / "pfl_research_cross_device.py"
-    log(f"pfl-research 0.6: {python} {script.name} --rounds {rounds}")
-    proc = subprocess.run([python, str(script), "--rounds", str(rounds)], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [python, str(script), "--rounds", str(rounds), "--processes", str(processes)]
+    log(f"pfl-research 0.6: {' '.join(cmd[1:])}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
-        return f"not measured ({script.name} failed: {proc.stderr.strip().splitlines()[-1:]})"
+        # The script's own last word ("pfl worker R of N failed ...") if it said one: torch's warnings at exit come after it.
+        lines = proc.stderr.strip().splitlines()
+        said = [line for line in lines if line.startswith("pfl worker")] or lines[-3:]
+        return f"not measured ({script.name} --processes {processes} failed: {said[-1][:1500] if said else 'no output'})"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def time_ranks(nproc: int, overrides: list[str], rounds: int, tmp: str) -> dict:
+    """`distfl train` under torchrun with `nproc` ranks: round 1 untimed, then `rounds` rounds' round_s."""
+    from ..launch import torchrun_command
+    from .harness import _run, write_config
+
+    run_dir = Path(tempfile.mkdtemp(prefix=f"ranks{nproc}_", dir=tmp))
+    config = write_config(run_dir / "bench.yaml", overrides + [f"train.rounds={rounds + 1}",
+                                                               f"output.dir={run_dir / 'run'}"])
+    cmd = torchrun_command(nproc, ["train", str(config)])
+    _run(cmd, str(run_dir), f"{nproc}-rank run")
+    rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = json.loads((run_dir / "run" / "summary.json").read_text())
+    return {"s_per_round": statistics.mean(r["round_s"] for r in rows[1:]), "warmup_round_s": rows[0]["round_s"],
+            "model_sha256": summary["model_sha256"], "world_size": summary["world_size"],
+            "pack_size": summary["pack_size"]}
 
 
 def exact_sum_cost(num_params: int, clients: int, repeats: int, device: torch.device) -> dict:
@@ -93,7 +133,9 @@ def exact_sum_cost(num_params: int, clients: int, repeats: int, device: torch.de
 
 
 def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None,
-                       sizes: tuple[int, ...] = PACK_SIZES) -> dict:
+                       sizes: tuple[int, ...] = PACK_SIZES, pfl_processes: tuple[int, ...] = (1,),
+                       ranks: tuple[int, ...] = (), extra: tuple[str, ...] = ()) -> dict:
+    """`extra`: overrides added to every distfl run (`distfl bench ... KEY=VALUE`)."""
     from ..federation.local import local_steps
     from .harness import HARNESS, InProcess
 
@@ -101,18 +143,28 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
     with tempfile.TemporaryDirectory(prefix="distfl_bench_xdev_") as tmp:
         runs = {}
         for p in sizes:
-            overrides = WORKLOAD + placed + HARNESS + [f"train.rounds={rounds}", f"runtime.pack_size={p}",
+            overrides = WORKLOAD + placed + HARNESS + [*extra, f"train.rounds={rounds}", f"runtime.pack_size={p}",
                                                        f"output.dir={tmp}/pack{p}"]
             runs[p] = InProcess(rounds, overrides)
             log(f"pack_size={p}: warm-up round (untimed)")
             runs[p].time_fl(1)
+        ranked = WORKLOAD + placed + HARNESS + [*extra, f"data.root={Path(runs[1].cfg.data.root).resolve()}"]
+        cohort = runs[1].cfg.train.clients_per_round
+        rank_packs = {n: rank_pack_size(max(sizes), cohort, n) for n in ranks}
         per_round = {p: [] for p in sizes}
-        pfl_runs: list = []  # pfl-research, run between distfl's in every repeat (same load, same time)
+        pfl_runs: dict = {n: [] for n in pfl_processes}  # run between distfl's in every repeat (same load)
+        rank_runs: dict = {n: [] for n in ranks}
         for rep in range(repeats):
-            order = [*sizes, "pfl"]
+            order = [*sizes, *(("ranks", n) for n in ranks), *(("pfl", n) for n in pfl_processes)]
             for p in order if rep % 2 == 0 else reversed(order):
-                if p == "pfl":
-                    pfl_runs.append(pfl_research(rounds, log))
+                if isinstance(p, tuple) and p[0] == "pfl":
+                    pfl_runs[p[1]].append(pfl_research(rounds, log, p[1]))
+                    continue
+                if isinstance(p, tuple):
+                    n = p[1]
+                    rank_runs[n].append(time_ranks(n, ranked + [f"runtime.pack_size={rank_packs[n]}"], rounds, tmp))
+                    log(f"repeat {rep + 1}/{repeats}: {n} rank(s), packs of {rank_packs[n]}: "
+                        f"{rank_runs[p[1]][-1]['s_per_round']:.3f} s/round")
                     continue
                 res = runs[p].time_fl(rounds)
                 per_round[p].append(statistics.mean(res["round_s"]))
@@ -128,7 +180,10 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
         log(f"exact sum: {exact_sum['ms_per_client']:.2f} ms a client "
             f"({exact_sum['ms_per_client_per_mparam']:.2f} ms per million parameters)")
     median = {p: statistics.median(v) for p, v in per_round.items()}
+    pfl = {str(n): _pfl_summary(r, median[1]) for n, r in pfl_runs.items()}
+    shared = _ranks_summary(rank_runs, train.clients_per_round, rank_packs if ranks else {})
     return {
+        "extra_overrides": list(extra),
         "exact_sum": exact_sum,
         "workload": WORKLOAD, "rounds": rounds, "repeats": repeats, "device": device,
         "gpu": torch.cuda.get_device_name(runs[1].trainer.device) if device.startswith("cuda") else None,
@@ -138,8 +193,53 @@ def bench_cross_device(rounds: int, repeats: int, log, device: str | None = None
         "ms_per_client_step": {str(p): 1000 * median[p] * rounds / steps for p in sizes},
         "speedup_vs_pack_1": {str(p): median[1] / median[p] for p in sizes},
         "max_abs_diff_vs_pack_1": {str(p): v for p, v in diff.items()},
-        "pfl_research_0.6": _pfl_summary(pfl_runs, median[1]),
+        "clients_per_round": train.clients_per_round,
+        "client_updates_per_s": {str(p): train.clients_per_round / median[p] for p in sizes},
+        # pfl-research in 1 process (the column beside each pack size), and in every --pfl-processes count
+        "pfl_research_0.6": pfl.get("1", "not measured (--pfl-processes without 1)"),
+        "pfl_research_processes": pfl,
+        "ranks_sharing_device": shared,
+        "best": _best(median, shared, pfl),
     }
+
+
+def rank_pack_size(largest: int, clients_per_round: int, ranks: int) -> int:
+    """The pack size `--ranks` runs `ranks` ranks with: the largest `--pack-sizes` value, but at most a
+    rank's share of the round's clients. Packs are cut from the cohort whatever the world size and dealt
+    whole to ranks, so packs bigger than a share would leave ranks without work."""
+    return min(largest, -(-clients_per_round // ranks))
+
+
+def _ranks_summary(rank_runs: dict, clients_per_round: int, pack_sizes: dict) -> dict | None:
+    if not rank_runs:
+        return None
+    med = {n: statistics.median(r["s_per_round"] for r in runs) for n, runs in rank_runs.items()}
+    # Equal pack sizes must give equal models on any number of ranks; other pack sizes round differently.
+    shas = {}
+    for n, runs in rank_runs.items():
+        shas.setdefault(pack_sizes[n], set()).update(r["model_sha256"] for r in runs)
+    return {"pack_size": {str(n): p for n, p in pack_sizes.items()}, "backend": "gloo (ranks share the device)",
+            "median_s_per_round": {str(n): v for n, v in med.items()},
+            "s_per_round_each_repeat": {str(n): [r["s_per_round"] for r in runs] for n, runs in rank_runs.items()},
+            "client_updates_per_s": {str(n): clients_per_round / v for n, v in med.items()},
+            "bit_identical_at_equal_pack_size": all(len(v) == 1 for v in shas.values()),
+            "model_sha256_by_pack_size": {str(p): sorted(v) for p, v in shas.items()}}
+
+
+def _best(median: dict, shared: dict | None, pfl: dict) -> dict:
+    """distfl's fastest configuration (a pack size in one process, or a rank count) against pfl-research's
+    fastest process count: the speed-up, pfl-research's s / round over distfl's."""
+    ours = {f"pack_size={p}": v for p, v in median.items()}
+    if shared:
+        ours.update({f"{n} ranks, pack_size={shared['pack_size'][n]}": v
+                     for n, v in shared["median_s_per_round"].items()})
+    name = min(ours, key=ours.get)
+    theirs = {n: r["s_per_round"] for n, r in pfl.items() if isinstance(r, dict)}
+    out = {"distfl": name, "distfl_s_per_round": ours[name]}
+    if theirs:
+        n = min(theirs, key=theirs.get)
+        out.update(pfl_processes=int(n), pfl_s_per_round=theirs[n], speedup_vs_pfl=theirs[n] / ours[name])
+    return out
 
 
 def _pfl_summary(runs: list, distfl_median: float):
@@ -181,4 +281,26 @@ def markdown(res: dict) -> str:
                f"{pfl['torch']}; distfl's torch {res['machine']['torch']}; bench/pfl_research_cross_device.py). "
                f"**distfl pack_size=1 / pfl-research = {pfl['distfl_pack1_over_pfl']:.2f}**")
     lines += ["", f"pfl-research 0.6 on the same shape: {pfl}.", ""]
+    counts = {n: r for n, r in res.get("pfl_research_processes", {}).items() if isinstance(r, dict)}
+    if len(counts) > 1 or set(counts) - {"1"}:
+        backend = {r.get("backend") for r in counts.values()} - {None}
+        lines += [f"pfl-research in several worker processes sharing the device (PFL_WORKER_ADDRESSES, "
+                  f"process group {', '.join(sorted(backend)) or 'none'}):", "",
+                  "| processes | s / round | client updates / s |", "|---|---|---|"]
+        lines += [f"| {n} | {r['s_per_round']:.3f} | {r.get('cohort', COHORT) / r['s_per_round']:.0f} |"
+                  for n, r in counts.items()]
+        lines.append("")
+    shared = res.get("ranks_sharing_device")
+    if shared:
+        lines += ["distfl ranks sharing the device (torchrun, gloo; the same final model at equal pack sizes: "
+                  f"{shared['bit_identical_at_equal_pack_size']}):", "",
+                  "| ranks | pack_size | s / round | client updates / s |", "|---|---|---|---|"]
+        lines += [f"| {n} | {shared['pack_size'][n]} | {v:.3f} | {shared['client_updates_per_s'][n]:.0f} |"
+                  for n, v in shared["median_s_per_round"].items()]
+        lines.append("")
+    best = res.get("best")
+    if best and "speedup_vs_pfl" in best:
+        lines += [f"Best of each: distfl {best['distfl']} {best['distfl_s_per_round']:.3f} s / round, pfl-research "
+                  f"{best['pfl_processes']} process(es) {best['pfl_s_per_round']:.3f} s / round: "
+                  f"pfl-research's time over distfl's **{best['speedup_vs_pfl']:.2f}x** (target 10x).", ""]
     return "\n".join(lines)

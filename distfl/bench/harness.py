@@ -96,7 +96,7 @@ class InProcess:
 
         self.rounds = rounds
         self.cfg = load_config(None, overrides)
-        self.ctx = dist.init(self.cfg.runtime.device, self.cfg.runtime.threads)
+        self.ctx = dist.init(self.cfg.runtime.device, self.cfg.runtime.threads, tf32=self.cfg.runtime.tf32)
         self.trainer = Trainer(self.cfg, self.ctx)
         tr = self.trainer
         self.init_params = tr.global_params.clone()
@@ -137,6 +137,15 @@ class InProcess:
         model = fresh_model(self.cfg, self.trainer.data)
         data = self.trainer.data
         return centralised_loop(model, data.train_x, data.train_y, sizes, self.cfg.train.lr, self.cfg.seed)
+
+
+def write_config(path: Path, overrides: list[str], base: str | None = None) -> Path:
+    """The YAML config of `base` (a config file, or the defaults) with `overrides`, written to `path`
+    for a `distfl train` subprocess."""
+    from ..config import dump_config, load_config
+
+    path.write_text(dump_config(load_config(base, overrides)))
+    return path
 
 
 def _env() -> dict:

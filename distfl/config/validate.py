@@ -189,6 +189,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("eval.client_split=holdout holds out part of every client's training data for per-client "
                           "evaluation, which is off: set eval.clients=true (or eval.client_split=test)")
 
+    if v["calibration.method"] == "ccvr" and v["model.head"] != "linear":
+        raise ConfigError(f"calibration.method=ccvr retrains a learnable linear head; model.head={v['model.head']} is "
+                          "fixed: use model.head=linear (or calibration.method=ffc, which fits any head)")
+
     declared.check_config(cfg)
     _check_personalised(v, method)
     _check_finetune(v, method)
@@ -237,6 +241,8 @@ def _check_personalised(v: dict, method: type) -> None:
 def _check_finetune(v: dict, method: type) -> None:
     """eval.finetune_epochs fine-tunes the global model of a method that has one model for all clients."""
     epochs, name = v["eval.finetune_epochs"], v["algorithm.name"]
+    if v["eval.finetune_from"] == "best":
+        _check_finetune_from_best(v, method)
     if not epochs:
         return
     if not v["eval.clients"]:
@@ -245,6 +251,26 @@ def _check_finetune(v: dict, method: type) -> None:
     if method.personalised:
         raise ConfigError(f"eval.finetune_epochs={epochs} fine-tunes the global model, but algorithm.name={name} "
                           f"is personalised: each client is scored with its own model; set eval.finetune_epochs=0")
+
+
+def _check_finetune_from_best(v: dict, method: type) -> None:
+    """eval.finetune_from=best: the clients start from a global model alone (no state of theirs mixed in)."""
+    name, why = v["algorithm.name"], "eval.finetune_from=best starts each client's fine-tuning from the best round's global model"
+    if not v["eval.clients"]:
+        raise ConfigError(f"{why} before per-client evaluation, which is off: set eval.clients=true "
+                          "(or eval.finetune_from=last)")
+    if method.personalised and method.stateful:
+        raise ConfigError(f"{why}, but algorithm.name={name} scores each client with a model built from its own state "
+                          "(kept from the latest rounds, not the best one): set eval.finetune_from=last")
+    if not method.personalised and not v["eval.finetune_epochs"]:
+        raise ConfigError(f"{why}, but nothing fine-tunes it (eval.finetune_epochs=0): set eval.finetune_epochs > 0 "
+                          "(or eval.finetune_from=last)")
+    if v["aggregation.fedbn"]:
+        raise ConfigError(f"{why}, but aggregation.fedbn gives each client its latest BatchNorm: set "
+                          "eval.finetune_from=last (or aggregation.fedbn=false)")
+    if v["calibration.method"] != "none":
+        raise ConfigError(f"{why}, but calibration.method={v['calibration.method']} changes the final model after "
+                          "training: set eval.finetune_from=last (or calibration.method=none)")
 
 
 def check_feature_dim(model_name: str, feature_dim: int) -> None:

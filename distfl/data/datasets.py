@@ -25,7 +25,8 @@ from distfl.data.leaf import load_leaf
 from distfl.data.natural import Federated
 from distfl.data.npz import npz_errors
 from distfl.data.prepared import load_prepared
-from distfl.data.tff import load_tff
+from distfl.data.tff_text import load_tff_folder
+from distfl.data.tokens import TokenTask
 from distfl.errors import DataError
 from distfl.config.schema import DataConfig
 
@@ -64,6 +65,9 @@ class Dataset:
     # train_x[train_offsets[k]:train_offsets[k + 1]], its own test samples test_x[test_offsets[k]:...].
     train_offsets: np.ndarray | None = None
     test_offsets: np.ndarray | None = None
+    # A next-token dataset's special tokens (data/tokens.py), else None: then x and y are int64 N x L
+    # (inputs, and the token following each position) and it is scored per token.
+    tokens: TokenTask | None = None
 
     @property
     def input_shape(self) -> tuple:
@@ -94,7 +98,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     elif cfg.dataset == "leaf":
         ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed))
     elif cfg.dataset == "tff":
-        ds = from_federated(load_tff(cfg.path))
+        ds = from_federated(load_tff_folder(cfg.path))
     elif cfg.dataset == "prepared":
         ds = from_federated(load_prepared(cfg.path))
     else:
@@ -173,7 +177,7 @@ def from_federated(fed: Federated) -> Dataset:
     """A natural federation (distfl/data/natural.py) as a Dataset whose offsets keep its clients."""
     return Dataset(torch.from_numpy(fed.train_x), torch.from_numpy(fed.train_y), torch.from_numpy(fed.test_x),
                    torch.from_numpy(fed.test_y), fed.num_classes, name=fed.name, augment=None, sources=fed.sources,
-                   train_offsets=fed.train_offsets, test_offsets=fed.test_offsets)
+                   train_offsets=fed.train_offsets, test_offsets=fed.test_offsets, tokens=fed.tokens)
 
 
 # ---------------------------------------------------------------- Fashion-MNIST

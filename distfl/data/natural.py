@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distfl.data.tokens import TokenTask
 from distfl.errors import ConfigError, DataError
+from distfl.data.parts import Parts
 
 
 @dataclass
@@ -28,17 +30,18 @@ class Federated:
     name: str
     client_ids: list[str] = field(default_factory=list)  # the source's names of the clients, in order
     sources: dict[str, tuple[str, str]] = field(default_factory=dict)  # as Dataset.sources
+    tokens: TokenTask | None = None  # a next-token dataset's special tokens (x, y: int64 N x L), as Dataset.tokens
 
     @property
     def num_clients(self) -> int:
         return len(self.train_offsets) - 1
 
 
-def concatenate(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-client arrays -> (inputs, labels, offsets), the inputs as float32."""
+def concatenate(xs: list[np.ndarray], ys: list[np.ndarray], x_dtype=np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-client arrays -> (inputs, labels, offsets), the inputs as float32 (or `x_dtype`)."""
     offsets = np.zeros(len(xs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(y) for y in ys])
-    x = np.concatenate(xs).astype(np.float32) if xs else np.zeros((0,), np.float32)
+    x = np.concatenate(xs).astype(x_dtype) if xs else np.zeros((0,), x_dtype)
     y = np.concatenate(ys).astype(np.int64) if ys else np.zeros((0,), np.int64)
     return x, y, offsets
 
@@ -51,7 +54,12 @@ CLIENT_COUNTS = {"fedprox_synthetic": 30}
 
 def check_natural(v: dict) -> None:
     """ConfigError, before any data loads: partition.scheme=natural needs a dataset whose clients come with
-    it, and all of them (`v`: the dotted config values)."""
+    it, and all of them (`v`: the dotted config values). algorithm.weighting=tokens needs a dataset that
+    can hold next-token data (data/tokens.py)."""
+    if v["algorithm.weighting"] == "tokens" and v["data.dataset"] not in ("tff", "prepared"):
+        raise ConfigError(f"algorithm.weighting=tokens weighs clients by their target tokens, which only next-token "
+                          f"data has (data.dataset=tff with Shakespeare or StackOverflow, or prepared from one), not "
+                          f"data.dataset={v['data.dataset']}; use algorithm.weighting=samples")
     if v["partition.scheme"] != "natural":
         return
     dataset = v["data.dataset"]
@@ -65,14 +73,7 @@ def check_natural(v: dict) -> None:
                           f"{v['partition.num_clients']}; set partition.num_clients={count} for its natural partition")
 
 
-def _ranges(offsets: np.ndarray) -> list[np.ndarray]:
-    """[arange(offsets[k], offsets[k + 1])] as views of one arange: one allocation for any number of clients."""
-    bounds = np.asarray(offsets, dtype=np.int64)
-    base = np.arange(bounds[-1], dtype=np.int64)
-    return [base[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-
-
-def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np.ndarray]:
+def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> Parts:
     """partition.scheme=natural: client k's training indices, its own samples in the source's order."""
     if train_offsets is None:
         raise DataError(f"partition.scheme=natural needs a dataset whose clients come with the data "
@@ -81,14 +82,14 @@ def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np
     if count != num_clients:
         raise DataError(f"the dataset holds {count} clients but partition.num_clients={num_clients}; "
                         f"set partition.num_clients={count} for its natural partition")
-    return _ranges(train_offsets)
+    return Parts.ranges(train_offsets)
 
 
-def natural_test_sets(test_offsets: np.ndarray) -> list[np.ndarray]:
+def natural_test_sets(test_offsets: np.ndarray) -> Parts:
     """Each client's own test samples (indices into the test split), for eval.clients."""
     if int(np.asarray(test_offsets)[-1]) == 0:
         raise DataError("eval.clients=true scores each client on its own test samples, but no client of this natural "
                         "split has any (a user-wise split: its test users are not training clients); set "
                         "eval.clients=false, or eval.client_split=holdout to hold out part of each client's training "
                         "samples")
-    return _ranges(test_offsets)
+    return Parts.ranges(test_offsets)

@@ -21,16 +21,21 @@ from distfl.errors import DataError
 from distfl.config.schema import PartitionConfig
 
 
-def partition(labels: np.ndarray, cfg: PartitionConfig, num_classes: int, seed: int,
+def partition(labels: np.ndarray | None, cfg: PartitionConfig, num_classes: int, seed: int,
               natural: np.ndarray | None = None) -> list[np.ndarray]:
     """One shuffled int64 array of dataset indices per client (len == cfg.num_clients).
 
     `natural`: the dataset's client offsets (Dataset.train_offsets), which scheme `natural` follows."""
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or len(labels) == 0:
-        raise DataError(f"partition needs a non-empty 1-D label array, got shape {labels.shape}")
-    if labels.min() < 0 or labels.max() >= num_classes:
-        raise DataError(f"labels must lie in 0..{num_classes - 1}, found {labels.min()}..{labels.max()}")
+    if labels is None:  # a next-token dataset: no class a sample, so only its own clients split it
+        if cfg.scheme != "natural":
+            raise DataError(f"partition.scheme={cfg.scheme} splits samples by their class, but this next-token "
+                            "dataset has none; use partition.scheme=natural (its own clients)")
+    else:
+        labels = np.asarray(labels)
+        if labels.ndim != 1 or len(labels) == 0:
+            raise DataError(f"partition needs a non-empty 1-D label array, got shape {labels.shape}")
+        if labels.min() < 0 or labels.max() >= num_classes:
+            raise DataError(f"labels must lie in 0..{num_classes - 1}, found {labels.min()}..{labels.max()}")
     if cfg.num_clients < 1:
         raise DataError(f"partition.num_clients must be >= 1, got {cfg.num_clients}")
     schemes = {

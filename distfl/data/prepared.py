@@ -2,7 +2,8 @@
 files (LEAF's JSON takes minutes to parse) and written as a folder of plain .npy arrays that a run
 memory-maps (`data.dataset: prepared`, `data.path: OUT`):
 
-    OUT/meta.json        {"format": "distfl-prepared-1", "name", "num_classes", "num_clients", "source", "from"}
+    OUT/meta.json        {"format": "distfl-prepared-1", "name", "num_classes", "num_clients", "source", "from",
+                          and for a next-token dataset "tokens": {"name", "unscored"} (data/tokens.py)}
     OUT/train_x.npy      every client's training inputs, client after client (float32 or int64)
     OUT/train_y.npy      int64 labels
     OUT/train_offsets.npy  int64, clients + 1: client k holds rows train_offsets[k]:train_offsets[k + 1]
@@ -24,6 +25,7 @@ import shutil
 import numpy as np
 
 from distfl.data.natural import Federated
+from distfl.data.tokens import TokenTask
 from distfl.errors import DataError
 
 FORMAT = "distfl-prepared-1"
@@ -37,9 +39,9 @@ def read_source(name: str, folder: str, split: str, seed: int) -> Federated:
 
         return load_leaf(folder, split, seed)
     if name == "tff":
-        from distfl.data.tff import load_tff
+        from distfl.data.tff_text import load_tff_folder
 
-        return load_tff(folder)
+        return load_tff_folder(folder)
     raise DataError(f"distfl data prepare: unknown dataset {name!r}; valid: {', '.join(SOURCES)}")
 
 
@@ -57,6 +59,8 @@ def write_prepared(fed: Federated, out: str, source: str, origin: str) -> None:
             np.save(os.path.join(tmp, f"{key}.npy"), np.ascontiguousarray(value), allow_pickle=False)
         meta = {"format": FORMAT, "name": fed.name, "num_classes": int(fed.num_classes),
                 "num_clients": int(fed.num_clients), "source": source, "from": os.path.abspath(origin)}
+        if fed.tokens is not None:  # a next-token dataset: its special tokens (absent for classification)
+            meta["tokens"] = fed.tokens.to_json()
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         os.replace(tmp, out)
@@ -108,12 +112,14 @@ def load_prepared(folder: str) -> Federated:
                         f"{len(arrays['train_y'])} rows")
     return Federated(arrays["train_x"], arrays["train_y"], train_off, arrays["test_x"], arrays["test_y"], test_off,
                      int(meta["num_classes"]), str(meta["name"]), client_ids=arrays["client_ids"].tolist(),
-                     sources={"data.path": (folder, folder_sha256(folder))})
+                     sources={"data.path": (folder, folder_sha256(folder))},
+                     tokens=TokenTask.from_json(meta["tokens"]) if "tokens" in meta else None)
 
 
 def describe(fed: Federated) -> str:
     sizes = np.diff(fed.train_offsets)
     return (f"{fed.num_clients} clients, {len(fed.train_y)} training samples (per client min/median/max "
             f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {len(fed.test_y)} test samples "
-            f"({int(fed.test_offsets[-1])} in the clients' own test splits), {fed.num_classes} classes, "
+            f"({int(fed.test_offsets[-1])} in the clients' own test splits), {fed.num_classes} "
+            f"{'classes' if fed.tokens is None else 'tokens (next-token sequences: ' + fed.tokens.name + ')'}, "
             f"inputs {tuple(fed.train_x.shape[1:])} {fed.train_x.dtype}")

@@ -181,6 +181,42 @@ class StatBuffer:
         else:
             self._sum_view(name).add_(scratch)
 
+    def add_rows(self, name: str, rows: torch.Tensor, weights: list[float]) -> None:
+        """`add(name, rows[k], weights[k])` for every row k, in a few vectorised passes (a client pack's
+        statistics): the same sums, bit for bit, since each row's fixed-point terms are the ones `add`
+        computes and integer sums do not depend on their order."""
+        if self._reduced:
+            raise RuntimeError("StatBuffer.add_rows after reduce")
+        seg = self._segment(name)
+        rows = rows.reshape(len(weights), -1)
+        if rows.shape[1] != seg.numel:
+            raise ValueError(f"segment {name}: expected rows of {seg.numel} values, got {rows.shape[1]}")
+        if rows.device != self.buffer.device:
+            rows = rows.to(self.buffer.device)
+        if seg.kind == "int":
+            factors = torch.tensor([int(w) for w in weights], dtype=torch.int64, device=rows.device)
+            self.view(name).add_((rows.to(torch.int64) * factors[:, None]).sum(0))
+            return
+        if not seg.numel:
+            return
+        i = self.fixed.index(name)
+        low, high = torch.aminmax(rows, dim=1)
+        peak = torch.maximum(high, -low).to(torch.float64)
+        self.view("_nonfinite")[i].add_((~torch.isfinite(peak)).sum())
+        scale = [float(w) * 2.0 ** self.bits[name] for w in weights]
+        masses = torch.tensor([abs(float(w)) * 2.0 ** self.bits[name] for w in weights], dtype=torch.float64,
+                              device=rows.device)
+        self._mass[i].add_((peak * masses).sum())
+        factors = torch.tensor(scale, dtype=torch.float64, device=rows.device)[:, None]
+        # In chunks of rows, so the float64 copy stays within the scratch of a few clients.
+        chunk = max(1, self._scratch.numel() * 4 // max(seg.numel, 1))
+        for start in range(0, len(weights), chunk):
+            terms = (rows[start:start + chunk].to(torch.float64) * factors[start:start + chunk]).round_()
+            if seg.accumulate == "int64":
+                self.view(name).add_(terms.to(torch.int64).sum(0))
+            else:
+                self._sum_view(name).add_(terms.sum(0))
+
     def _add_number(self, seg: Segment, value, weight: float) -> None:
         if seg.numel != 1:
             raise ValueError(f"segment {seg.name}: expected {seg.numel} values, got a number")

@@ -23,7 +23,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from .aggregate import Segment
+from ..data.tokens import hits, token_counts
+from .aggregate import Segment, StatBuffer
 from .local import ClientRun, LocalSGD, local_steps, seed_local_rng
 
 _FINETUNE_STREAM = 5  # distinct from population.py's (1, 2) and client_test.py's (3, 4) streams
@@ -39,38 +40,62 @@ def client_segments(num_clients: int) -> list[Segment]:
 
 
 @torch.no_grad()
-def add_client_counts(context, stats) -> None:
-    """Evaluate this rank's clients and add their counts (the worker is left holding the last one)."""
+def add_client_counts(context, stats, model=None) -> None:
+    """Evaluate this rank's clients and add their counts (the worker is left holding the last one).
+    `model`: the (parameters, buffers) every client starts from (eval.finetune_from=best: the best round's
+    evaluated model); None: the method's evaluation model of the global model."""
     worker, alg, ctx = context.worker, context.algorithm, context.ctx
+    evaluated = alg.evaluation_model(context.global_params, context.global_buffers) if model is None else model
+    origin = context.global_params if model is None else model[0]  # run.global_params of a fine-tuning
     num_clients = len(context.population)
     correct = torch.zeros(num_clients, dtype=torch.int64)
     total = torch.zeros(num_clients, dtype=torch.int64)
     batch = context.cfg.eval.batch_size
+    tokens = getattr(context.data, "tokens", None)  # a next-token dataset counts tokens (data/tokens.py)
     for client in range(ctx.rank, num_clients, ctx.world_size):
-        worker.load(*alg.evaluation_model(context.global_params, context.global_buffers))
+        worker.load(*evaluated)
         state = context.store.peek(client) if (alg.stateful or alg.personalised) and context.store is not None else None
         if alg.personalised:
-            personal_model(context, client, state or {})
+            personal_model(context, client, state or {}, origin)
         elif context.cfg.eval.finetune_epochs:
-            finetuned_model(context, client, state or {})
+            finetuned_model(context, client, state or {}, origin)
         else:
             alg.load_own_model(state or {}, worker)
         worker.module.eval()
         indices = context.client_test[client]
         for start in range(0, len(indices), batch):
             idx = indices[start : start + batch]
-            hits = worker.module(context.client_test_x[idx]).argmax(1) == context.client_test_y[idx]
-            correct[client] += int(hits.sum())
-        total[client] = len(indices)
+            y = context.client_test_y[idx]
+            correct[client] += int(hits(worker.module(context.client_test_x[idx]), y, tokens))
+        total[client] = len(indices) if tokens is None else token_counts(context.client_test_y[indices], tokens)[1]
     stats.add("client_correct", correct)
     stats.add("client_total", total)
 
 
-def personal_model(context, client: int, state: dict) -> None:
+@torch.no_grad()
+def evaluate_clients(context, model) -> dict:
+    """The per-client statistics alone, every client starting from `model` (parameters, buffers), in one
+    all_reduce (`eval_clients`): eval.finetune_from=best, once the evaluated round's test_acc is known."""
+    stats = StatBuffer(client_segments(len(context.population)), context.device, 1)
+    add_client_counts(context, stats, model)
+    reduced = stats.reduce(context.ctx, name="eval_clients")
+    return {**reduced_client_statistics(reduced), "clients_never_sampled": clients_never_sampled(context)}
+
+
+def best_round_scores(context, best, improved: bool) -> dict:
+    """eval.finetune_from=best: keep the evaluated global model if this round `improved` test_acc (`best`:
+    run_state.BestModel), then score every client starting from the kept one (`evaluate_clients`)."""
+    if improved:
+        best.take(*context.algorithm.evaluation_model(context.global_params, context.global_buffers))
+    return {**evaluate_clients(context, (best.params, best.buffers)),
+            "client_model_round": context.state.progress["best_round"]}
+
+
+def personal_model(context, client: int, state: dict, start: torch.Tensor) -> None:
     """Load client `client`'s own model into the worker (`Algorithm.load_evaluated_model`), which may
     fine-tune it with `run.train` under the method's own hooks."""
     alg = context.algorithm
-    train_evaluated_model(context, client, state, alg, alg.load_evaluated_model)
+    train_evaluated_model(context, client, state, alg, alg.load_evaluated_model, start)
 
 
 class PlainSGD:
@@ -88,7 +113,7 @@ class PlainSGD:
         return model.loss(model(x), y)
 
 
-def finetuned_model(context, client: int, state: dict) -> None:
+def finetuned_model(context, client: int, state: dict, start: torch.Tensor) -> None:
     """eval.finetune_epochs: the model client `client` uses (`load_own_model`: the global model, with
     FedBN its own BatchNorm), fine-tuned for that many epochs of plain SGD on its training data."""
     alg, epochs = context.algorithm, context.cfg.eval.finetune_epochs
@@ -97,19 +122,20 @@ def finetuned_model(context, client: int, state: dict) -> None:
         alg.load_own_model(run.state, worker)
         run.train(epochs=epochs, name="finetune", record=False)
 
-    train_evaluated_model(context, client, state, PlainSGD(), finetune)
+    train_evaluated_model(context, client, state, PlainSGD(), finetune, start)
 
 
-def train_evaluated_model(context, client: int, state: dict, hooks, body) -> None:
+def train_evaluated_model(context, client: int, state: dict, hooks, body, start: torch.Tensor) -> None:
     """Call `body(run, worker)` with `run.train` bound to local SGD of the worker on client `client`'s
     training data (train.batch_size, the optimizer of `finetune_train_config`, `hooks`' before_forward,
     local_loss and correct_gradient), the torch RNG seeded by (seed, client) only: the same model on
-    whichever rank evaluates the client. FedBABU's fine-tuning and eval.finetune_epochs share it."""
+    whichever rank evaluates the client. FedBABU's fine-tuning and eval.finetune_epochs share it. `start`:
+    the flat parameters the client starts from (`run.global_params`)."""
     cfg = context.cfg
     n = int(context.population.sizes[client])
     run = ClientRun(client_id=client, round_idx=max(context.state.last_round, 1), num_samples=n, weight=0.0,
                     steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs, cfg.train.local_steps),
-                    global_params=context.global_params, state=dict(state),
+                    global_params=start, state=dict(state),
                     sgd=LocalSGD(context.worker, context.data, context.client_indices[client],
                                  finetune_train_config(cfg), hooks))
     seed_local_rng(finetune_seed(cfg.seed, client), context.worker.params.device)

@@ -179,6 +179,16 @@ def local_batches(data, indices: torch.Tensor, train_cfg, epochs: int = 0, steps
     `train_cfg.local_epochs` whole passes, or with `train_cfg.local_steps` > 0 exactly that many
     batches, going on into a new order when a pass runs out. `epochs` or `steps` > 0 replace the
     config's (a method's own passes, `ClientRun.train`). Batch sizes: `pass_sizes`."""
+    for idx in batch_indices(indices, train_cfg, epochs, steps, fold_single):
+        x, y = data.train_x[idx], data.train_y[idx]
+        if data.augment is not None:
+            x = data.augment(x)
+        yield x, y
+
+
+def batch_indices(indices: torch.Tensor, train_cfg, epochs: int = 0, steps: int = 0,
+                  fold_single: bool = False) -> Iterator[torch.Tensor]:
+    """The sample indices of `local_batches`' mini-batches, drawn as they are consumed."""
     n, batch = len(indices), train_cfg.batch_size
     if not (epochs or steps):
         epochs, steps = train_cfg.local_epochs, train_cfg.local_steps
@@ -188,11 +198,7 @@ def local_batches(data, indices: torch.Tensor, train_cfg, epochs: int = 0, steps
     while left:
         order = indices[torch.randperm(n, device=indices.device)]
         for start, size in zip(starts, sizes):
-            idx = order[start : start + size]
-            x, y = data.train_x[idx], data.train_y[idx]
-            if data.augment is not None:
-                x = data.augment(x)
-            yield x, y
+            yield order[start : start + size]
             left -= 1
             if not left:
                 return

@@ -28,15 +28,16 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from ..errors import ConfigError
-from .local import ClientRun, FlatModel, local_batches, seed_local_rng, sgd_step
+from .graphs import GraphedStep
+from .local import ClientRun, FlatModel, batch_indices, local_batches, seed_local_rng, sgd_step
 from .population import client_seed
 from .schedule import round_lr
 
 # runtime.pack_size=0 (auto) by device type. CPU: a vmap pack measured 1.05-1.5x slower per client step
 # than one at a time (SimpleCNN, batch 10-32), and 3.3x slower for pfl_cnn at batch 10, pack 10
-# (bench/cross-device.md). CUDA (H200, pfl_cnn, batch 10, 50 clients a round; bench/cross-device-cuda.md):
-# a round took 6.9x less time in packs of 50 than one at a time, 3.3x in packs of 10: one client's step
-# is ~0.3 ms of GPU work behind ~2 ms of kernel launches, and a pack launches once for all its clients.
+# (bench/cross-device.md). CUDA (H200, pfl_cnn, batch 10, 50 clients a round, steps replayed as CUDA
+# graphs; bench/cross-device-cuda_2026-11-27_graphs.md): 0.646 s a round one at a time, 0.069 in packs of
+# 10, 0.064 of 25, 0.055 of 50. Several ranks sharing the GPU were slower than one (docs/gpu.md).
 AUTO_PACK_SIZE = {"cpu": 1, "cuda": 50}
 
 
@@ -73,11 +74,55 @@ def client_batches(data, indices: torch.Tensor, run: ClientRun, train_cfg, seed:
     return list(local_batches(data, indices, train_cfg, fold_single=fold_single))
 
 
+def client_batch_indices(indices: torch.Tensor, run: ClientRun, train_cfg, seed: int, device: torch.device,
+                         fold_single: bool = False) -> list[torch.Tensor]:
+    """The sample indices of each local step of one client, drawn exactly as it draws them trained alone
+    (without augmentation, whose draws come between a pass's batches: then `client_batches`)."""
+    seed_local_rng(client_seed(seed, run.round_idx, run.client_id), device)
+    return list(batch_indices(indices, train_cfg, fold_single=fold_single))
+
+
+class PackBatches:
+    """The (x, y) of a pack's clients at one step, gathered for the rows of a group at once: one gather of a
+    P x batch index instead of one per client (the same values: a gather is exact)."""
+
+    def __init__(self, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg, seed: int,
+                 device: torch.device, fold_single: bool):
+        self.data = data
+        if data.augment is None:
+            self.steps = [client_batch_indices(idx, run, train_cfg, seed, device, fold_single)
+                          for idx, run in zip(indices, runs)]
+            self.batches = None
+        else:
+            self.batches = [client_batches(data, idx, run, train_cfg, seed, device, fold_single)
+                            for idx, run in zip(indices, runs)]
+            self.steps = [[y for _, y in client] for client in self.batches]
+
+    def __len__(self) -> int:
+        return max(len(c) for c in self.steps)
+
+    def groups(self, s: int) -> list[list[int]]:
+        """Clients that still have a step `s`, grouped by the size of their batch at that step."""
+        groups: dict[int, list[int]] = {}
+        for k, steps in enumerate(self.steps):
+            if s < len(steps):
+                groups.setdefault(len(steps[s]), []).append(k)
+        return list(groups.values())
+
+    def gather(self, s: int, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows x batch inputs and labels of step `s`."""
+        if self.batches is not None:
+            return (torch.stack([self.batches[k][s][0] for k in rows]),
+                    torch.stack([self.batches[k][s][1] for k in rows]))
+        index = torch.stack([self.steps[k][s] for k in rows])
+        return self.data.train_x[index], self.data.train_y[index]
+
+
 class PackStep:
     """One local step's gradients, losses and new buffers for a stack of clients: a vectorised
     `loss.backward()` of the rank's model over rows of flat parameters and buffers."""
 
-    def __init__(self, flat: FlatModel):
+    def __init__(self, flat: FlatModel, graphs=None):
         module = flat.module
         shapes = {name: p.shape for name, p in module.named_parameters()}
         self.params = [(name, sl, shapes[name]) for name, sl in flat.param_slices.items()]
@@ -101,15 +146,28 @@ class PackStep:
             return loss, (loss.detach(), new_b)
 
         self._step = vmap(grad(client_loss, has_aux=True), in_dims=(0, 0, None, 0, 0))
+        # runtime.cuda_graphs: the step replayed as a CUDA graph per input shape (federation/graphs.py)
+        self.graphed = None if graphs is None else GraphedStep(self._eager, graphs, "a pack's local step")
 
     def train(self, flat: FlatModel, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg, algorithm,
               global_buffers: torch.Tensor) -> Iterator[ClientRun]:
         """Train a pack of clients at once (`local.train_client`'s packs of two or more)."""
         return train_pack(flat, self, data, indices, runs, train_cfg, algorithm, global_buffers)
 
+    def train_rows(self, flat: FlatModel, data, indices: list[torch.Tensor], runs: list[ClientRun], train_cfg,
+                   algorithm, global_buffers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Train a pack of clients at once and return their models as rows: (P x N parameters, P x M
+        buffers, P loss sums), for statistics added for the whole pack at once (`pack_statistics`)."""
+        return train_pack_rows(flat, self, data, indices, runs, train_cfg, algorithm, global_buffers)
+
     def __call__(self, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
         """w: P x N parameters, b: P x M float buffers, x: P x batch x ..., y: P x batch ->
         (P x N gradients, P losses, P x M buffers after the forward pass)."""
+        if self.graphed is not None:
+            return self.graphed(w, b, x, y)
+        return self._eager(w, b, x, y)
+
+    def _eager(self, w, b, x, y):
         g, (loss, new_b) = self._step(w, b, self.int_buffers, x, y)
         return g, loss, new_b
 
@@ -117,37 +175,62 @@ class PackStep:
 def train_pack(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
                train_cfg, algorithm, global_buffers: torch.Tensor) -> Iterator[ClientRun]:
     """`local.train_client` of a pack of two or more, as one vectorised model (`PackStep.train`)."""
+    w, b, loss_sums = train_pack_rows(flat, step, data, indices, runs, train_cfg, algorithm, global_buffers)
+    for k, run in enumerate(runs):
+        flat.load(w[k], b[k])
+        run.loss_sum = loss_sums[k]
+        yield run
+
+
+def train_pack_rows(flat: FlatModel, step: PackStep, data, indices: list[torch.Tensor], runs: list[ClientRun],
+                    train_cfg, algorithm, global_buffers: torch.Tensor):
+    """The pack's trained models as rows (`PackStep.train_rows`)."""
     count = len(runs)
     w = torch.empty(count, flat.num_params, device=flat.params.device)
     b = torch.empty(count, flat.buffers.numel(), device=flat.params.device)
-    for k, run in enumerate(runs):
-        flat.load(run.global_params, global_buffers)
-        algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
-        w[k], b[k] = flat.params, flat.buffers
-    batches = [client_batches(data, idx, run, train_cfg, algorithm.seed, w.device, flat.fold_single)
-               for idx, run in zip(indices, runs)]
+    if all(run.global_params is runs[0].global_params for run in runs) and not (
+            acts(algorithm, "begin_client") or acts(algorithm, "load_own_model")):
+        w.copy_(runs[0].global_params.expand(count, -1))  # every row the one global model: one copy
+        b.copy_(global_buffers.expand(count, -1))
+    else:
+        for k, run in enumerate(runs):
+            flat.load(run.global_params, global_buffers)
+            algorithm.begin_client(run, flat)  # e.g. FedBN puts the client's own BatchNorm in
+            w[k], b[k] = flat.params, flat.buffers
+    batches = PackBatches(data, indices, runs, train_cfg, algorithm.seed, w.device, flat.fold_single)
     velocity = None
     loss_sums = torch.zeros(count, dtype=torch.float64, device=w.device)
     flat.module.train()
     # Device index tensors of the row groups, built once each: indexing with a Python list copies it to
     # the device at every step (on a GPU, a copy that waits for the queue).
     index_of: dict[tuple, torch.Tensor | None] = {}
-    for s in range(max(len(c) for c in batches)):
-        # Clients that still have a step, grouped by the size of their batch at this step.
-        groups: dict[int, list[int]] = {}
-        for k, steps in enumerate(batches):
-            if s < len(steps):
-                groups.setdefault(len(steps[s][1]), []).append(k)
-        for rows in groups.values():
+    for s in range(len(batches)):
+        for rows in batches.groups(s):
             key = tuple(rows)
             if key not in index_of:
                 index_of[key] = None if len(rows) == count else torch.tensor(rows, device=w.device)
-            velocity = _pack_step(step, w, b, velocity, loss_sums, index_of[key], [batches[k][s] for k in rows],
+            velocity = _pack_step(step, w, b, velocity, loss_sums, index_of[key], batches.gather(s, rows),
                                   [runs[k] for k in rows], s == 0, train_cfg, algorithm)
-    for k, run in enumerate(runs):
-        flat.load(w[k], b[k])
-        run.loss_sum = loss_sums[k]
-        yield run
+    return w, b, loss_sums
+
+
+def pack_statistics(algorithm) -> bool:
+    """Whether a pack's statistics can be added for all its clients at once: the method adds the
+    default ones (its weighted update and buffers: `Algorithm.client_statistics`), unchanged by any
+    feature wrapped around it."""
+    return not (acts(algorithm, "client_statistics") or acts(algorithm, "add_update"))
+
+
+def acts(algorithm, hook: str) -> bool:
+    """Whether `hook` does something for this method or any feature wrapped around it (FedBN's
+    begin_client does; Algorithm's own does nothing). Objects that cannot say are taken to act."""
+    layer = algorithm
+    while "inner" in getattr(layer, "__dict__", {}):  # a Wrapper (algorithms/wrapper.py)
+        if hook in type(layer).__dict__:
+            return True
+        layer = layer.inner
+    overrides = getattr(layer, "overrides", None)
+    return True if overrides is None else overrides(hook)
 
 
 def _pack_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train_cfg, algorithm):
@@ -157,8 +240,7 @@ def _pack_step(step, w, b, velocity, loss_sums, index, batch, runs, first, train
     wr = w if whole else w[index]
     for k, run in enumerate(runs):
         algorithm.before_forward(wr[k], run)
-    x = torch.stack([xy[0] for xy in batch])
-    y = torch.stack([xy[1] for xy in batch])
+    x, y = batch
     g, loss, new_b = step(wr, b if whole else b[index], x, y)
     if whole:
         loss_sums += loss.double() * y.shape[1]

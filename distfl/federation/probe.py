@@ -20,10 +20,20 @@ def _first_line(exc: BaseException) -> str:
 
 
 def probe_model(model: nn.Module, name: str, train_x: torch.Tensor, num_classes: int,
-                single_sample_client: int | None = None) -> None:
+                single_sample_client: int | None = None, next_token: bool = False) -> None:
     """ConfigError unless `model` maps a batch of `train_x` to B x num_classes logits through
-    features -> B x feature_dim -> head. `single_sample_client`: a client whose every batch holds one
-    sample; then the model must also train (train mode) on one sample, which BatchNorm cannot."""
+    features -> B x feature_dim -> head (a next-token model: B x L x ... throughout). `single_sample_client`:
+    a client whose every batch holds one sample; then the model must also train (train mode) on one
+    sample, which BatchNorm cannot. `next_token`: the data is a next-token task (data/tokens.py)."""
+    per_token = getattr(model, "per_token", False)
+    if per_token and not next_token:
+        raise ConfigError(f"model.name={name} predicts a token at every position, but the data has one class a "
+                          "sample; use a classification model")
+    if next_token and not per_token:
+        from ..models import TOKEN_MODELS
+
+        raise ConfigError(f"model.name={name} predicts one class a sample, but the data is a next-token task (a "
+                          f"target at every position); use model.name in [{', '.join(TOKEN_MODELS)}]")
     probe = copy.deepcopy(model).cpu()
     x = train_x[:PROBE_SAMPLES].detach().cpu()
     shape = tuple(x.shape)
@@ -37,7 +47,9 @@ def probe_model(model: nn.Module, name: str, train_x: torch.Tensor, num_classes:
         if not isinstance(features, torch.Tensor):
             raise ConfigError(f"{what}: its features return {type(features).__name__}, not one tensor; the features "
                               f"must map a batch to a tensor B x feature_dim (B x {probe.feature_dim})")
-        if tuple(features.shape) != (len(x), probe.feature_dim):
+        # A next-token model (models/base.py TokenClassifier) keeps the positions: B x L x ... throughout.
+        lead = tuple(x.shape[:2]) if getattr(probe, "per_token", False) else (len(x),)
+        if tuple(features.shape) != lead + (probe.feature_dim,):
             raise ConfigError(f"{what}: its features map a batch of shape {shape} to shape {tuple(features.shape)}, "
                               f"but feature_dim is {probe.feature_dim} (the head takes B x {probe.feature_dim}); "
                               "make feature_dim the features' output width, or flatten the features to B x feature_dim")
@@ -45,9 +57,9 @@ def probe_model(model: nn.Module, name: str, train_x: torch.Tensor, num_classes:
             logits = probe(x)
         except Exception as exc:
             raise ConfigError(f"{what}: a batch of shape {shape} fails in its head: {_first_line(exc)}") from None
-        if tuple(logits.shape) != (len(x), num_classes):
+        if tuple(logits.shape) != lead + (num_classes,):
             raise ConfigError(f"{what}: a batch of shape {shape} gives logits of shape {tuple(logits.shape)}, "
-                              f"expected ({len(x)}, {num_classes})")
+                              f"expected {lead + (num_classes,)}")
     if single_sample_client is not None:
         probe.train()
         with torch.no_grad():

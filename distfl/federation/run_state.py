@@ -36,6 +36,13 @@ class RunProgress:
     # from, the runtime before and after (summary.json).
     runtime_changes: list = field(default_factory=list)
 
+    def record_best(self, acc: float, round_idx: int) -> bool:
+        """A training round's test accuracy: whether it is the best so far (then `best_test_acc`, `best_round`)."""
+        if self.progress["best_test_acc"] is not None and acc <= self.progress["best_test_acc"]:
+            return False
+        self.progress["best_test_acc"], self.progress["best_round"] = acc, round_idx
+        return True
+
     def record_eval(self, acc: float, loss: float | None, label: str, client_stats: dict | None = None) -> None:
         """A phase's evaluation of the final model: it becomes the run's final accuracy (`best_test_acc`
         stays the best over the training rounds); `client_stats` (eval.clients) its final_client_acc."""
@@ -77,6 +84,27 @@ class GlobalModel:
         for tensor, saved in zip(self.worker.frozen, state.get("frozen", [])):
             tensor.copy_(saved)
         self.worker._int_snapshot = [t.to(self.params.device) for t in state["int_buffers"]]
+
+
+class BestModel:
+    """eval.finetune_from=best: the evaluated global model (`Algorithm.evaluation_model`) of the best round
+    so far by test_acc, which each client fine-tunes before per-client scoring. Checkpointed, so a resumed
+    run scores its clients from the same model."""
+
+    def __init__(self, params: torch.Tensor, buffers: torch.Tensor):
+        self.params = params.detach().clone()
+        self.buffers = buffers.detach().clone()
+
+    def take(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
+        self.params.copy_(params)
+        self.buffers.copy_(buffers)
+
+    def state_dict(self) -> dict:
+        return {"best_params": self.params.cpu(), "best_buffers": self.buffers.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params.copy_(state["best_params"])
+        self.buffers.copy_(state["best_buffers"])
 
 
 class MethodState:
@@ -167,6 +195,7 @@ class RunContext:
     global_buffers: torch.Tensor
     sticky: bool
     pack_size: int
+    pack_step: object | None  # pack.PackStep of packs of two or more (its `graphed`: runtime.cuda_graphs), None at pack_size 1
     system: object | None  # the virtual clock (system.*: distfl/system), None while every system.* key is default
     privacy: object | None  # the Gaussian mechanism, under privacy.mechanism=gaussian
     ledger: object | None

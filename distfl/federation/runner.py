@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import checkpoint, dist, faults
@@ -31,6 +32,7 @@ from ..checkpoint import file_sha256
 from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
+from ..data.tokens import client_token_counts
 from ..errors import (CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError,
                       RankDisagreement)
 from ..logging import RunLogger
@@ -38,13 +40,15 @@ from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
-from .client_eval import add_client_counts, client_segments, clients_never_sampled, reduced_client_statistics
+from .client_eval import (add_client_counts, best_round_scores, client_segments, clients_never_sampled,
+                          reduced_client_statistics)
 from .split_eval import add_split_counts, eval_splits, split_metrics, split_segments
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
-from .pack import PackStep, check_packable, resolve_pack_size
+from .graphs import resolve_cuda_graphs
+from .pack import PackStep, check_packable, pack_statistics, resolve_pack_size
 from .population import DeviceIndices, Population, place, place_packs
-from .run_state import (GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord, StopFlags,
-                        SystemState)
+from .run_state import (BestModel, GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord,
+                        StopFlags, SystemState)
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
@@ -85,7 +89,8 @@ class Trainer:
         self.noise_multiplier = None if cfg.privacy.mechanism == "none" else _accountant().resolve_noise_multiplier(cfg)
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
-        labels = self.data.train_y.cpu().numpy()
+        # A next-token dataset has no class a sample (data/tokens.py): no labels, no class counts.
+        labels = self.data.train_y.cpu().numpy() if self.data.tokens is None else None
         parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
         self.data_sources = {role: {"path": path, "sha256": digest}
@@ -96,8 +101,11 @@ class Trainer:
         # the Population (sizes, weights, class counts) is built; every rank computes the same split.
         holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
         if holdout:
-            parts, held = holdout_split(parts, labels, cfg.eval.client_holdout, seed)
+            parts, held = holdout_split(parts, labels if labels is not None else np.zeros(len(self.data.train_y), np.int64),
+                                        cfg.eval.client_holdout, seed)  # one "class": a plain random holdout
         self.population = Population(parts, labels, self.data.num_classes)
+        if cfg.algorithm.weighting == "tokens":
+            self.population.token_counts = client_token_counts(self.population.indices, self.data.train_y, self.data.tokens)
         self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
@@ -111,7 +119,7 @@ class Trainer:
                 sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
                                         cfg.eval.client_test_size, seed)
                 self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
-            self.client_test = [torch.from_numpy(s).to(self.device) for s in sets]
+            self.client_test = DeviceIndices(sets, self.device)  # each made when that client is first scored
 
         def model_factory():
             return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
@@ -119,10 +127,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = model_factory()
         sizes = self.population.sizes
-        single = next((k for k in range(len(sizes)) if int(sizes[k]) == 1), None)
+        single = int(np.argmax(sizes == 1)) if (sizes == 1).any() else None  # the first client with one sample
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
-                    single if has_batchnorm else None)
+                    single if has_batchnorm else None, next_token=self.data.tokens is not None)
         channels_last = uses_channels_last(cfg.runtime.channels_last, cfg.model.name, self.device)
         self.worker = FlatModel(model, channels_last=channels_last)
         self.model = GlobalModel(self.worker)
@@ -147,7 +155,8 @@ class Trainer:
         self.sticky = self._sticky_placement()
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
-        self.pack_step = PackStep(self.worker) if self.pack_size > 1 else None
+        graphs = resolve_cuda_graphs(cfg.runtime.cuda_graphs, self.device, self.pack_size)
+        self.pack_step = PackStep(self.worker, graphs) if self.pack_size > 1 else None
         self.system = build_system(self)  # system.*: the virtual clock (distfl/system); None: all keys default
         # A method may need the store beside its rounds' own state (client_store: TCT's stage 2).
         self.store = (ClientStateStore(cfg.runtime.client_state, self.run_dir, self.device, cfg.algorithm.name)
@@ -164,16 +173,19 @@ class Trainer:
         # What a checkpoint holds: these parts' state_dicts (federation/run_state.py).
         self.plan = None  # the virtual clock's plan of the round (system.*)
         self.privacy_state = PrivacyState(self.privacy)
+        # eval.finetune_from=best: the best round's evaluated model, which the clients fine-tune.
+        self.best = BestModel(self.model.params, self.model.buffers) if cfg.eval.finetune_from == "best" else None
         self.checkpointed = [self.state, self.model, MethodState(self.algorithm), self.privacy_state,
                              SystemState(self.system),
-                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity())]
+                             RunRecord(config_to_dict(cfg), self.data_sources, ctx.world_size, self.runtime_identity()),
+                             *([self.best] if self.best is not None else [])]
         self.context = RunContext(
             cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
             population=self.population, client_indices=self.client_indices, client_test=getattr(self, "client_test", None),
             client_test_x=getattr(self, "client_test_x", None), client_test_y=getattr(self, "client_test_y", None),
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
             global_buffers=self.model.buffers, sticky=self.sticky,
-            pack_size=self.pack_size, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
+            pack_size=self.pack_size, pack_step=self.pack_step, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
             state=self.state, stop=self.stop, hosts=self._hosts, evaluate_round=self.evaluate_round,
             save_phase_checkpoint=self.save_phase_checkpoint)
         self.resume_warnings: list[str] = []
@@ -363,9 +375,15 @@ class Trainer:
         """Local training of this rank's packs; each client's statistics go into the round's buffer."""
         largest = max((self._samples_trained(k) for k in cohort), default=1)
         stats = StatBuffer(round_segments(self.algorithm.segments(), largest), self.device, len(cohort))
+        whole_packs = pack_statistics(self.algorithm) and not (self.store is not None and self.algorithm.stateful)
         for pack in packs:
             self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
+            if len(runs) > 1 and whole_packs:
+                rows = self.pack_step.train_rows(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
+                                                 self.cfg.train, self.algorithm, self.global_buffers)
+                self._contribute_pack(runs, *rows, stats)
+                continue
             for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
                                     self.cfg.train, self.algorithm, self.global_buffers, self.pack_step):
                 self._contribute(run, stats)
@@ -425,6 +443,19 @@ class Trainer:
         # stage-1 rounds place clients on any rank: storing their empty state there would duplicate it).
         if self.store is not None and self.algorithm.stateful:
             self.store.put(run.client_id, run.state)
+
+    def _contribute_pack(self, runs: list[ClientRun], params: torch.Tensor, buffers: torch.Tensor,
+                         loss_sums: torch.Tensor, stats: StatBuffer) -> None:
+        """`_contribute` of every client of a pack at once (`pack.pack_statistics`): the same sums, bit for bit."""
+        stats.add_rows("loss_sum", loss_sums, [1.0] * len(runs))
+        low, high = torch.aminmax(params, dim=1)
+        stats.add("nonfinite", (~(torch.isfinite(low) & torch.isfinite(high))).sum())
+        weights = [run.weight for run in runs]
+        stats.add_rows("delta", params - self.global_params, weights)
+        stats.add_rows("buffers", buffers, weights)
+        for run in runs:
+            stats.add("samples", self._samples_trained(run.client_id))
+            stats.add("clients", 1)
 
     # ---- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
@@ -490,12 +521,12 @@ class Trainer:
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"
-                    evaluated = self.evaluate_round(clients=cfg.eval.clients)
-                    acc = evaluated["test_acc"]
+                    evaluated = self.evaluate_round(clients=cfg.eval.clients and self.best is None)
+                    improved = self.state.record_best(evaluated["test_acc"], t)
+                    if self.best is not None:  # the clients start from the best round's model (eval.finetune_from)
+                        evaluated.update(best_round_scores(self.context, self.best, improved))
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
                     self.state.progress["last_eval"] = {"round": t, **evaluated}
-                    if self.state.progress["best_test_acc"] is None or acc > self.state.progress["best_test_acc"]:
-                        self.state.progress["best_test_acc"], self.state.progress["best_round"] = acc, t
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.state.progress["wall_s"]
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
@@ -588,7 +619,7 @@ class Trainer:
 def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
     """Run (or resume) training for `cfg` in this process; under torchrun, call it on every rank.
     An unexpected error ends as faults.RunFailed: one line, the traceback saved in the run directory."""
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic, cfg.runtime.tf32)
     trainer, started = None, time.time()
     if resume and run_dir.not_yet_checkpointed(Path(cfg.output.dir)):
         if ctx.is_main:

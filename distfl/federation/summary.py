@@ -50,6 +50,9 @@ def build(context, status: str, error: str | None) -> dict:
         # eval.clients: clients no round had sampled by the last evaluation (scored with the global model,
         # or FedPer's / FedRep's initial head); None without eval.clients
         "clients_never_sampled": last.get("clients_never_sampled"),
+        # eval.finetune_from=best: the round of the global model the clients fine-tuned at the last evaluation
+        # (the best round by test_acc); None: the evaluated round's own model (eval.finetune_from=last)
+        "client_model_round": last.get("client_model_round"),
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else context.cfg.train.rounds,
@@ -60,6 +63,8 @@ def build(context, status: str, error: str | None) -> dict:
         "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
         "device": str(context.device),
         "pack_size": context.pack_size,  # runtime.pack_size as run (auto resolved)
+        # runtime.cuda_graphs as run: "on" (N graphs captured), "off", or "failed: why" (steps taken eagerly)
+        "cuda_graphs": graphs_status(context.pack_step),
         "num_params": context.worker.num_params,
         "algorithm": context.cfg.algorithm.name,
         "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else context.cfg.train.rounds),
@@ -77,3 +82,12 @@ def build(context, status: str, error: str | None) -> dict:
         # system.*: the virtual clock's time at the end of the last round, in seconds
         **({"virtual_time_s": context.system.now_s} if context.system is not None else {}),
     }
+
+
+def graphs_status(pack_step) -> str:
+    graphed = getattr(pack_step, "graphed", None)
+    if graphed is None:
+        return "off"
+    if graphed.failed is not None:
+        return f"failed: {graphed.failed}"
+    return f"on ({len(graphed.graphs)} graphs)"

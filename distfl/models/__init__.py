@@ -23,6 +23,9 @@ No model contains dropout or in-place activations.
 | mclr        | FedProx's multinomial logistic regression         | 610 (1x1x60)                       |                      |
 | femnist_cnn | LEAF's FEMNIST CNN, 62 classes                    | 6,603,710 (1x28x28)                |                      |
 | char_lstm   | LEAF's Shakespeare LSTM, 80 characters            | 817,872 (80 character indices)     |                      |
+| shakespeare_lstm | TFF's Shakespeare LSTM, a character a position | 820,522 (90 tokens: TFF's Shakespeare) |                 |
+| stackoverflow_lstm | Reddi et al.'s StackOverflow next-word LSTM   | 4,050,748 (10,004 tokens)          |                      |
+| token_transformer | small causal transformer (2 blocks of 128)    | 2,970,388 (10,004 tokens, L = 20)  |                      |
 
 `model.name: package.module:build` (or a name registered in the entry-point group `distfl.models`) calls
 the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return.
@@ -49,10 +52,12 @@ from distfl.models.resnet_cifar import build_resnet20
 from distfl.models.senet import build_senet18
 from distfl.models.simplecnn import build_simplecnn
 from distfl.models.tct_cnn import build_tct_cnn
+from distfl.models.token_lstm import build_shakespeare_lstm, build_stackoverflow_lstm
+from distfl.models.token_transformer import build_token_transformer
 from distfl.models.vgg import build_vgg13
 from distfl.config.schema import ModelConfig
 
-__all__ = ["Classifier", "MODELS", "build_model"]
+__all__ = ["Classifier", "MODELS", "TOKEN_MODELS", "build_model"]
 
 # name -> builder(cfg, input_shape, num_classes)
 MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]] = {
@@ -70,10 +75,15 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
     "mclr": lambda cfg, shape, k: build_mclr(shape, k),
     "femnist_cnn": lambda cfg, shape, k: build_femnist_cnn(shape, k),
     "char_lstm": lambda cfg, shape, k: build_char_lstm(shape, k),
+    "shakespeare_lstm": lambda cfg, shape, k: build_shakespeare_lstm(shape, k),
+    "stackoverflow_lstm": lambda cfg, shape, k: build_stackoverflow_lstm(shape, k),
+    "token_transformer": lambda cfg, shape, k: build_token_transformer(shape, k),
 }
 
+# Next-token models (TokenClassifier: a prediction at every position; data/tokens.py).
+TOKEN_MODELS = ("shakespeare_lstm", "stackoverflow_lstm", "token_transformer")
 # Models whose inputs are token sequences (int64, B x L) rather than images C x H x W.
-SEQUENCE_MODELS = ("char_lstm",)
+SEQUENCE_MODELS = ("char_lstm",) + TOKEN_MODELS
 
 
 # Models whose local training step is faster on the CPU with channels_last batches (runtime.channels_last:
@@ -120,6 +130,10 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         raise ConfigError(f"input shape must be (channels, height, width) with positive sizes (got {input_shape!r})")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"the number of classes must be a positive integer (got {num_classes!r})")
+    if cfg.name in TOKEN_MODELS and (cfg.head != "linear" or cfg.projection_dim > 0 or cfg.feature_norm == "on"
+                                     or cfg.loss == "mse"):
+        raise ConfigError(f"model.name={cfg.name} predicts a token at every position with cross-entropy: it takes "
+                          "model.head=linear, model.projection_dim=0, model.feature_norm=auto|off, model.loss=auto|ce")
     if builder is None:
         model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
     else:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distfl.data.tokens import mean_token_loss, token_losses
 from distfl.errors import ConfigError
 
 
@@ -75,6 +76,20 @@ class Classifier(nn.Module):
         per_class = (logits - one_hot.to(logits.dtype)) ** 2
         per_sample = per_class.mean(1) if self.mse_reduction == "mean" else per_class.sum(1)
         return per_sample.mean() if reduction == "mean" else per_sample.sum()
+
+
+class TokenClassifier(Classifier):
+    """A next-token model (data/tokens.py): `features` maps B x L tokens to B x L x feature_dim, the
+    linear head reads every position, so the logits are B x L x V; the loss is the mean cross-entropy
+    over the batch's non-padding targets. SphereFed's heads, feature normalisation and MOON's projection
+    do not apply (build_model refuses them)."""
+
+    per_token = True
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if reduction == "mean":
+            return mean_token_loss(logits, y)
+        return token_losses(logits, y)[0].sum()
 
 
 class GlobalAvgPool(nn.Module):

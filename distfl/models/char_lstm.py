@@ -25,11 +25,17 @@ FORGET_BIAS = 1.0  # TensorFlow's BasicLSTMCell default
 
 
 class CellLSTM(nn.Module):
-    """Stacked LSTM layers over B x L x in, returning the last step's hidden state of the top layer."""
+    """Stacked LSTM layers over B x L x in, returning the last step's hidden state of the top layer
+    (`every_step`: the top layer's hidden state at every step, B x L x hidden). `forget_bias` is added
+    to the forget gate's pre-activation (TensorFlow's BasicLSTMCell; Keras's LSTM instead starts the
+    forget gate's bias at 1 and adds nothing: `forget_bias=0`, see models/token_lstm.py)."""
 
-    def __init__(self, inputs: int, hidden: int, layers: int):
+    def __init__(self, inputs: int, hidden: int, layers: int, every_step: bool = False,
+                 forget_bias: float = FORGET_BIAS):
         super().__init__()
         self.hidden = hidden
+        self.every_step = every_step
+        self.forget_bias = forget_bias
         self.input_maps = nn.ModuleList(nn.Linear(inputs if k == 0 else hidden, 4 * hidden) for k in range(layers))
         self.hidden_maps = nn.ModuleList(nn.Linear(hidden, 4 * hidden, bias=False) for _ in range(layers))
 
@@ -42,11 +48,11 @@ class CellLSTM(nn.Module):
             outputs = []
             for t in range(sequence.shape[1]):
                 i, f, g, o = (projected[:, t] + hidden_map(h)).chunk(4, dim=1)
-                c = torch.sigmoid(f + FORGET_BIAS) * c + torch.sigmoid(i) * torch.tanh(g)
+                c = torch.sigmoid(f + self.forget_bias) * c + torch.sigmoid(i) * torch.tanh(g)
                 h = torch.sigmoid(o) * torch.tanh(c)
                 outputs.append(h)
             sequence = torch.stack(outputs, dim=1)
-        return sequence[:, -1]
+        return sequence if self.every_step else sequence[:, -1]
 
 
 class CharFeatures(nn.Module):

@@ -69,7 +69,8 @@ def check(v: dict, algorithm_class) -> None:
                           "outside the clipped update; set aggregation.fedbn=false")
     if v["calibration.method"] != "none":
         raise ConfigError(f"{prefix}: calibration.method={v['calibration.method']} sums every client's feature "
-                          "statistics (Z^T Z, Z^T Y) unclipped and unnoised; set calibration.method=none")
+                          "statistics (ffc: Z^T Z, Z^T Y; ccvr: per-class means and covariances) unclipped and unnoised; "
+                          "set calibration.method=none")
     if v["data.normalize"] == "mean_std":
         raise ConfigError(f"{prefix}: data.normalize=mean_std computes the mean and std of every client's training "
                           "inputs and releases them un-noised (in every model's inputs and summary.json); use "

@@ -17,7 +17,7 @@ def train_in_process(config: dict, state: str, stop: dict) -> dict:
     from ..federation.runner import Trainer
 
     cfg = config_from_dict(config, source=str(Path(config["output"]["dir"]) / "config.yaml"))
-    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic)
+    ctx = dist.init(cfg.runtime.device, cfg.runtime.threads, cfg.runtime.deterministic, cfg.runtime.tf32)
     try:
         with dist.deterministic_ops():
             trainer = Trainer(cfg, ctx, resume=state == "resume", overwrite=state == "overwrite")
