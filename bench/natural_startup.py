@@ -1,12 +1,14 @@
 """Start-up and round cost of a prepared natural federation against its number of clients.
 
-Writes two prepared folders (`distfl data prepare`'s format) shaped like StackOverflow's federation
-(small per client): 1,000 clients and 342,477 clients, each with 4 training and 1 test sample of 8
-features per client, 10 classes. Then, in a fresh process per measurement, interleaved, `repeats` times:
-the seconds to load the data (memory-mapped), to build the Trainer (partition, population, model,
-checks), and of one round of 10 clients (mclr, batch 4); medians reported.
+Writes prepared folders (`distfl data prepare`'s format) shaped like StackOverflow's federation (small
+per client): 1,000, 3,400 (FEMNIST's writers) and 342,477 clients, each with 4 training and 1 test sample
+of 8 features per client, 10 classes. Then, in a fresh process per measurement, interleaved, `repeats`
+times: the seconds to load the data (memory-mapped, its bytes hashed), to build the Trainer (partition,
+population, model, checks), and of one round of 10 clients (mclr, batch 4); medians reported.
+`--tree DIR` (repeatable) measures the distfl source tree DIR (a `git worktree` of another commit, say)
+instead of this one, interleaved with the others, to compare two versions under the same load.
 
-    PYTHONPATH=. python bench/natural_startup.py [--repeats 3] [--out bench/natural_startup.txt]
+    PYTHONPATH=. python bench/natural_startup.py [--repeats 3] [--tree DIR ...] [--out bench/natural_startup.txt]
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import tempfile
 
 import numpy as np
 
-CLIENTS = (1_000, 342_477)
+CLIENTS = (1_000, 3_400, 342_477)
 PER_CLIENT = 4
 FEATURES = 8
 
@@ -62,26 +64,31 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/natural_startup.txt")
+    parser.add_argument("--tree", action="append", default=[], help="a distfl source tree to measure (repeatable)")
     args = parser.parse_args()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    trees = [os.path.abspath(t) for t in args.tree] or [os.getcwd()]
     with tempfile.TemporaryDirectory() as tmp:
         for clients in CLIENTS:
             _write(os.path.join(tmp, f"c{clients}"), clients)
-        runs = {c: [] for c in CLIENTS}
+        runs = {(t, c): [] for t in trees for c in CLIENTS}
         for _ in range(args.repeats):
             for clients in CLIENTS:
-                overrides = ["data.dataset=prepared", f"data.path={tmp}/c{clients}", "partition.scheme=natural",
-                             f"partition.num_clients={clients}", "model.name=mclr", "train.rounds=1",
-                             "train.batch_size=4", f"output.dir={tmp}/run{clients}", "output.progress=none",
-                             "output.tensorboard=false"]
-                proc = subprocess.run([sys.executable, "-c", PROBE, "probe", *overrides], env=env,
-                                      capture_output=True, text=True, check=True)
-                runs[clients].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                for tree in trees:
+                    overrides = ["data.dataset=prepared", f"data.path={tmp}/c{clients}", "partition.scheme=natural",
+                                 f"partition.num_clients={clients}", "model.name=mclr", "train.rounds=1",
+                                 "train.batch_size=4", f"output.dir={tmp}/run{clients}", "output.progress=none",
+                                 "output.tensorboard=false"]
+                    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": tree}
+                    proc = subprocess.run([sys.executable, "-c", PROBE, "probe", *overrides], env=env, cwd=tree,
+                                          capture_output=True, text=True, check=True)
+                    runs[tree, clients].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     lines = [f"# {' '.join(sys.argv)}; medians of {args.repeats} interleaved repeats, 1 thread, seconds",
-             f"{'clients':>8} {'load_data_s':>12} {'trainer_set_up_s':>17} {'round_s':>8}"]
+             f"{'clients':>8} {'load_data_s':>12} {'trainer_set_up_s':>17} {'round_s':>8}" + ("  tree" if args.tree else "")]
     for clients in CLIENTS:
-        med = {k: statistics.median(r[k] for r in runs[clients]) for k in runs[clients][0]}
-        lines.append(f"{clients:>8} {med['load_data_s']:>12.3f} {med['trainer_set_up_s']:>17.3f} {med['round_s']:>8.3f}")
+        for tree in trees:
+            med = {k: statistics.median(r[k] for r in runs[tree, clients]) for k in runs[tree, clients][0]}
+            lines.append(f"{clients:>8} {med['load_data_s']:>12.3f} {med['trainer_set_up_s']:>17.3f} "
+                         f"{med['round_s']:>8.3f}" + (f"  {os.path.basename(tree)}" if args.tree else ""))
     text = "\n".join(lines)
     print(text)
     with open(args.out, "w") as f:

@@ -8,7 +8,7 @@ import torch
 from conftest import metrics, one_two_resumed, train_ok, write_config
 from test_system import killed_and_resumed
 from distfl import dist
-from distfl.config import load_config
+from distfl.config import ConfigWarning, load_config
 from distfl.errors import ConfigError
 from distfl.federation.runner import Trainer
 from distfl.system.staleness import staleness_weight
@@ -127,3 +127,29 @@ def test_fedbuff_survives_kill_9(tmp_path):
 def test_what_async_does_not_compose_with_is_refused_before_work(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["system.async_mode=fedbuff", override, "system.deadline_s=1"])
+
+
+def test_system_async_is_another_spelling_of_async_mode(tmp_path):
+    """The issue's key name, `system.async`, in YAML, on the command line and in a grid: the same key as
+    system.async_mode (the field's name, since `async` is a Python keyword)."""
+    from distfl.sweep.grid import parse_grid_arg
+
+    keys = dict(o.split("=") for o in BUFFERED)
+    as_yaml = write_config(tmp_path / "a.yaml", system={("async" if k == "system.async_mode" else
+                                                         k.removeprefix("system.")): v for k, v in keys.items()})
+    assert load_config(str(as_yaml)).system.async_mode == "fedbuff"
+    with pytest.warns(ConfigWarning, match="system.buffer_size is set but only used by system.async_mode"):
+        assert load_config(str(as_yaml), ["system.async=fedasync"]).system.async_mode == "fedasync"
+    assert load_config(None, ["system.async=fedasync"]).system.async_mode == "fedasync"
+    assert parse_grid_arg("system.async=none,fedbuff") == ("system.async", ["none", "fedbuff"])
+    spelled = train_ok(as_yaml, f"output.dir={tmp_path / 'spelled'}")
+    cfg = write_config(tmp_path / "c.yaml")
+    named = train_ok(cfg, f"output.dir={tmp_path / 'named'}", *BUFFERED)
+    assert spelled["model_sha256"] == named["model_sha256"]
+    assert "updates" in metrics(tmp_path / "spelled")[0]
+
+
+def test_system_async_and_async_mode_together_are_refused(tmp_path):
+    both = write_config(tmp_path / "b.yaml", system={"async": "fedbuff", "async_mode": "fedbuff"})
+    with pytest.raises(ConfigError, match="system.async and system.async_mode in .* are one key"):
+        load_config(str(both))

@@ -128,6 +128,67 @@ def test_the_deadline_schedule_equals_one_computed_by_hand(partial):
     assert counted["dropped"] > 0 and counted["late" if not partial else "partial"] > 0  # the case tests something
 
 
+@pytest.mark.parametrize("partial", [False, True])
+def test_fedprox_stragglers_equal_the_authors_draw_recomputed_by_hand(partial):
+    """system.round=stragglers as Li et al.'s trainers draw stragglers: k - round(k (1 - share)) of the k
+    sampled (the authors' `round`), the smallest keyed draws (seed, 8, round, client); each does an epoch
+    count uniform in 1 .. E - 1 (their np.random.randint(1, E)), keyed (seed, 9, round, client)."""
+    epochs = 4
+    cfg = config_from_dict({"seed": 5, "partition": {"num_clients": 6}, "train": {
+        "clients_per_round": 4, "batch_size": 4, "local_epochs": epochs}, "system": {
+        "round": "stragglers", "stragglers": 0.6, "partial_work": partial, "dropout": 0.2}})
+    population = Population([np.arange(n) for n in SIZES])
+    clock = SyncClock(SystemModel(cfg, 6, MODEL_BYTES), population, cfg)
+    seen_epochs, now = set(), 0.0
+    for t in range(1, 13):
+        plan = clock.plan(t, lambda c: _batches(SIZES[c]) * epochs)
+        sampled = population.cohort(5, t, 4)
+        slow = sorted(sampled, key=lambda c: (_uniform(5, 8, t, c), c))[:4 - round(4 * (1 - 0.6))]
+        assert len(slow) == 2
+        kept, late, dropped, partial_steps, durations = [], [], [], {}, []
+        for c in sampled:
+            steps = len(_batches(SIZES[c])) * epochs
+            samples = SIZES[c] * epochs
+            if c in slow:
+                done = 1 + min(int(_uniform(5, 9, t, c) * (epochs - 1)), epochs - 2)
+                seen_epochs.add(done)
+                steps, samples = len(_batches(SIZES[c])) * done, SIZES[c] * done
+            if _uniform(5, 4, t, c) < 0.2:
+                dropped.append(c)
+            elif c in slow and not partial:
+                late.append(c)
+            else:
+                kept.append(c)
+                durations.append(3 * samples / 1000)  # 1 ms a sample, no transfer time
+                if c in slow:
+                    partial_steps[c] = steps
+        assert (plan.kept, plan.late, plan.dropped, plan.partial_steps) == (sorted(kept), late, dropped, partial_steps)
+        assert plan.start_s == now and math.isclose(plan.length_s, max(durations, default=0.0), rel_tol=1e-12)
+        now = plan.start_s + plan.length_s
+    assert seen_epochs == {1, 2, 3}  # every count from 1 to E - 1 occurs
+
+
+def test_no_stragglers_equal_the_plain_run_and_stragglers_change_it(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", train={"local_epochs": 3})
+    plain = train_ok(cfg, f"output.dir={tmp_path / 'plain'}")
+    rounds = ("system.round=stragglers", "system.partial_work=true")
+    none = train_ok(cfg, f"output.dir={tmp_path / 'none'}", *rounds, "system.stragglers=0")
+    half = train_ok(cfg, f"output.dir={tmp_path / 'half'}", *rounds, "system.stragglers=0.5")
+    dropped = train_ok(cfg, f"output.dir={tmp_path / 'drop'}", "system.round=stragglers", "system.stragglers=0.5")
+    assert none["model_sha256"] == plain["model_sha256"]
+    assert len({plain["model_sha256"], half["model_sha256"], dropped["model_sha256"]}) == 3
+    rows = metrics(tmp_path / "half")
+    # 5 - round(5 x 0.5) = 3 stragglers: Python's round, as the authors' code, takes 2.5 to 2
+    assert [r["partial"] for r in rows] == [3] * 6 and [r["finished"] for r in rows] == [2] * 6
+    assert [r["late"] for r in metrics(tmp_path / "drop")] == [3] * 6
+
+
+def test_fedprox_stragglers_are_the_same_on_one_two_and_resumed(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", train={"local_epochs": 3})
+    one_two_resumed(cfg, tmp_path, "system.round=stragglers", "system.stragglers=0.5", "system.partial_work=true",
+                    "algorithm.name=fedprox")
+
+
 def test_overselection_keeps_the_first_to_finish():
     cfg = _cfg(speed="uniform:1,10", round="overselect", overselect=1.5)
     population = Population([np.arange(n) for n in SIZES])
@@ -229,6 +290,7 @@ def test_a_run_on_fedscale_traces(tmp_path):
     ("system.round=deadline", "system.deadline_s > 0"),
     ("system.availability=trace", "set system.trace_file"),
     ("system.bandwidth=uniform:5,1", "LO <= HI"),
+    ("system.round=stragglers", "set train.local_epochs >= 2"),
 ])
 def test_bad_system_keys_are_one_line(override, message):
     from distfl.config import load_config

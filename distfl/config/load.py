@@ -11,7 +11,7 @@ import warnings
 
 import yaml
 
-from distfl.config.renamed import RENAMED, options_from_renamed, pop_renamed, renamed_hint
+from distfl.config.renamed import RENAMED, SPELLINGS, options_from_renamed, pop_renamed, renamed_hint, respelled
 from distfl.config.schema import KEYS, SECTIONS, Config
 from distfl.config.validate import OPTIONS_KEY, ConfigWarning, _method, _warn_inapplicable, validate
 from distfl.config.values import caller_stacklevel, convert, shown
@@ -52,7 +52,7 @@ def _split_override(item: str) -> tuple[str, str]:
     key = key.strip()
     if not key:
         raise ConfigError(f"bad override {item!r}: missing key; expected the form section.key=value")
-    return key, text.strip()
+    return SPELLINGS.get(key, key), text.strip()
 
 
 def _parse_override_value(key: str, text: str):
@@ -153,6 +153,7 @@ def config_from_dict(d: dict, overrides=(), source: str = "<dict>") -> Config:
                           f"got {type(d).__name__}")
     if isinstance(overrides, str):
         overrides = [overrides]
+    d = respelled(d, source)
     _check_shape(d, source)
     merged = apply_overrides(d, overrides)
     origin = {_split_override(item)[0]: f"override {shown(item)}" for item in overrides}

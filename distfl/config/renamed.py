@@ -40,6 +40,27 @@ RENAMED = {
     "algorithm.apfl_alpha_lr": ("alpha_lr", ("apfl",)),
 }
 
+# Other spellings of today's keys, read as the key itself without a warning (both are documented).
+# `async` is a Python keyword, so the schema's field is `system.async_mode`; configs may write `system.async`.
+SPELLINGS = {"system.async": "system.async_mode"}
+
+
+def respelled(d: dict, source: str) -> dict:
+    """The nested config dict `d` with each other spelling (SPELLINGS) under its key's own name; a key
+    given under both names is refused in one line."""
+    out = dict(d)
+    for other, key in SPELLINGS.items():
+        section, _, leaf = other.partition(".")
+        sub = out.get(section)
+        if not isinstance(sub, dict) or leaf not in sub:
+            continue
+        own = key.partition(".")[2]
+        if own in sub:
+            raise ConfigError(f"{other} and {key} in {source} are one key ({other} is another spelling of {key}): "
+                              "give one of them")
+        out[section] = {(own if k == leaf else k): v for k, v in sub.items()}
+    return out
+
 
 class RenamedKeyWarning(ConfigWarning):
     """An old key name was read; the message gives its new name."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from distfl.data.tokens import TokenTask
 from distfl.errors import ConfigError, DataError
+from distfl.data.parts import Parts
 
 
 @dataclass
@@ -72,14 +73,7 @@ def check_natural(v: dict) -> None:
                           f"{v['partition.num_clients']}; set partition.num_clients={count} for its natural partition")
 
 
-def _ranges(offsets: np.ndarray) -> list[np.ndarray]:
-    """[arange(offsets[k], offsets[k + 1])] as views of one arange: one allocation for any number of clients."""
-    bounds = np.asarray(offsets, dtype=np.int64)
-    base = np.arange(bounds[-1], dtype=np.int64)
-    return [base[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-
-
-def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np.ndarray]:
+def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> Parts:
     """partition.scheme=natural: client k's training indices, its own samples in the source's order."""
     if train_offsets is None:
         raise DataError(f"partition.scheme=natural needs a dataset whose clients come with the data "
@@ -88,14 +82,14 @@ def natural_parts(train_offsets: np.ndarray | None, num_clients: int) -> list[np
     if count != num_clients:
         raise DataError(f"the dataset holds {count} clients but partition.num_clients={num_clients}; "
                         f"set partition.num_clients={count} for its natural partition")
-    return _ranges(train_offsets)
+    return Parts.ranges(train_offsets)
 
 
-def natural_test_sets(test_offsets: np.ndarray) -> list[np.ndarray]:
+def natural_test_sets(test_offsets: np.ndarray) -> Parts:
     """Each client's own test samples (indices into the test split), for eval.clients."""
     if int(np.asarray(test_offsets)[-1]) == 0:
         raise DataError("eval.clients=true scores each client on its own test samples, but no client of this natural "
                         "split has any (a user-wise split: its test users are not training clients); set "
                         "eval.clients=false, or eval.client_split=holdout to hold out part of each client's training "
                         "samples")
-    return _ranges(test_offsets)
+    return Parts.ranges(test_offsets)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from distfl.errors import DataError
+from distfl.data.parts import Parts
 
 PAD = 0  # the padding token of every next-token dataset (TFF's pad = 0)
 
@@ -92,7 +93,7 @@ def token_counts(y: torch.Tensor, task: TokenTask | None) -> tuple[int, int]:
     return int((y != PAD).sum()), int(scored(y, task).sum())
 
 
-def client_token_counts(parts: list[np.ndarray], train_y, task: TokenTask | None) -> np.ndarray:
+def client_token_counts(parts, train_y, task: TokenTask | None) -> np.ndarray:
     """int64 per client: the non-padding targets of its training samples (algorithm.weighting=tokens, the
     weights of TFF's StackOverflow baseline); one bincount over the samples, not a loop over clients."""
     if task is None:
@@ -100,7 +101,6 @@ def client_token_counts(parts: list[np.ndarray], train_y, task: TokenTask | None
                         "next-token task (data.dataset=tff with Shakespeare or StackOverflow, or a folder prepared "
                         "from one); use algorithm.weighting=samples")
     per_sample = (torch.as_tensor(train_y) != PAD).sum(1).cpu().numpy()
-    sizes = np.array([len(p) for p in parts], dtype=np.int64)
-    owner = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)
-    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return np.bincount(owner, weights=per_sample[flat], minlength=len(parts)).astype(np.int64)
+    parts = Parts.of(parts)  # the population's own (no copy): clients end to end
+    owner = np.repeat(np.arange(len(parts), dtype=np.int64), parts.sizes)
+    return np.bincount(owner, weights=per_sample[parts.flat], minlength=len(parts)).astype(np.int64)

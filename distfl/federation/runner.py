@@ -115,7 +115,7 @@ class Trainer:
                 sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
                                         cfg.eval.client_test_size, seed)
                 self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
-            self.client_test = [torch.from_numpy(s).to(self.device) for s in sets]
+            self.client_test = DeviceIndices(sets, self.device)  # each made when that client is first scored
 
         def model_factory():
             return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
@@ -123,7 +123,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = model_factory()
         sizes = self.population.sizes
-        single = next((k for k in range(len(sizes)) if int(sizes[k]) == 1), None)
+        single = int(np.argmax(sizes == 1)) if (sizes == 1).any() else None  # the first client with one sample
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         probe_model(model, cfg.model.name, self.data.train_x, self.data.num_classes,
                     single if has_batchnorm else None, next_token=self.data.tokens is not None)

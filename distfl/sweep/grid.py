@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import (OPTIONS_KEY, SWEEP_BLOCK, apply_overrides, config_keys, config_to_dict, flatten_dict, load_config,
                       load_sweep_block)
-from ..config.renamed import RENAMED, reads
+from ..config.renamed import RENAMED, SPELLINGS, reads
 from ..errors import ConfigError, DistflError
 from .slurm import SLURM_OPTIONS, check_slurm_available, check_slurm_options, slurm_active_jobs
 from .plan import Point, Sweep
@@ -29,8 +29,8 @@ def _check_grid_key(key: str, where: str) -> None:
     keys = config_keys()
     if key.startswith(OPTIONS_KEY + ".") and key != OPTIONS_KEY + ".":
         return  # a method's option: each point's config checks it against the method's Options
-    if key in RENAMED:
-        return  # an old name of a method's option (distfl/config/renamed.py)
+    if key in RENAMED or key in SPELLINGS:
+        return  # an old name of a method's option, or another spelling of a key (distfl/config/renamed.py)
     if key in keys:
         if key == "seed":
             raise ConfigError(f"{where}: give seeds with --seeds 0,1,2 (or `seeds:` in the sweep block), "

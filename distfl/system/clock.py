@@ -14,7 +14,10 @@ A round that starts at virtual time T:
      deadline: clients with d_c <= deadline_s are kept, the others are late: dropped, or (partial_work)
      kept with the local steps they finished by the deadline; the round lasts min(deadline_s, max d_c);
      overselect: the first clients_per_round to finish (by d_c, then id) are kept, the others are late;
-     the round lasts until the last kept one reports.
+     the round lasts until the last kept one reports;
+     stragglers (FedProx's model): the stragglers the system model draws among the sampled manage e_c of
+     the train.local_epochs epochs: they are late and dropped, or (partial_work) kept with the steps of
+     those e_c epochs; the round lasts until the last kept one reports (its d_c for the work it does).
 A client that dropped is assumed to be noticed when it disconnects (it does not hold a round open).
 """
 from __future__ import annotations
@@ -68,17 +71,25 @@ def plan_round(system: SystemModel, population, cfg, round_idx: int, start_s: fl
     drops = system.drops(round_idx, sampled)
     if s.availability != "always" and s.unavailable == "fail":
         drops |= ~system.online(sampled, begin)
-    reporting, dropped, steps_of = [], [], {}
+    slow = system.stragglers(round_idx, sampled, cfg.train.local_epochs) if s.round == "stragglers" else {}
+    reporting, dropped, steps_of, late = [], [], {}, []
     for c, drop in zip(sampled, drops):
         steps = work(c)
+        if c in slow:  # the steps of its first slow[c] epochs
+            steps = steps[:len(steps) // cfg.train.local_epochs * slow[c]]
         duration = system.duration_s(c, sum(steps))
         if drop or not bool(system.online([c], begin + duration)[0]):
             dropped.append(c)
             continue
+        if c in slow and not s.partial_work:
+            late.append(c)
+            continue
         reporting.append((duration, c))
         steps_of[c] = steps
-    plan = RoundPlan(round_idx, start_s, list(sampled), [], dropped=dropped)
-    if s.round == "wait_all":
+    plan = RoundPlan(round_idx, start_s, list(sampled), [], late=late, dropped=dropped)
+    if s.round == "stragglers":
+        plan.partial_steps = {c: len(steps_of[c]) for _, c in reporting if c in slow}
+    if s.round in ("wait_all", "stragglers"):
         plan.kept = sorted(c for _, c in reporting)
         plan.length_s = max((d for d, _ in reporting), default=0.0)
     elif s.round == "deadline":

@@ -37,11 +37,12 @@ class System:
             raise ConfigError(f"system.async_mode={s.async_mode} trains each client from the model version it started "
                               f"from; runtime.pack_size={pack_size} trains a pack from one model: set runtime.pack_size=1")
         own = self.trainer.algorithm.overrides("local_training")
-        if s.round == "deadline" and s.partial_work and own:
+        cut = s.round in ("deadline", "stragglers") and s.partial_work
+        if cut and own:
             raise ConfigError(f"system.partial_work cuts a late client's local steps; algorithm.name={self.cfg.algorithm.name} "
                               "trains in passes of its own (local_training), which have no such cut: set "
                               "system.partial_work=false")
-        if s.round == "deadline" and s.partial_work and pack_size > 1:
+        if cut and pack_size > 1:
             raise ConfigError(f"system.partial_work trains late clients for fewer steps than the rest of their pack; "
                               f"runtime.pack_size={pack_size} trains a pack in lockstep: set runtime.pack_size=1")
 

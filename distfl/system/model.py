@@ -19,7 +19,7 @@ import numpy as np
 from . import traces
 
 # Distinct keys for distinct quantities, so adding one never changes another's draws.
-SPEED, DOWNLOAD, UPLOAD, DROPOUT, DIURNAL, COHORT, LIST_PICK = 1, 2, 3, 4, 5, 6, 7
+SPEED, DOWNLOAD, UPLOAD, DROPOUT, DIURNAL, COHORT, LIST_PICK, STRAGGLER, STRAGGLER_EPOCHS = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -149,6 +149,21 @@ class SystemModel:
         if self.behaviour is not None:
             return min(b.next_online(t) for b in set(self.behaviour))
         return t
+
+    def stragglers(self, round_idx: int, clients, epochs: int) -> dict[int, int]:
+        """FedProx's stragglers among a round's sampled `clients` (Li et al. 2020, Section 5.2, as the authors'
+        trainers draw them): k - round(k (1 - share)) of the k, those with the smallest keyed draws (seed, round,
+        client), each managing an epoch count uniform in 1 .. epochs - 1, keyed by (seed, round, client).
+        Client -> its epochs."""
+        clients = np.asarray(clients, dtype=np.int64)
+        count = len(clients) - round(len(clients) * (1 - self.cfg.stragglers))
+        if count <= 0:
+            return {}
+        order = np.lexsort((clients, keyed_uniform(self.seed, STRAGGLER, round_idx, clients)))
+        chosen = clients[order[:count]]
+        u = keyed_uniform(self.seed, STRAGGLER_EPOCHS, round_idx, chosen)
+        done = 1 + np.minimum((u * (epochs - 1)).astype(np.int64), epochs - 2)
+        return {int(c): int(e) for c, e in zip(chosen, done)}
 
     def drops(self, round_idx: int, clients) -> np.ndarray:
         """Whether each client drops out in round `round_idx` (keyed by (seed, round, client))."""

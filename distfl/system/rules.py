@@ -41,6 +41,10 @@ def check(v: dict) -> None:
                           "cannot: set train.cohort=random (or system.unavailable=fail)")
     if v["system.round"] == "deadline" and v["system.deadline_s"] <= 0:
         raise ConfigError("system.round=deadline needs system.deadline_s > 0 (the round's length in virtual seconds)")
+    if v["system.round"] == "stragglers" and (v["train.local_steps"] > 0 or v["train.local_epochs"] < 2):
+        raise ConfigError("system.round=stragglers draws each straggler's local epochs from 1 to train.local_epochs - 1: "
+                          f"set train.local_epochs >= 2 (now {v['train.local_epochs']}) and train.local_steps=0 "
+                          f"(now {v['train.local_steps']})")
     if v["system.round"] == "overselect" and v["train.cohort"] == "poisson":
         raise ConfigError("system.round=overselect samples ceil(system.overselect x train.clients_per_round) clients; "
                           "train.cohort=poisson has no fixed size to scale: use train.cohort=random or sequential")

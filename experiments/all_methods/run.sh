@@ -49,8 +49,9 @@ declare -A KEYS=(
   [fedrod]="algorithm.name=fedrod"
   [fedproto]="algorithm.name=fedproto"
   [fedala]="algorithm.name=fedala"
+  [fedpac]="algorithm.name=fedpac"
 )
-ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft local lgfedavg fedlc fedntd perfedavg pfedme fedrod fedproto fedala"
+ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft local lgfedavg fedlc fedntd perfedavg pfedme fedrod fedproto fedala fedpac"
 OUT=experiments/all_methods/runs
 PROTOCOL="train.rounds=100 eval.every=10"
 for method in ${METHODS:-$ORDER}; do

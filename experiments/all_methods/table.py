@@ -4,7 +4,8 @@ counted in "seeds", left out of the statistics, and listed per seed with its las
 accuracy (pooled test set) and the per-client statistics of eval.clients (each client's local test split;
 a personalised method scores each client's own model, every other method its global model, fedavg_ft the
 global model fine-tuned by each client). The "score" column is what the method is ranked by: per-client
-mean accuracy for the personalised methods (and fedavg_ft), global test accuracy for the others.
+mean accuracy for the personalised methods (and fedavg_ft), global test accuracy for the others. A method
+with no finished run on a split has a "not run" row naming the command that runs it.
 
     python experiments/all_methods/table.py [experiments/all_methods/runs]
 """
@@ -23,14 +24,23 @@ GROUPS = [
     ("global-model baselines", ["moon", "fedexp"]),
     ("label skew", ["fedlc", "fedntd"]),
     ("personalised", ["local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "perfedavg",
-                      "pfedme", "fedrod", "fedproto", "fedala"]),
+                      "pfedme", "fedrod", "fedproto", "fedala", "fedpac"]),
 ]
 PERSONALISED = {"local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "perfedavg", "pfedme",
-                "fedrod", "fedproto", "fedala"}
+                "fedrod", "fedproto", "fedala", "fedpac"}
 LABELS = {"slowmo": "slowmo (FedADC's baseline)", "gma": "fedavg + GMA", "spherefed": "SphereFed + FFC",
           "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)",
           "local": "local only"}
 SPLITS = {"dir01": "Dir(0.1)", "c2": "#C=2"}
+# Local work of a sampled client in a round at the protocol's 1 local epoch (docs/algorithms/*.md, "Cost"), and
+# what scoring adds: the compute a row's accuracy was bought with.
+WORK = {"fedrep": "11 epochs (10 head, 1 body)", "fedbabu": "1 epoch; 5 fine-tuning epochs at scoring",
+        "fedavg_ft": "1 epoch; 5 fine-tuning epochs at scoring", "ditto": "2 epochs", "apfl": "1 epoch, 2 passes a step",
+        "moon": "1 epoch, 3 forward passes a step", "fedntd": "1 epoch, +1 forward pass a step",
+        "perfedavg": "1 epoch, 2 half-batch passes a step (FO); 1 step at scoring",
+        "pfedme": "1 epoch, 6 passes a step (K = 5)", "fedala": "1 epoch + 0.8 epoch of ALA (up to 50 x 0.8 the first time)",
+        "fedpac": "2 epochs (1 head, 1 body) + 2 forward-only passes", "tct": "1 epoch; then stage 2",
+        "spherefed": "1 epoch; then FFC"}
 
 
 def cell(values: list[float]) -> str:
@@ -53,23 +63,29 @@ def client(s: dict, key: str) -> float | None:
 
 def main(root: Path) -> None:
     print("| split | method | seeds | score | global test acc | best global acc | per-client mean | "
-          "per-client std over clients | per-client p10 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "per-client std over clients | per-client p10 | local work a round |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     per_seed = []
     for split, label in SPLITS.items():
         for group, methods in GROUPS:
             for method in methods:
                 runs = finished(root, split, method)
                 if not runs:
+                    print(f"| {label} | {LABELS.get(method, method)} ({group}) | 0 | not run: `METHODS={method} "
+                          f"experiments/all_methods/run.sh {split} \"0 1\"` | — | — | — | — | — | {WORK.get(method, '1 epoch')} |")
                     continue
                 diverged = sum(s["status"] == "diverged" for _, s in runs)
                 seeds = f"{len(runs)}" + (f", {diverged} diverged" if diverged else "")
                 ss = [s for _, s in runs if s["status"] == "completed"]
                 if not ss:
-                    print(f"| {label} | {LABELS.get(method, method)} ({group}) | {seeds} | **diverged** | — | — | — | — | — |")
+                    print(f"| {label} | {LABELS.get(method, method)} ({group}) | {seeds} | **diverged** | — | — | — | — | — | "
+                          f"{WORK.get(method, '1 epoch')} |")
                 for seed, s in runs:
                     status = "" if s["status"] == "completed" else f" (diverged in {s['error'].split(':')[0]}; round {s['rounds']}'s evaluation)"
-                    per_seed.append(f"| {label} | {method} | {seed} | {100 * s['final_test_acc']:.2f}{status} | "
+                    if s["final_test_acc"] is None:  # diverged before its first evaluation
+                        status = f"— (diverged in {s['error'].split(':')[0]}, before any evaluation)"
+                    glob_acc = "" if s["final_test_acc"] is None else f"{100 * s['final_test_acc']:.2f}"
+                    per_seed.append(f"| {label} | {method} | {seed} | {glob_acc}{status} | "
                                     + (f"{100 * client(s, 'mean'):.2f}" if client(s, "mean") is not None else "—")
                                     + f" | {s['model_sha256'][:8]} | {s['wall_s']:.0f} |")
                 if not ss:
@@ -80,7 +96,7 @@ def main(root: Path) -> None:
                 kind = "per-client" if method in PERSONALISED else "global"
                 print(f"| {label} | {LABELS.get(method, method)} ({group}) | {seeds} | **{cell(score)}** ({kind}) | "
                       f"{cell(glob)} | {cell([s['best_test_acc'] for s in ss])} | {cell(clients['mean'])} | "
-                      f"{cell(clients['std'])} | {cell(clients['p10'])} |")
+                      f"{cell(clients['std'])} | {cell(clients['p10'])} | {WORK.get(method, '1 epoch')} |")
     print("\nPer seed:\n")
     print("| split | method | seed | global test acc | per-client mean | model hash | wall s |")
     print("|---|---|---|---|---|---|---|")

@@ -1,7 +1,12 @@
 #!/bin/bash
-# The evidence rows of docs/system.md (docs/evidence.md, rows D1-D2). From the repository root:
+# The evidence rows of docs/system.md (docs/evidence.md, rows D1-D3). From the repository root:
 #   experiments/system/run.sh buff SEED         # sync FedAvg vs FedBuff under heterogeneous speeds
-#   experiments/system/run.sh stragglers SEED   # FedAvg (drop) vs FedProx (partial work), 50% and 90% stragglers
+#   [LEVELS="90 50 0"] [ROUNDS=200] experiments/system/run.sh stragglers SEED
+#       FedProx's Synthetic(1,1): FedAvg (drops stragglers) vs FedProx mu 0 and mu 1 (partial work). The committed
+#       runs (runs/synthetic_*) ran ROUNDS=100, except FedAvg at 90% (200) and FedProx mu 0 at 90% (started for
+#       200, stopped after round 100: its first 100 rows are what a 100-round run writes); the 0% rows are X1's
+#       runs (experiments/fedprox_synthetic: the same federation and models), so LEVELS=0 was not run here
+#   experiments/system/run.sh stragglers_fmnist SEED   # the same comparison transferred to FMNIST (deadline, speeds)
 set -e
 what=$1; seed=${2:-0}
 out=experiments/system/runs
@@ -17,12 +22,22 @@ if [ "$what" = buff ]; then
   run "fedbuff_s$seed" experiments/system/fmnist_heterogeneous.yaml system.async_mode=fedbuff \
       system.concurrency=20 system.buffer_size=10 system.staleness=polynomial system.staleness_a=0.5
 elif [ "$what" = stragglers ]; then
+  for level in ${LEVELS:-90 50 0}; do
+    share="$(python -c "print($level / 100)") train.rounds=${ROUNDS:-200}"
+    run "synthetic_fedavg_drop_${level}_s$seed" experiments/system/synthetic_stragglers.yaml system.stragglers=$share
+    # without stragglers FedProx mu 0 is FedAvg, bit for bit (tests/test_algorithms.py): not run twice
+    [ $level = 0 ] || run "synthetic_fedprox0_partial_${level}_s$seed" experiments/system/synthetic_stragglers.yaml \
+        system.stragglers=$share algorithm.name=fedprox algorithm.options.mu=0 system.partial_work=true
+    run "synthetic_fedprox1_partial_${level}_s$seed" experiments/system/synthetic_stragglers.yaml system.stragglers=$share \
+        algorithm.name=fedprox algorithm.options.mu=1 system.partial_work=true
+  done
+elif [ "$what" = stragglers_fmnist ]; then
   for level in 50 90; do
     if [ $level = 50 ]; then speeds="list:1,1,1,1,1,3,5,7,9,11"; else speeds="list:1,3,5,7,9,11,13,15,17,19"; fi
     run "fedavg_drop_${level}_s$seed" experiments/system/fmnist_stragglers.yaml system.speed=$speeds
     run "fedprox0_partial_${level}_s$seed" experiments/system/fmnist_stragglers.yaml system.speed=$speeds \
-        algorithm.name=fedprox algorithm.mu=0 system.partial_work=true
+        algorithm.name=fedprox algorithm.options.mu=0 system.partial_work=true
     run "fedprox1_partial_${level}_s$seed" experiments/system/fmnist_stragglers.yaml system.speed=$speeds \
-        algorithm.name=fedprox algorithm.mu=1 system.partial_work=true
+        algorithm.name=fedprox algorithm.options.mu=1 system.partial_work=true
   done
 fi

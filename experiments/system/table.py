@@ -1,5 +1,5 @@
-"""Tables of experiments/system/run.sh's runs (docs/evidence.md rows D1, D2):
-    python experiments/system/table.py > experiments/system/results.md
+"""Tables of experiments/system/run.sh's runs (docs/evidence.md rows D1, D2, D3):
+    python experiments/system/table.py [--plot experiments/system/synthetic_stragglers.png] > experiments/system/results.md
 """
 from __future__ import annotations
 
@@ -44,8 +44,98 @@ def buff_table(targets=(0.60, 0.70)) -> str:
     return "\n".join(out) + "\n"
 
 
+SYNTHETIC = ("fedavg_drop", "fedprox0_partial", "fedprox1_partial")
+LABELS = {"fedavg_drop": "FedAvg (drops stragglers)", "fedprox0_partial": "FedProx mu = 0 (partial work)",
+          "fedprox1_partial": "FedProx mu = 1 (partial work)"}
+
+
+def partial_rows(name: str) -> list[dict]:
+    """A run's metrics so far (a run still going counts up to its last finished round)."""
+    path = RUNS / name / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# Without stragglers the runs are X1's (experiments/fedprox_synthetic): the same federation, config and
+# model (system.stragglers=0 equals the plain run bit for bit, tests/test_system.py), and FedProx mu = 0 is
+# FedAvg bit for bit (tests/test_algorithms.py), so no 0% run is repeated here.
+NO_STRAGGLERS = Path(__file__).parent.parent / "fedprox_synthetic" / "results"
+UPTO = 100  # rounds compared: the 50% and 90% runs ran 100 (FedAvg at 90%: 200; FedProx mu 0 at 90%: stopped after 100)
+
+
+def synthetic_runs() -> dict:
+    """(level, seed, method) -> metrics rows of `run.sh stragglers` (0%: X1's runs)."""
+    runs = {}
+    for seed in (0, 1):
+        for method, x1 in (("fedavg_drop", "fedavg"), ("fedprox1_partial", "fedprox_mu1")):
+            path = NO_STRAGGLERS / f"synthetic_1_1_{x1}_s{seed}" / "metrics.jsonl"
+            if path.exists():
+                runs[0, seed, method] = [json.loads(line) for line in path.read_text().splitlines()]
+    for seed in (0, 1, 2):
+        for level in (50, 90):
+            for method in SYNTHETIC:
+                rows_ = partial_rows(f"synthetic_{method}_{level}_s{seed}")
+                if rows_:
+                    runs[level, seed, method] = rows_
+    return runs
+
+
+def synthetic_table(checkpoints=(10, 20, 50, 100)) -> str:
+    """D2 on FedProx's Synthetic(1,1): Figure 1's metric (the global model's training loss over all training
+    samples) at a few rounds, its instability (rounds in which it rose, the largest rise), and test accuracy,
+    over the first UPTO rounds of every run."""
+    out = ["## D2: FedProx's stragglers on Synthetic(1,1) (the paper's Figure 1 setting)", "",
+           "`experiments/system/run.sh stragglers SEED`: 30 devices, 10 a round, E = 20, batch 10, lr 0.01, mclr; "
+           "in each round 50% or 90% of the sampled devices are stragglers doing 1-19 epochs "
+           "(`system.round=stragglers`); 0%: X1's runs (`experiments/fedprox_synthetic`, the same federation and "
+           f"model). Over the first {UPTO} rounds: global training loss (Figure 1's y-axis) at rounds "
+           + ", ".join(map(str, checkpoints)) + ", the rounds in which it rose and its largest rise; "
+           f"test accuracy at round {UPTO} and its mean over rounds {UPTO - 9}-{UPTO}.", "",
+           "| stragglers | seed | method | rounds run | " + " | ".join(f"loss @{c}" for c in checkpoints) +
+           " | loss rose in | largest rise | test acc | test acc last-10 mean |",
+           "|---|---|---|---|" + "---|" * (len(checkpoints) + 4)]
+    for (level, seed, method), metrics in sorted(synthetic_runs().items()):
+        ran = len(metrics)
+        metrics = metrics[:UPTO]
+        losses = [r["global_train_loss"] for r in metrics]
+        accs = [r["test_acc"] for r in metrics]
+        rises = [b - a for a, b in zip(losses, losses[1:])]
+        at = [f"{losses[c - 1]:.4f}" if len(losses) >= c else "—" for c in checkpoints]
+        out.append(f"| {level}% | {seed} | {method} | {ran} | " + " | ".join(at) +
+                   f" | {sum(r > 0 for r in rises)} | {max(rises, default=0):+.4f} | {100 * accs[-1]:.2f} | "
+                   f"{100 * statistics.mean(accs[-10:]):.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def synthetic_plot(path: str) -> None:
+    """Figure 1's synthetic column: global training loss against rounds, one panel per straggler level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = synthetic_runs()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+    colors = {"fedavg_drop": "tab:blue", "fedprox0_partial": "tab:orange", "fedprox1_partial": "tab:green"}
+    for ax, level in zip(axes, (0, 50, 90)):
+        for (lvl, seed, method), metrics in sorted(runs.items()):
+            if lvl != level:
+                continue
+            metrics = metrics[:UPTO]
+            ax.plot([r["round"] for r in metrics], [r["global_train_loss"] for r in metrics], color=colors[method],
+                    linestyle=("-", "--", ":")[seed], linewidth=1,
+                    label=f"{LABELS[method]}, seed {seed}")
+        ax.set_title(f"Synthetic(1,1), {level}% stragglers")
+        ax.set_xlabel("round")
+        ax.set_yscale("log")
+    axes[0].set_ylabel("global training loss")
+    handles, labels = axes[2].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.02))
+    fig.savefig(path, bbox_inches="tight", dpi=120)
+
+
 def straggler_table() -> str:
-    out = ["## D2: FedProx's stragglers on FMNIST (shards, E = 5, deadline)", "",
+    out = ["## D3: FedProx's stragglers transferred to FMNIST (shards, E = 5, deadline)", "",
+           "`experiments/system/run.sh stragglers_fmnist SEED` (its runs predate FedProx's own straggler model).", "",
            "Per run: stragglers' share of the sampled clients, test accuracy (final, best, mean and std over the "
            "last 10 rounds), training loss (mean over the last 10 rounds, and its largest round-to-round rise).", "",
            "| stragglers | seed | method | late or partial / sampled | final | best | last-10 mean ± std | "
@@ -69,7 +159,9 @@ def straggler_table() -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write("# Devices that differ: evidence runs\n\nCommands: `experiments/system/run.sh buff SEED` and "
-                     "`experiments/system/run.sh stragglers SEED`; each run's exact command line is "
-                     "`runs/NAME.cmd`, its metrics `runs/NAME/metrics.jsonl`.\n\n")
-    sys.stdout.write(buff_table() + "\n" + straggler_table())
+    if "--plot" in sys.argv:
+        synthetic_plot(sys.argv[sys.argv.index("--plot") + 1])
+    sys.stdout.write("# Devices that differ: evidence runs\n\nCommands: `experiments/system/run.sh buff SEED`, "
+                     "`experiments/system/run.sh stragglers SEED` and `experiments/system/run.sh stragglers_fmnist SEED`; "
+                     "each run's exact command line is `runs/NAME.cmd`, its metrics `runs/NAME/metrics.jsonl`.\n\n")
+    sys.stdout.write(buff_table() + "\n" + synthetic_table() + "\n" + straggler_table())

@@ -1,0 +1,1 @@
+python -m distfl train experiments/system/synthetic_stragglers.yaml seed=0 output.dir=experiments/system/runs/synthetic_fedavg_drop_90_s0 system.stragglers=0.9
