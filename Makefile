@@ -1,13 +1,14 @@
 # The two commands of the README. Each installs what it needs on a fresh machine, then runs.
 #   make quickstart   FedAvg on real Fashion-MNIST, 2 ranks under torchrun, prints the final accuracy
 #   make test         the whole test suite (what CI runs, through .ci/run), with a one-node Slurm for
-#                     tests/test_slurm.py (installed here, started and stopped by the tests as root)
+#                     tests/integration/test_slurm.py (installed here, started and stopped by the tests as root)
+#   make test-unit    tests/unit alone (also test-methods, test-integration: one folder of the suite)
 VENV ?= .venv
 PYTHON = $(VENV)/bin/python
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FMNIST = /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: quickstart test install data slurm
+.PHONY: quickstart test test-unit test-methods test-integration install data slurm
 
 install: $(VENV)/.installed
 $(VENV)/.installed: setup.py
@@ -30,3 +31,6 @@ quickstart: install data
 
 test: install data slurm
 	$(PYTHON) -m pytest -q
+
+test-unit test-methods test-integration: install
+	$(PYTHON) -m pytest -q tests/$(@:test-%=%)

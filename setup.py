@@ -21,7 +21,7 @@ setup(
         # output.trackers: mlflow (the tracking client; its local file store needs no server) and wandb
         "mlflow": ["mlflow-skinny==3.17.2"],
         "wandb": ["wandb==0.31.0"],
-        # tests/test_trackers.py reads both back
+        # tests/integration/test_trackers.py reads both back
         "test": ["pytest", "mlflow-skinny==3.17.2", "wandb==0.31.0"],
     },
     entry_points={"console_scripts": ["distfl=distfl.cli:main"]},

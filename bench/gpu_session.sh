@@ -3,7 +3,7 @@
 # GPU measurement of docs/gpu.md in ONE call of about 6-7 minutes on an H100 or H200, each step under its
 # own `timeout`, so one that hangs or fails costs only its own time. Results go to $OUT (default ./gpu_out),
 # 7 files at most, written as each step ends (a call cut short still returns what was done):
-#   test_cuda.txt        tests/test_cuda.py with -n 3
+#   test_cuda.txt        tests/integration/test_cuda.py with -n 3
 #   cuda_step.txt        the step probe, bench/cuda_step.py
 #   cross-device.json    packs of 1,10,25,50 beside pfl-research in 1-5 worker processes on the GPU
 #   ranks.json           1, 2, 4 distfl ranks sharing the GPU (torchrun, gloo; packs of 50, 25, 13) vs one rank
@@ -41,8 +41,8 @@ bench(){
 }
 
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-3}")  # pytest-xdist where the machine has it
-step "tests/test_cuda.py (${XDIST:-no -n: pytest-xdist missing})"
-timeout $(( 150 * LIMIT_SCALE )) python3 -m pytest -q -p no:cacheprovider -p no:benchmark $XDIST -rs tests/test_cuda.py \
+step "tests/integration/test_cuda.py (${XDIST:-no -n: pytest-xdist missing})"
+timeout $(( 150 * LIMIT_SCALE )) python3 -m pytest -q -p no:cacheprovider -p no:benchmark $XDIST -rs tests/integration/test_cuda.py \
   > "$OUT/test_cuda.txt" 2>&1
 tail -4 "$OUT/test_cuda.txt"
 
@@ -92,9 +92,9 @@ def load(name):
 print("\n## Summary\n")
 try:
     tail = open(os.path.join(out, "test_cuda.txt")).read().strip().splitlines()
-    print(f"- tests/test_cuda.py: {tail[-1] if tail else 'no output'}")
+    print(f"- tests/integration/test_cuda.py: {tail[-1] if tail else 'no output'}")
 except OSError:
-    print("- tests/test_cuda.py: no output")
+    print("- tests/integration/test_cuda.py: no output")
 try:
     lines = open(os.path.join(out, "cuda_step.txt")).read().strip().splitlines()
 except OSError:

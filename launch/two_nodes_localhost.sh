@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Try the multi-node code path on one machine: two torchrun agents act as two nodes (NPROC ranks
 # each) and meet through a c10d rendezvous on 127.0.0.1, as slurm/train.sbatch starts them on a
-# cluster. tests/test_multinode.py checks that this trains the same model as one node.
+# cluster. tests/integration/test_multinode.py checks that this trains the same model as one node.
 #
 #   launch/two_nodes_localhost.sh CONFIG [key=value ...]        (NPROC=1, PORT=29517 by default)
 set -euo pipefail

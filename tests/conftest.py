@@ -15,7 +15,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 # The ordinary suite runs on the CPU on every machine (its 2-rank tests use gloo, several assert cpu):
-# CUDA is hidden from this process and every run it starts, before torch is imported. tests/test_cuda.py
+# CUDA is hidden from this process and every run it starts, before torch is imported. tests/integration/test_cuda.py
 # runs its real-GPU checks in subprocesses with `cuda_env()`.
 # The machine's own value is kept in DISTFL_TESTS_CUDA_VISIBLE_DEVICES ("<unset>" for none), which processes
 # started from here inherit: a pytest-xdist worker imports this file with CUDA already hidden.

@@ -9,7 +9,7 @@ server fits one Gaussian per class (Eqs. 3-4):
     Sigma_c = sum_k (N_{c,k} - 1) / (N_c - 1) Sigma_{c,k} + sum_k N_{c,k} / (N_c - 1) mu_{c,k} mu_{c,k}^T
               - N_c / (N_c - 1) mu_c mu_c^T
 
-which are exactly the mean and unbiased covariance of the pooled features (tests/test_ccvr.py), draws M_c
+which are exactly the mean and unbiased covariance of the pooled features (tests/methods/test_ccvr.py), draws M_c
 virtual features of class c from N(mu_c, Sigma_c), and retrains the classifier on them.
 
 Here a client adds N_{c,k} mu_{c,k} and (N_{c,k} - 1) Sigma_{c,k} + N_{c,k} mu_{c,k} mu_{c,k}^T (the two

@@ -5,7 +5,7 @@ without communicating. The randomness comes from one `np.random.RandomState(seed
 that NIID-Bench (Li et al. 2021, "Federated Learning on Non-IID Data Silos") uses, and, for `n_classes`
 only, Python's `random.Random(seed)`, with which NIID-Bench draws each client's classes. Where a scheme
 follows NIID-Bench, the draws are made in the same order as its `partition_data` seeded by
-`np.random.seed(seed); random.seed(seed)`, so the client sets are NIID-Bench's (tests/test_partition.py
+`np.random.seed(seed); random.seed(seed)`, so the client sets are NIID-Bench's (tests/integration/test_partition.py
 checks them against its client sets on the real Fashion-MNIST labels).
 """
 from __future__ import annotations

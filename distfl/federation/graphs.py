@@ -13,7 +13,7 @@ step stays eager and in order on the same stream: the batch gather, the methods'
 (`before_forward`, `correct_gradient`, `after_step`), the SGD step with the lr of the round's schedule
 and momentum, the loss sums. Nothing here reads a value on the host, and the step is a pure function
 of its inputs (BatchNorm's counters are copied inside it), so a replay computes what the eager call
-computes with the same kernels: the same bits (tests/test_cuda.py checks this on a GPU).
+computes with the same kernels: the same bits (tests/integration/test_cuda.py checks this on a GPU).
 
 A capture that fails (an operation a graph cannot hold, say in a plugin model's forward) is said once,
 and every step of the run is then taken eagerly.

@@ -25,7 +25,7 @@ elif [ "$what" = stragglers ]; then
   for level in ${LEVELS:-90 50 0}; do
     share="$(python -c "print($level / 100)") train.rounds=${ROUNDS:-200}"
     run "synthetic_fedavg_drop_${level}_s$seed" experiments/system/synthetic_stragglers.yaml system.stragglers=$share
-    # without stragglers FedProx mu 0 is FedAvg, bit for bit (tests/test_algorithms.py): not run twice
+    # without stragglers FedProx mu 0 is FedAvg, bit for bit (tests/methods/test_algorithms.py): not run twice
     [ $level = 0 ] || run "synthetic_fedprox0_partial_${level}_s$seed" experiments/system/synthetic_stragglers.yaml \
         system.stragglers=$share algorithm.name=fedprox algorithm.options.mu=0 system.partial_work=true
     run "synthetic_fedprox1_partial_${level}_s$seed" experiments/system/synthetic_stragglers.yaml system.stragglers=$share \

@@ -56,8 +56,8 @@ def partial_rows(name: str) -> list[dict]:
 
 
 # Without stragglers the runs are X1's (experiments/fedprox_synthetic): the same federation, config and
-# model (system.stragglers=0 equals the plain run bit for bit, tests/test_system.py), and FedProx mu = 0 is
-# FedAvg bit for bit (tests/test_algorithms.py), so no 0% run is repeated here.
+# model (system.stragglers=0 equals the plain run bit for bit, tests/integration/test_system.py), and FedProx mu = 0 is
+# FedAvg bit for bit (tests/methods/test_algorithms.py), so no 0% run is repeated here.
 NO_STRAGGLERS = Path(__file__).parent.parent / "fedprox_synthetic" / "results"
 UPTO = 100  # rounds compared: the 50% and 90% runs ran 100 (FedAvg at 90%: 200; FedProx mu 0 at 90%: stopped after 100)
 

@@ -240,7 +240,7 @@ def test_whole_run_suite_times_each_run_and_projects_a_shortened_one(tmp_path, m
 def test_pfl_research_runs_in_several_worker_processes(tmp_path):
     """bench/pfl_research_cross_device.py --processes 2: two pfl workers (PFL_WORKER_ADDRESSES), and pfl's
     own distributed context counts both."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "pfl_research_cross_device.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "pfl_research_cross_device.py"
     proc = subprocess.run([sys.executable, str(script), "--rounds", "1", "--processes", "2", "--users", "20",
                            "--cohort", "4"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -326,7 +326,7 @@ def test_pfl_workers_get_gloo_even_where_pfl_asks_for_nccl(monkeypatch):
     import importlib.util
 
     import torch.distributed
-    path = Path(__file__).resolve().parents[1] / "bench" / "pfl_research_cross_device.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "pfl_research_cross_device.py"
     spec = importlib.util.spec_from_file_location("pfl_bench_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -344,7 +344,7 @@ def test_the_step_probes_unfold_convolution_is_a_convolution(monkeypatch):
     from torch.func import functional_call, grad, vmap
 
     from distfl.models.pfl_cnn import build_pfl_cnn
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
     import cuda_step
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(4, 3, 9, 11, generator=gen), torch.randn(5, 3, 3, 3, generator=gen), torch.randn(5, generator=gen)

@@ -9,7 +9,7 @@ from distfl.algorithms import ALGORITHMS
 from distfl.federation.local import ClientRun
 
 # Every registered method, GMA's mask and FedADC+'s distillation (whose teacher has BatchNorm too).
-# Personalised methods keep their own model parts and refuse FedBN (tests/test_personalised.py).
+# Personalised methods keep their own model parts and refuse FedBN (tests/methods/test_personalised.py).
 # TCT's rounds are its stage-1 method's (one of these), then a linear model without BatchNorm.
 VARIANTS = {name: [f"algorithm.name={name}"] for name, cls in ALGORITHMS.items() if not cls.personalised and name != "tct"}
 VARIANTS["fedavg+gma"] = ["aggregation.mask=gma"]

@@ -146,7 +146,7 @@ def test_resume_rejects_changes_that_alter_the_run(tmp_path, small_config):
 
 def test_corrupt_checkpoint_is_refused(tmp_path, small_config):
     """With every checkpoint bad, resume stops, naming each one and its bad file.
-    (With an older good one, it resumes from that: tests/test_checkpoint.py.)"""
+    (With an older good one, it resumes from that: tests/integration/test_checkpoint.py.)"""
     run = tmp_path / "run"
     train_ok(small_config, f"output.dir={run}", "train.rounds=4")
     for name in ("round_000002", "round_000004"):

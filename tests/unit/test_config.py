@@ -21,7 +21,7 @@ from distfl.config.values import in_range
 from distfl.config_docs import config_reference_markdown
 from distfl.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path, text, name="cfg.yaml"):
@@ -181,7 +181,7 @@ def test_type_errors_in_yaml(tmp_path):
     path = write(tmp_path, "model:\n  name: 5\n")
     msg = error(load_config, path)
     assert "model.name must be a string, got 5 (int)" in msg and path in msg
-    # A quoted number reads as unquoted (tests/test_validation.py); quoted text that is no integer is refused.
+    # A quoted number reads as unquoted (tests/integration/test_validation.py); quoted text that is no integer is refused.
     assert "train.rounds must be an integer" in error(load_config, write(tmp_path, "train: {rounds: '3.5'}\n"))
 
 

@@ -14,13 +14,13 @@ from conftest import SMALL, metrics, run_cli, summary, train_ok, write_config
 from distfl.config import load_config
 from distfl.errors import ConfigError, DataError, DistflError
 
-REPO_DOCS = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+REPO_DOCS = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
 
 def guide_block(module: str) -> str:
     """The code block of docs/extending.md marked as mylab/<module>: the guide's example is what we run."""
     text = REPO_DOCS.read_text()
-    marker = f"<!-- tests/test_plugins.py runs this block as mylab/{module} -->\n```python\n"
+    marker = f"<!-- tests/integration/test_plugins.py runs this block as mylab/{module} -->\n```python\n"
     return text[text.index(marker) + len(marker):].split("```", 1)[0]
 
 

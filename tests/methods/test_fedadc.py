@@ -201,7 +201,7 @@ def two_rank_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fedadc_dist")
     config = write_config(root / "small.yaml")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, str(root)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"2-rank runs failed:\n{proc.stdout}\n{proc.stderr}"
     out = {}

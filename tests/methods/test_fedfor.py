@@ -224,7 +224,7 @@ def test_paper_configs_parse_and_use_the_papers_optimiser():
 
     from distfl.config import load_config
 
-    paths = sorted((Path(__file__).resolve().parents[1] / "configs/paper/fedfor").glob("*.yaml"))
+    paths = sorted((Path(__file__).resolve().parents[2] / "configs/paper/fedfor").glob("*.yaml"))
     assert paths
     for path in paths:
         cfg = load_config(str(path), [])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "niid_bench" / "run.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "niid_bench" / "run.sh"
 
 
 def sweep_lines(parts: str, runs: str = "fedavg") -> subprocess.CompletedProcess:

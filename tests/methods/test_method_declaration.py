@@ -207,7 +207,7 @@ def test_the_smallest_method_in_the_guide_is_fedprox_as_distfl_has_it():
     from conftest import REPO
 
     guide = (REPO / "docs" / "extending.md").read_text()
-    marker = "<!-- tests/test_method_declaration.py checks this block is distfl/algorithms/fedprox.py -->\n```python\n"
+    marker = "<!-- tests/methods/test_method_declaration.py checks this block is distfl/algorithms/fedprox.py -->\n```python\n"
     block = guide[guide.index(marker) + len(marker):].split("```\n", 1)[0]
     assert block == (REPO / "distfl" / "algorithms" / "fedprox.py").read_text()
 

@@ -1,7 +1,7 @@
 """runtime.cuda_graphs on the CPU: everything around a CUDA graph (a graph per batch shape, the copies into
 its input tensors, its outputs overwritten by the next replay, the fallback to eager steps said once),
 exercised with a stand-in that records a step and replays it on the CPU as a graph would. The real
-graphs (the same bits as eager on a GPU) are checked in tests/test_cuda.py."""
+graphs (the same bits as eager on a GPU) are checked in tests/integration/test_cuda.py."""
 from __future__ import annotations
 
 import json

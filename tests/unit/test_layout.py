@@ -1,6 +1,6 @@
 """The code stays easy to live in: no import circles (a lower layer never imports a module that imports
-it back), no file in distfl/ past what one reading holds, and every link in the README and docs/
-resolves."""
+it back), no file in distfl/ past what one reading holds, every link in the README and docs/ resolves,
+and every test file sits in tests/unit, tests/methods or tests/integration."""
 from __future__ import annotations
 
 import ast
@@ -97,3 +97,12 @@ def test_every_link_of_the_readme_and_docs_resolves():
             if path and not (page.parent / path).exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert not broken, broken
+
+
+def test_every_test_file_sits_in_unit_methods_or_integration():
+    """tests/unit: no run end to end; tests/methods: one method (or the method interface) each, by its
+    hooks and by runs; tests/integration: runs as a user starts them (1 and 2 ranks, resume, faults, CLI).
+    All share tests/conftest.py."""
+    stray = sorted(p.name for p in (REPO / "tests").glob("test_*.py"))
+    assert not stray, f"move {', '.join(stray)} into tests/unit, tests/methods or tests/integration (git mv)"
+    assert not list((REPO / "tests").glob("*/conftest.py")), "one shared fixture file: tests/conftest.py"

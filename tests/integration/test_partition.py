@@ -29,9 +29,9 @@ def classes_of(part, labels):
 
 
 def test_covers_every_scheme_in_the_schema():
-    # longtail clients may overlap (tests/test_partition_longtail.py), so it is not in the disjoint set;
-    # file reads the split as it is (tests/test_plugins.py), natural the dataset's clients
-    # (tests/test_fedprox_synthetic.py).
+    # longtail clients may overlap (tests/integration/test_partition_longtail.py), so it is not in the disjoint set;
+    # file reads the split as it is (tests/integration/test_plugins.py), natural the dataset's clients
+    # (tests/integration/test_fedprox_synthetic.py).
     assert sorted(KEYS["partition.scheme"].choices) == sorted(SCHEMES + ["longtail", "file", "natural"])
 
 
@@ -251,7 +251,7 @@ def test_bad_labels_raise():
 
 
 # NIID-Bench's own client sets on the real FMNIST training labels; tests/fixtures/README.md says how they were made.
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "niid_bench_fmnist.json")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "niid_bench_fmnist.json")
 FMNIST_TRAIN_LABELS = os.path.join(DEBIAN_FMNIST_DIR, "train-labels-idx1-ubyte.gz")
 with open(FIXTURE) as _f:
     NIID_BENCH_CASES = json.load(_f)["cases"]
