@@ -92,6 +92,7 @@ def cmd_calibrate(args) -> int:
     stopped early)."""
     from .checkpoint import checkpoints_dir
     from .config import config_keys
+    from .config.validate import key_applies
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -100,7 +101,8 @@ def cmd_calibrate(args) -> int:
         raise ConfigError(
             f"{run_dir} has no checkpointed model to calibrate ({checkpoints_dir(run_dir) / 'latest'} is missing: "
             "the run stopped before its first checkpoint). Train it first; the last round is always checkpointed")
-    settings = [key for key in config_keys() if key.startswith("calibration.") and key != "calibration.method"]
+    settings = [key for key in config_keys() if key.startswith("calibration.") and key != "calibration.method"
+                and key_applies(key, {"calibration.method": "ffc"})]
     for item in args.overrides:
         key, _, value = item.partition("=")
         if key.strip() not in settings and (key.strip(), value.strip()) != ("calibration.method", "ffc"):
