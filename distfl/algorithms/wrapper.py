@@ -31,6 +31,10 @@ class Wrapper:
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
+    def overrides(self, hook: str) -> bool:
+        """Whether `hook` does something: the wrapper defines it, or the method inside does."""
+        return hook in type(self).__dict__ or self.inner.overrides(hook)
+
     def unwrapped(self):
         """The method inside every wrapper."""
         inner = self.inner

@@ -222,14 +222,9 @@ def pack_statistics(algorithm) -> bool:
 
 
 def acts(algorithm, hook: str) -> bool:
-    """Whether `hook` does something for this method or any feature wrapped around it (FedBN's
-    begin_client does; Algorithm's own does nothing). Objects that cannot say are taken to act."""
-    layer = algorithm
-    while "inner" in getattr(layer, "__dict__", {}):  # a Wrapper (algorithms/wrapper.py)
-        if hook in type(layer).__dict__:
-            return True
-        layer = layer.inner
-    overrides = getattr(layer, "overrides", None)
+    """Whether `hook` does something for this method or a feature wrapped around it (`overrides`;
+    duck-typed hooks that cannot say are taken to act)."""
+    overrides = getattr(algorithm, "overrides", None)
     return True if overrides is None else overrides(hook)
 
 
