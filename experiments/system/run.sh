@@ -3,9 +3,9 @@
 #   experiments/system/run.sh buff SEED         # sync FedAvg vs FedBuff under heterogeneous speeds
 #   [LEVELS="90 50 0"] [ROUNDS=200] experiments/system/run.sh stragglers SEED
 #       FedProx's Synthetic(1,1): FedAvg (drops stragglers) vs FedProx mu 0 and mu 1 (partial work). The committed
-#       runs (runs/synthetic_*) ran ROUNDS=100, except FedAvg at 90% (200) and FedProx mu 0 at 90% (started for
-#       200, stopped after round 100: its first 100 rows are what a 100-round run writes); the 0% rows are X1's
-#       runs (experiments/fedprox_synthetic: the same federation and models), so LEVELS=0 was not run here
+#       runs (runs/synthetic_*): seeds 0 and 1 `ROUNDS=200 LEVELS="90 50"` (the paper's 200 rounds), seed 2
+#       `ROUNDS=100 LEVELS="90 50"`; the 0% rows are X1's 200-round runs (experiments/fedprox_synthetic: the same
+#       federation and models), so LEVELS=0 was not run here
 #   experiments/system/run.sh stragglers_fmnist SEED   # the same comparison transferred to FMNIST (deadline, speeds)
 set -e
 what=$1; seed=${2:-0}
