@@ -1,4 +1,5 @@
-"""Tables of experiments/system/run.sh's runs (docs/evidence.md rows D1, D2, D3):
+"""Tables of experiments/system/run.sh's runs (docs/evidence.md rows D1, D2, D3; D2 over 200 rounds, seeds 0
+and 1, and over the first 100 rounds of seeds 0, 1 and 2):
     python experiments/system/table.py [--plot experiments/system/synthetic_stragglers.png] > experiments/system/results.md
 """
 from __future__ import annotations
@@ -59,7 +60,7 @@ def partial_rows(name: str) -> list[dict]:
 # model (system.stragglers=0 equals the plain run bit for bit, tests/integration/test_system.py), and FedProx mu = 0 is
 # FedAvg bit for bit (tests/methods/test_algorithms.py), so no 0% run is repeated here.
 NO_STRAGGLERS = Path(__file__).parent.parent / "fedprox_synthetic" / "results"
-UPTO = 100  # rounds compared: the 50% and 90% runs ran 100 (FedAvg at 90%: 200; FedProx mu 0 at 90%: stopped after 100)
+UPTO = 200  # rounds compared: seeds 0 and 1 ran the paper's 200; seed 2 ran 100 (read in the 100-round table)
 
 
 def synthetic_runs() -> dict:
@@ -79,23 +80,31 @@ def synthetic_runs() -> dict:
     return runs
 
 
-def synthetic_table(checkpoints=(10, 20, 50, 100)) -> str:
+def synthetic_table(upto: int = UPTO, checkpoints=(10, 20, 50, 100, 200)) -> str:
     """D2 on FedProx's Synthetic(1,1): Figure 1's metric (the global model's training loss over all training
     samples) at a few rounds, its instability (rounds in which it rose, the largest rise), and test accuracy,
-    over the first UPTO rounds of every run."""
-    out = ["## D2: FedProx's stragglers on Synthetic(1,1) (the paper's Figure 1 setting)", "",
+    over the first `upto` rounds of every run that ran that far (a run's first N rounds are what an N-round
+    run writes)."""
+    checkpoints = [c for c in checkpoints if c <= upto]
+    runs = synthetic_runs()
+    short = sorted(f"{method} {level}% seed {seed} ({len(m)} rounds)" for (level, seed, method), m in runs.items()
+                   if len(m) < upto)
+    out = [f"## D2: FedProx's stragglers on Synthetic(1,1) (the paper's Figure 1 setting), rounds 1-{upto}", "",
            "`experiments/system/run.sh stragglers SEED`: 30 devices, 10 a round, E = 20, batch 10, lr 0.01, mclr; "
            "in each round 50% or 90% of the sampled devices are stragglers doing 1-19 epochs "
            "(`system.round=stragglers`); 0%: X1's runs (`experiments/fedprox_synthetic`, the same federation and "
-           f"model). Over the first {UPTO} rounds: global training loss (Figure 1's y-axis) at rounds "
+           f"model). Over the first {upto} rounds: global training loss (Figure 1's y-axis) at rounds "
            + ", ".join(map(str, checkpoints)) + ", the rounds in which it rose and its largest rise; "
-           f"test accuracy at round {UPTO} and its mean over rounds {UPTO - 9}-{UPTO}.", "",
+           f"test accuracy at round {upto} and its mean over rounds {upto - 9}-{upto}."
+           + (f" Not in this table (shorter runs): {', '.join(short)}." if short else ""), "",
            "| stragglers | seed | method | rounds run | " + " | ".join(f"loss @{c}" for c in checkpoints) +
            " | loss rose in | largest rise | test acc | test acc last-10 mean |",
            "|---|---|---|---|" + "---|" * (len(checkpoints) + 4)]
-    for (level, seed, method), metrics in sorted(synthetic_runs().items()):
+    for (level, seed, method), metrics in sorted(runs.items()):
         ran = len(metrics)
-        metrics = metrics[:UPTO]
+        if ran < upto:
+            continue
+        metrics = metrics[:upto]
         losses = [r["global_train_loss"] for r in metrics]
         accs = [r["test_acc"] for r in metrics]
         rises = [b - a for a, b in zip(losses, losses[1:])]
@@ -164,4 +173,4 @@ if __name__ == "__main__":
     sys.stdout.write("# Devices that differ: evidence runs\n\nCommands: `experiments/system/run.sh buff SEED`, "
                      "`experiments/system/run.sh stragglers SEED` and `experiments/system/run.sh stragglers_fmnist SEED`; "
                      "each run's exact command line is `runs/NAME.cmd`, its metrics `runs/NAME/metrics.jsonl`.\n\n")
-    sys.stdout.write(buff_table() + "\n" + synthetic_table() + "\n" + straggler_table())
+    sys.stdout.write(buff_table() + "\n" + synthetic_table() + "\n" + synthetic_table(100) + "\n" + straggler_table())
