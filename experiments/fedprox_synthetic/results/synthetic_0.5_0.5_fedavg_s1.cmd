@@ -1,0 +1,1 @@
+python -m distfl train experiments/fedprox_synthetic/configs/synthetic_0.5_0.5.yaml seed=1 train.rounds=200 output.dir=runs/fedprox_synthetic/synthetic_0.5_0.5_fedavg_s1
