@@ -1,8 +1,12 @@
 """The table of experiments/fedprox_synthetic/results: per federation, method and seed, the global model's
-training loss over all devices' training samples (FedProx's Figure 2 quantity) at rounds 10, 20 and 40,
-its worst rise from one round to the next, the rounds in which it rose, and the test accuracy at round 40.
+training loss over all devices' training samples (FedProx's Figure 2 quantity) at rounds 10, 20, 40, 100
+and 200 (those up to --upto), its worst rise from one round to the next, the rounds in which it rose, and the
+test accuracy at round --upto. The runs are 200 rounds long; --upto 40 and --upto 100 read their first rounds
+(a run's first N rounds are what an N-round run writes):
 
-    python experiments/fedprox_synthetic/table.py [--upto 40] [--plot FILE.png] > experiments/fedprox_synthetic/results.md
+    python experiments/fedprox_synthetic/table.py --plot experiments/fedprox_synthetic/loss_200.png > experiments/fedprox_synthetic/results.md
+    python experiments/fedprox_synthetic/table.py --upto 100 > experiments/fedprox_synthetic/results_100.md
+    python experiments/fedprox_synthetic/table.py --upto 40 > experiments/fedprox_synthetic/results_40.md
 
 --plot: the training-loss curves, one panel per federation (as FedProx's Figure 2, top row).
 """
@@ -27,12 +31,12 @@ def rows(name: str, upto: int) -> list[dict] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--upto", type=int, default=40, help="the last round read (the runs' common length)")
+    parser.add_argument("--upto", type=int, default=200, help="the last round read (at most the runs' length, 200)")
     parser.add_argument("--plot", help="also draw the training-loss curves into this PNG")
     args = parser.parse_args()
     if args.plot:
         plot(args.plot, args.upto)
-    marks = [m for m in (10, 20, args.upto) if m <= args.upto]
+    marks = sorted({m for m in (10, 20, 40, 100, 200) if m < args.upto} | {args.upto})
     print(f"Global training loss (all 30 devices' training samples) and test accuracy, rounds 1-{args.upto}; "
           f"`rises`: rounds whose loss exceeds the previous round's; `worst rise`: the largest such step.\n")
     head = " | ".join(f"loss @{m}" for m in marks)

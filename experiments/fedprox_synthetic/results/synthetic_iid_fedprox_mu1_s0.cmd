@@ -1,0 +1,1 @@
+python -m distfl train experiments/fedprox_synthetic/configs/synthetic_iid.yaml seed=0 train.rounds=200 output.dir=runs/fedprox_synthetic/synthetic_iid_fedprox_mu1_s0 algorithm.name=fedprox algorithm.mu=1.0
