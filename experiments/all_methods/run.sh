@@ -61,6 +61,7 @@ PROTOCOL="train.rounds=100 eval.every=10"
 PY=${PYTHON:-python}
 calibrated() {  # FedAvg + CCVR or FFC: distfl calibrate on a copy of one FedAvg training per split and seed
   local method=$1 seed=$2 out=$3 base=$OUT/${split}_calibrated_fedavg_s$2
+  mkdir -p "$OUT"
   if [ ! -f "$base/summary.json" ]; then
     # shellcheck disable=SC2086
     echo "python -m distfl train experiments/personal/fmnist.yaml $PROTOCOL algorithm.name=fedavg $part seed=$seed output.dir=$base" > "$base.cmd.txt"
