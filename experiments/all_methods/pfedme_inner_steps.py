@@ -7,9 +7,14 @@ once with the final theta). One JSON line per local step: {"step", "gap": [K + 1
         experiments/personal/fmnist.yaml train.rounds=8 eval.every=10 algorithm.name=pfedme train.lr=0.005 \
         partition.scheme=dirichlet partition.alpha=0.1 seed=0 output.dir=/tmp/pfedme_diag --overwrite
     gzip LOG.jsonl     # experiments/all_methods/pfedme_search/dir01_paper_inner_steps.jsonl.gz
+    python experiments/all_methods/pfedme_inner_steps.py --summary LOG.jsonl.gz
+
+--summary: per block of 100 local steps, in how many the inner steps' oscillation grows (|gap_K - gap_{K-1}|
+above |gap_2 - gap_1|), and the first local step where ||theta - w|| passes 1,000 or stops being finite.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import sys
@@ -21,7 +26,7 @@ from distfl.cli import main
 
 calls_per_step = None
 evaluate = pfedme.call_at
-log = open(sys.argv[1], "w")
+log = None  # the JSON-lines file, opened by the main branch
 step = {"n": 0, "gap": []}
 
 
@@ -38,7 +43,21 @@ def recorded(model, views, flat, x):
     return evaluate(model, views, flat, x)
 
 
-if __name__ == "__main__":
+def summary(path: str) -> None:
+    rows = [json.loads(line) for line in gzip.open(path, "rt") if line.strip()]
+    for start in range(0, len(rows), 100):
+        block = [r["gap"] for r in rows[start:start + 100] if None not in r["gap"]]
+        grows = sum(abs(g[-1] - g[-2]) > abs(g[2] - g[1]) for g in block)
+        print(f"local steps {start + 1}-{start + len(rows[start:start + 100])}: oscillation grows in {grows} of {len(block)}")
+    first = next((r for r in rows if None in r["gap"] or max(r["gap"]) > 1e3), None)
+    if first is not None:
+        print(f"first blow-up: local step {first['step']}, gaps {first['gap']}, ||w|| {first['w']}")
+
+
+if __name__ == "__main__" and sys.argv[1] == "--summary":
+    summary(sys.argv[2])
+elif __name__ == "__main__":
+    log = open(sys.argv[1], "w")
     steps = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("algorithm.options.steps=")), 5)
     calls_per_step = steps + 1
     pfedme.call_at = recorded
