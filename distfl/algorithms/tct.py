@@ -134,6 +134,9 @@ class TCT(Algorithm):
             raise ConfigError(f"eval.finetune_epochs={cfg.eval.finetune_epochs} fine-tunes a network before per-client "
                               "evaluation, but algorithm.name=tct scores each client with stage 2's linear model: set "
                               "eval.finetune_epochs=0")
+        if cfg.eval.test_samples:
+            raise ConfigError(f"eval.test_samples={cfg.eval.test_samples} scores a sample of the test split, but "
+                              "algorithm.name=tct's stage 2 scores the whole test split: set eval.test_samples=0")
         cls.trained_method(cfg).check_config(cfg)
 
 

@@ -235,6 +235,7 @@ class RunContext:
     run_dir: Path
     data: object
     data_sources: dict
+    eval_sample: object  # eval_sample.EvalSample: the rows of the splits the global model is scored on
     population: object
     client_indices: list
     client_test: list | None

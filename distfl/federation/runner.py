@@ -41,6 +41,7 @@ from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
 from .client_eval import best_round_scores
 from .split_eval import evaluate
+from .eval_sample import EvalSample
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .graphs import resolve_cuda_graphs
 from .pack import PackStep, check_packable, pack_statistics, resolve_pack_size
@@ -103,6 +104,8 @@ class Trainer:
         if cfg.algorithm.weighting == "tokens":
             self.population.token_counts = client_token_counts(self.population.indices, self.data.train_y, self.data.tokens)
         self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
+        # eval.test_samples, eval.train_samples: the fixed rows every evaluation scores (from the data seed)
+        self.eval_sample = EvalSample.of(cfg.eval, self.data, seed)
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
             if holdout:
@@ -182,6 +185,7 @@ class Trainer:
                                        cfg.algorithm.name)
         self.context = RunContext(
             cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
+            eval_sample=self.eval_sample,
             population=self.population, client_indices=self.client_indices, client_test=getattr(self, "client_test", None),
             client_test_x=getattr(self, "client_test_x", None), client_test_y=getattr(self, "client_test_y", None),
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
@@ -448,7 +452,8 @@ class Trainer:
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
                     f"{self.ctx.world_size} process(es) on {self.device}"
-                    f"{f', clients in packs of {self.pack_size}' if self.pack_size > 1 else ''}; writing {self.run_dir}")
+                    f"{f', clients in packs of {self.pack_size}' if self.pack_size > 1 else ''}; writing {self.run_dir}"
+                    f"{self.eval_sample.describe()}")
         if self.privacy is not None:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
         session_start = time.time()

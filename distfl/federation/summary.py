@@ -53,6 +53,9 @@ def build(context, status: str, error: str | None) -> dict:
         # eval.finetune_from=best: the round of the global model the clients fine-tuned at the last evaluation
         # (the best round by test_acc); None: the evaluated round's own model (eval.finetune_from=last)
         "client_model_round": last.get("client_model_round"),
+        # eval.test_samples, eval.train_samples: {"test": {"scored", "of"}, "train": ... or None without
+        # eval.train_metrics}, the samples each evaluation scored of the split's (a fixed sample when fewer)
+        "eval_samples": context.eval_sample.to_json(),
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else context.cfg.train.rounds,
