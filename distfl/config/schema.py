@@ -56,6 +56,8 @@ class DataConfig:
     synthetic_beta: float = key(0.0, range=">= 0", applies=("data.dataset", ["fedprox_synthetic"]))  # fedprox_synthetic: beta, the spread of the devices' feature means (B_k ~ N(0, beta); paper: 0, 0.5, 1)
     leaf_split: str = key("sample", choices=["sample", "user"], applies=("data.dataset", ["leaf"]))  # leaf, when data.path holds only all_data/: split it as LEAF's split_data.py does, 90% to training, keyed by the data seed: sample (each user's samples) | user (whole users; the test users form the test split only)
     synthetic_iid: bool = key(False, applies=("data.dataset", ["fedprox_synthetic"]))  # fedprox_synthetic: Synthetic-IID instead (one model and zero-mean features for all devices; alpha and beta unused)
+    sequence_length: int = key(0, range=">= 0", limit=10**6, applies=("data.dataset", ["tff", "prepared"]))  # TFF's Shakespeare and StackOverflow: L, the input tokens of a sample (its targets: the L that follow); 0 = TFF's default, 80 characters (Shakespeare), 20 words (StackOverflow). prepared: 0 = the folder's; another value than the one it was prepared with (`distfl data prepare --sequence-length`) is refused
+    oov_buckets: int = key(0, range=">= 0", limit=10**6, applies=("data.dataset", ["tff", "prepared"]))  # TFF's StackOverflow: out-of-vocabulary buckets B, a word outside the vocabulary -> token 10,001 + Fingerprint64(word) mod B, beginning 10,001 + B, end 10,002 + B (TFF's StaticVocabularyTable); 0 = 1, TFF's default (Reddi et al.). prepared: 0 = the folder's; another value than the one it was prepared with (`distfl data prepare --oov-buckets`) is refused
 
 
 @dataclass

@@ -98,7 +98,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     elif cfg.dataset == "leaf":
         ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed))
     elif cfg.dataset == "tff":
-        ds = from_federated(load_tff_folder(cfg.path))
+        ds = from_federated(load_tff_folder(cfg.path, cfg.sequence_length, cfg.oov_buckets))
     elif cfg.dataset == "prepared":
         ds = from_federated(load_prepared(cfg.path))
     else:

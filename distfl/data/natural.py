@@ -31,6 +31,9 @@ class Federated:
     client_ids: list[str] = field(default_factory=list)  # the source's names of the clients, in order
     sources: dict[str, tuple[str, str]] = field(default_factory=dict)  # as Dataset.sources
     tokens: TokenTask | None = None  # a next-token dataset's special tokens (x, y: int64 N x L), as Dataset.tokens
+    # TFF's text federations: how they were tokenised, {"sequence_length": L[, "oov_buckets": B]} (kept in a
+    # prepared folder's meta.json); None otherwise
+    text: dict | None = None
 
     @property
     def num_clients(self) -> int:

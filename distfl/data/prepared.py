@@ -3,7 +3,8 @@ files (LEAF's JSON takes minutes to parse) and written as a folder of plain .npy
 memory-maps (`data.dataset: prepared`, `data.path: OUT`):
 
     OUT/meta.json        {"format": "distfl-prepared-1", "name", "num_classes", "num_clients", "source", "from",
-                          and for a next-token dataset "tokens": {"name", "unscored"} (data/tokens.py)}
+                          and for a next-token dataset "tokens": {"name", "unscored"} (data/tokens.py); for TFF's
+                          text federations "sequence_length" and (StackOverflow) "oov_buckets"}
     OUT/train_x.npy      every client's training inputs, client after client (float32 or int64)
     OUT/train_y.npy      int64 labels
     OUT/train_offsets.npy  int64, clients + 1: client k holds rows train_offsets[k]:train_offsets[k + 1]
@@ -31,9 +32,13 @@ from distfl.errors import DataError
 FORMAT = "distfl-prepared-1"
 ARRAYS = ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offsets", "client_ids")
 SOURCES = ("leaf", "tff")
+TEXT_SETTINGS = ("sequence_length", "oov_buckets")  # meta.json's record of how TFF's text was tokenised
 
 
-def read_source(name: str, folder: str, split: str, seed: int) -> Federated:
+def read_source(name: str, folder: str, split: str, seed: int, sequence_length: int = 0, oov_buckets: int = 0) -> Federated:
+    if name == "leaf" and (sequence_length or oov_buckets):
+        raise DataError("--sequence-length and --oov-buckets tokenise TFF's text federations (distfl data prepare tff); "
+                        "LEAF's data is read as it is")
     if name == "leaf":
         from distfl.data.leaf import load_leaf
 
@@ -41,7 +46,7 @@ def read_source(name: str, folder: str, split: str, seed: int) -> Federated:
     if name == "tff":
         from distfl.data.tff_text import load_tff_folder
 
-        return load_tff_folder(folder)
+        return load_tff_folder(folder, sequence_length, oov_buckets)
     raise DataError(f"distfl data prepare: unknown dataset {name!r}; valid: {', '.join(SOURCES)}")
 
 
@@ -61,6 +66,7 @@ def write_prepared(fed: Federated, out: str, source: str, origin: str) -> None:
                 "num_clients": int(fed.num_clients), "source": source, "from": os.path.abspath(origin)}
         if fed.tokens is not None:  # a next-token dataset: its special tokens (absent for classification)
             meta["tokens"] = fed.tokens.to_json()
+        meta.update(fed.text or {})  # how TFF's text was tokenised: a run asking for another is refused
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         os.replace(tmp, out)
@@ -81,8 +87,8 @@ def folder_sha256(folder: str) -> str:
     return digest.hexdigest()
 
 
-def load_prepared(folder: str) -> Federated:
-    """A prepared folder, memory-mapped; DataError (one line) for anything that is not one."""
+def read_meta(folder: str) -> dict:
+    """A prepared folder's meta.json; DataError (one line) for anything that is not one."""
     meta_path = os.path.join(folder, "meta.json")
     try:
         with open(meta_path) as f:
@@ -92,6 +98,12 @@ def load_prepared(folder: str) -> Federated:
                         f"read its meta.json ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DataError(f"data.path {folder}: meta.json is not of format {FORMAT}; prepare the dataset again")
+    return meta
+
+
+def load_prepared(folder: str) -> Federated:
+    """A prepared folder, memory-mapped; DataError (one line) for anything that is not one."""
+    meta = read_meta(folder)
     arrays = {}
     for key in ARRAYS:
         path = os.path.join(folder, f"{key}.npy")
@@ -113,7 +125,8 @@ def load_prepared(folder: str) -> Federated:
     return Federated(arrays["train_x"], arrays["train_y"], train_off, arrays["test_x"], arrays["test_y"], test_off,
                      int(meta["num_classes"]), str(meta["name"]), client_ids=arrays["client_ids"].tolist(),
                      sources={"data.path": (folder, folder_sha256(folder))},
-                     tokens=TokenTask.from_json(meta["tokens"]) if "tokens" in meta else None)
+                     tokens=TokenTask.from_json(meta["tokens"]) if "tokens" in meta else None,
+                     text={k: int(meta[k]) for k in TEXT_SETTINGS if k in meta} or None)
 
 
 def describe(fed: Federated) -> str:
