@@ -140,11 +140,12 @@ def cmd_partition(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from .data.prepared import describe, load_prepared, read_source, write_prepared
+    from .data.prepare_stream import prepare
+    from .data.prepared import describe, load_prepared
 
-    fed = read_source(args.name, args.source, args.split, args.seed, args.sequence_length, args.oov_buckets)
-    write_prepared(fed, args.out, args.name, args.source)
-    print(f"prepared {args.name} from {args.source}: {describe(load_prepared(args.out))}")
+    prepare(args.name, args.source, args.out, args.split, args.seed, args.sequence_length, args.oov_buckets)
+    fed = load_prepared(args.out)
+    print(f"prepared {args.name} from {args.source}: {describe(fed)}")
     print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
           f"partition.scheme=natural partition.num_clients={fed.num_clients}")
     return 0

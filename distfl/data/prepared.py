@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -50,29 +51,41 @@ def read_source(name: str, folder: str, split: str, seed: int, sequence_length: 
     raise DataError(f"distfl data prepare: unknown dataset {name!r}; valid: {', '.join(SOURCES)}")
 
 
-def write_prepared(fed: Federated, out: str, source: str, origin: str) -> None:
-    """Write `fed` to the folder `out` atomically (a temporary folder renamed into place)."""
+@contextmanager
+def staging(out: str):
+    """A temporary folder beside `out`, renamed to `out` when the block ends well, removed otherwise."""
     if os.path.exists(out):
         raise DataError(f"--out {out} exists; remove it or give another folder")
     tmp = f"{out}.{os.getpid()}.tmp"
     try:
         os.makedirs(tmp)
+        yield tmp
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_meta(folder: str, fed: Federated, source: str, origin: str) -> None:
+    """meta.json of `fed` (its arrays may be empty: only its name, classes, clients, tokens and text are read)."""
+    meta = {"format": FORMAT, "name": fed.name, "num_classes": int(fed.num_classes),
+            "num_clients": int(fed.num_clients), "source": source, "from": os.path.abspath(origin)}
+    if fed.tokens is not None:  # a next-token dataset: its special tokens (absent for classification)
+        meta["tokens"] = fed.tokens.to_json()
+    meta.update(fed.text or {})  # how TFF's text was tokenised: a run asking for another is refused
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+
+
+def write_prepared(fed: Federated, out: str, source: str, origin: str) -> None:
+    """Write `fed` to the folder `out` atomically (a temporary folder renamed into place)."""
+    with staging(out) as tmp:
         arrays = {"train_x": fed.train_x, "train_y": fed.train_y, "train_offsets": fed.train_offsets,
                   "test_x": fed.test_x, "test_y": fed.test_y, "test_offsets": fed.test_offsets,
                   "client_ids": np.asarray(fed.client_ids, dtype=str)}
         for key, value in arrays.items():
             np.save(os.path.join(tmp, f"{key}.npy"), np.ascontiguousarray(value), allow_pickle=False)
-        meta = {"format": FORMAT, "name": fed.name, "num_classes": int(fed.num_classes),
-                "num_clients": int(fed.num_clients), "source": source, "from": os.path.abspath(origin)}
-        if fed.tokens is not None:  # a next-token dataset: its special tokens (absent for classification)
-            meta["tokens"] = fed.tokens.to_json()
-        meta.update(fed.text or {})  # how TFF's text was tokenised: a run asking for another is refused
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_meta(tmp, fed, source, origin)
 
 
 def folder_sha256(folder: str) -> str:

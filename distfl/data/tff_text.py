@@ -78,10 +78,15 @@ def _byte_table() -> np.ndarray:
     return table
 
 
-def _strings(values: np.ndarray, where: str) -> list[bytes]:
-    """An h5py string dataset's values as bytes (variable-length bytes or str, or fixed-length)."""
+def check_strings(values, where: str) -> None:
+    """DataError unless `values` (an array, or an h5py dataset before it is read) is 1-D of strings."""
     if values.ndim != 1 or not (values.dtype == object or values.dtype.kind in "SU"):
         raise DataError(f"data.path: {where} must be a 1-D array of strings, got {values.dtype} {values.shape}")
+
+
+def _strings(values: np.ndarray, where: str) -> list[bytes]:
+    """An h5py string dataset's values as bytes (variable-length bytes or str, or fixed-length)."""
+    check_strings(values, where)
     out = []
     for v in values:
         if isinstance(v, (bytes, np.bytes_)):
@@ -159,10 +164,21 @@ class TextFederation:
         paths = (self.train_path, self.test_path) + self.extra
         return {f"data.path {os.path.basename(p)}": (p, file_sha256(p)) for p in paths}
 
+    def samples(self, path: str, client: str, group) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) of one client of `path` (its h5py group)."""
+        return self.convert(_strings(group[self.feature][()], f"{path}: client {client!r}'s {self.feature}"))
+
+    def count(self, path: str, client: str, group) -> int:
+        """The samples one client of `path` makes; StackOverflow's without reading them (a sentence each)."""
+        if self.prefix == "stackoverflow":
+            check_strings(group[self.feature], f"{path}: client {client!r}'s {self.feature}")
+            return int(group[self.feature].shape[0])
+        return len(self.samples(path, client, group)[1])
+
     def clients(self, path: str):
         """(client id, its samples (x, y)) of every client of `path`, in sorted order, one at a time."""
         for client, group in client_groups(path, (self.feature,)):
-            yield client, self.convert(_strings(group[self.feature][()], f"{path}: client {client!r}'s {self.feature}"))
+            yield client, self.samples(path, client, group)
 
 
 def shakespeare_buckets(buckets: int) -> str:
