@@ -65,8 +65,8 @@ def test_one_rank_two_ranks_resumed_score_the_same_sample(tmp_path, small_config
     proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'said'}", "train.rounds=1", "eval.test_samples=77",
                     "output.progress=log"])
     assert proc.returncode == 0, proc.stderr
-    said = proc.stdout.splitlines()[0]  # the start line
-    assert "evaluations score a fixed sample: 77 of the 500 test samples" in said
+    start = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("distfl fedavg on synthetic")]
+    assert len(start) == 1 and start[0].endswith("; evaluations score a fixed sample: 77 of the 500 test samples")
 
 
 def test_a_sample_as_large_as_the_split_is_the_split(tmp_path, small_config):
