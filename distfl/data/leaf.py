@@ -69,9 +69,11 @@ def read_leaf_file(path: str, digest) -> dict:
         entry = data["user_data"].get(user)
         if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
             raise DataError(f"data.path: {path}: user_data has no {{x, y}} for user {user!r}")
-        if leaf_text.is_reddit(entry):  # preprocess.py keeps the user's whole comment count in every split
-            count = len(entry["y"])
-        if not len(entry["x"]) == len(entry["y"]) == count:
+        if leaf_text.is_reddit(entry) and len(entry["x"]) != len(entry["y"]):
+            # preprocess.py keeps the user's whole comment count in every split: only x and y must agree
+            raise DataError(f"data.path: {path}: user {user!r} has {len(entry['x'])} x and {len(entry['y'])} y; "
+                            "each Reddit comment's chunks (x) need their targets (y)")
+        if not len(entry["x"]) == len(entry["y"]) == count and not leaf_text.is_reddit(entry):
             raise DataError(f"data.path: {path}: user {user!r} has {len(entry['x'])} x and {len(entry['y'])} y but "
                             f"num_samples says {count}; x, y and num_samples must agree")
     return data

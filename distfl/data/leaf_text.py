@@ -18,8 +18,10 @@ data/reddit/build_vocab.py's reddit_vocab.pck: a pickled dict {"vocab": word -> 
 defaultdict). It is read by distfl/system/traces.py's unpickler, which builds plain containers, strings and
 numbers only and refuses any other object before it exists, or from the JSON file that
 `python -m distfl.data.leaf_text convert reddit_vocab.pck OUT.json` writes. Each chunk is one sample (the
-comments of a user flattened, as LEAF's batch_data does): x the input ids, y the target ids with padding
-(0) wherever count_tokens is 0, scored per token (data/tokens.py) with padding and the unknown id left out.
+comments of a user flattened, as LEAF's batch_data does): x the input ids, y the target ids, scored per token
+(data/tokens.py) with padding (id 0) and the unknown id left out. LEAF's loss weighs positions by
+count_tokens instead, which also trains towards the "<PAD>" after each "<EOS>"; its accuracy counts the same
+hits but divides by every input token (count_tokens' sum), so its numbers are lower than these.
 LEAF's preprocess.py copies a user's whole comment count into every split's num_samples, so for Reddit
 only x and y must agree in length.
 """
@@ -145,23 +147,18 @@ class Vocabulary:
 def reddit_arrays(samples_x: list, samples_y: list, vocabulary: Vocabulary, where: str):
     """One user's comments as (inputs, targets), int64 chunks x L: every chunk of every comment, in order."""
     inputs, targets = [], []
-    for comment, label in zip(samples_x, samples_y):
-        if not isinstance(label, dict) or "target_tokens" not in label or "count_tokens" not in label:
-            raise DataError(f"data.path: {where}: a Reddit y is a dict with target_tokens and count_tokens "
-                            "(LEAF's preprocess.py)")
-        chunks, shifted, counts = comment, label["target_tokens"], label["count_tokens"]
-        if not (isinstance(chunks, list) and isinstance(shifted, list) and isinstance(counts, list)
-                and len(chunks) == len(shifted) == len(counts)):
-            raise DataError(f"data.path: {where}: a comment's x, target_tokens and count_tokens must be lists of "
-                            "the same number of chunks")
-        for chunk, target, count in zip(chunks, shifted, counts):
-            if not (isinstance(chunk, list) and isinstance(target, list) and isinstance(count, list)
-                    and len(chunk) == len(target) == len(count) and all(isinstance(t, str) for t in chunk + target)):
-                raise DataError(f"data.path: {where}: a chunk's tokens, targets and counts must be lists of one "
-                                "length (tokens as strings)")
-            ids = vocabulary.word_ids
-            inputs.append([ids.get(t, vocabulary.unknown) for t in chunk])
-            targets.append([ids.get(t, vocabulary.unknown) if c else PAD for t, c in zip(target, count)])
+    for chunks, label in zip(samples_x, samples_y):
+        shifted = label.get("target_tokens") if isinstance(label, dict) else None
+        if not (isinstance(chunks, list) and isinstance(shifted, list) and len(chunks) == len(shifted)):
+            raise DataError(f"data.path: {where}: a Reddit y is a dict whose target_tokens hold as many chunks as "
+                            "the comment's x (LEAF's preprocess.py)")
+        for chunk, target in zip(chunks, shifted):
+            if not (isinstance(chunk, list) and isinstance(target, list) and len(chunk) == len(target)
+                    and all(isinstance(t, str) for t in chunk + target)):
+                raise DataError(f"data.path: {where}: a chunk's tokens and targets must be lists of strings of one "
+                                "length")
+            inputs.append([vocabulary.word_ids.get(t, vocabulary.unknown) for t in chunk])
+            targets.append([vocabulary.word_ids.get(t, vocabulary.unknown) for t in target])
     try:
         x, y = np.array(inputs, dtype=np.int64), np.array(targets, dtype=np.int64)
     except ValueError:

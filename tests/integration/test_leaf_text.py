@@ -234,3 +234,162 @@ def test_a_missing_word_file_is_refused_before_data_loads(tmp_path):
     cfg = _sent140_config(tmp_path)
     assert_refused(cfg, tmp_path / "r", [f"data.embeddings={tmp_path / 'nowhere.json'}"], "data.embeddings: no file at")
     assert_refused(cfg, tmp_path / "r", [f"data.vocabulary={tmp_path / 'nowhere.pck'}"], "data.vocabulary: no file at")
+
+
+# ------------------------------------------------------------------------------------------------ Reddit
+COMMENTS = {  # LEAF's user ids are numbers as strings (get_json.py); comments already tokenised, lower case
+    "1": ["i think so", "no way , really ?", "this is the best thing i have seen in a long time ! ! !",
+          "lol", "so true", "i think it is"],
+    "2": ["the best", "no", "what is this ?", "i have no idea what you mean", "ok"],
+    "3": ["thanks !", "this"],
+}
+SEQ = 10  # preprocess.py's SEQ_LEN
+
+
+def create_seqs(comments: list[str], metas: list[dict]):
+    """preprocess.py's create_seqs with lists: <BOS> words <EOS> as input, words <EOS> <PAD> as target, both
+    padded with <PAD> to a multiple of 10 and cut in chunks of 10; count_tokens 1.0 at the input's tokens."""
+    xs, ys = [], []
+    for comment, meta in zip(comments, metas):
+        c_tokens = ["<BOS>"] + comment.split() + ["<EOS>"]
+        t_tokens = comment.split() + ["<EOS>", "<PAD>"]
+        counts = [1.0] * len(c_tokens) + [0.0] * (-len(c_tokens) % SEQ)
+        c_tokens += ["<PAD>"] * (-len(c_tokens) % SEQ)
+        t_tokens += ["<PAD>"] * (-len(t_tokens) % SEQ)
+        chunk = lambda seq: [seq[i:i + SEQ] for i in range(0, len(seq), SEQ)]  # noqa: E731
+        xs.append(chunk(c_tokens))
+        ys.append(dict(meta, target_tokens=chunk(t_tokens), count_tokens=chunk(counts)))
+    return xs, ys
+
+
+def write_reddit(root: Path) -> dict:
+    """train/val/test as preprocess.py's process_file writes them: comments ordered by created_utc, the first
+    int(0.6 n) to train, up to int(0.8 n) to val, the rest to test; num_samples the user's whole count."""
+    users = list(COMMENTS)
+    splits = {"train": {}, "val": {}, "test": {}}
+    for u in users:
+        comments = COMMENTS[u]
+        metas = [{"subreddit": "r/x", "created_utc": 1512086400.0 + i, "score": i} for i in range(len(comments))]
+        n = len(comments)
+        for name, part in (("train", slice(0, int(0.6 * n))), ("val", slice(int(0.6 * n), int(0.8 * n))),
+                           ("test", slice(int(0.8 * n), None))):
+            x, y = create_seqs(comments[part], metas[part])
+            splits[name][u] = {"x": x, "y": y}
+    for name, user_data in splits.items():
+        _write_json(root / name / f"reddit_0_{name}.json",
+                    {"users": users, "num_samples": [len(COMMENTS[u]) for u in users], "user_data": user_data})
+    return splits
+
+
+def write_vocab(path: Path, train: dict, vocab_size: int = 14) -> dict:
+    """build_vocab.py: count the training chunks' tokens, keep the vocab_size - 2 most frequent (ties by
+    word), <PAD> 0, <UNK> 1, the i-th word i + 1 (skipping <PAD>); pickle.dump of a plain dict."""
+    counter = collections.Counter(t for entry in train.values() for comment in entry["x"] for chunk in comment
+                                  for t in chunk)
+    words = [w for w, _ in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:vocab_size - 2]]
+    vocab = {"<PAD>": 0, "<UNK>": 1}
+    for i, w in enumerate(words):
+        if w != "<PAD>":
+            vocab[w] = i + 1
+    data = {"vocab": vocab, "size": vocab_size, "unk_symbol": 1, "pad_symbol": 0}
+    with open(path, "wb") as f:
+        pickle.dump(data, f)
+    return data
+
+
+def test_reddit_chunks_become_next_word_ids(tmp_path):
+    splits = write_reddit(tmp_path / "leaf")
+    vocab_file = write_vocab(tmp_path / "reddit_vocab.pck", splits["train"])
+    lookup = collections.defaultdict(lambda: vocab_file["unk_symbol"])  # models/reddit/stacked_lstm.py's load_vocab
+    lookup.update(vocab_file["vocab"])
+    fed = load_leaf(str(tmp_path / "leaf"), "sample", 0, vocabulary=str(tmp_path / "reddit_vocab.pck"))
+    assert fed.client_ids == ["1", "2", "3"] and fed.num_classes == 14 and fed.tokens.unscored == (0, 1)
+    for which, x, y, offsets in (("train", fed.train_x, fed.train_y, fed.train_offsets),
+                                 ("test", fed.test_x, fed.test_y, fed.test_offsets)):
+        for k, user in enumerate(fed.client_ids):
+            entry = splits[which][user]
+            want_x = [[lookup[t] for t in chunk] for comment in entry["x"] for chunk in comment]
+            want_y = [[lookup[t] for t in chunk] for label in entry["y"] for chunk in label["target_tokens"]]
+            assert x[offsets[k]:offsets[k + 1]].tolist() == want_x, (which, user)
+            assert y[offsets[k]:offsets[k + 1]].tolist() == want_y, (which, user)
+    assert fed.train_x.shape[1] == SEQ and fed.train_offsets.tolist() == [0, 4, 7, 8]  # 1 + 1 + 2 chunks; 1 + 1 + 1; 1
+    assert set(fed.sources) == {"data.path", "data.vocabulary"}
+    # The JSON conversion reads back to the same arrays.
+    from distfl.data.leaf_text import main
+
+    assert main(["convert", str(tmp_path / "reddit_vocab.pck"), str(tmp_path / "vocab.json")]) == 0
+    assert json.loads((tmp_path / "vocab.json").read_text()) == vocab_file
+    again = load_leaf(str(tmp_path / "leaf"), "sample", 0, vocabulary=str(tmp_path / "vocab.json"))
+    assert np.array_equal(again.train_x, fed.train_x) and np.array_equal(again.test_y, fed.test_y)
+
+
+class _Payload:
+    marker: Path
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {_Payload.marker}",))
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("object", "only plain data"),
+    ("unset", "data.vocabulary is not set, but data.path holds Reddit's token chunks"),
+    ("pad", "pad_symbol must be 0"),
+    ("ids", "every id must lie in 0..size-1"),
+    ("fields", "must be a dict of vocab, size, unk_symbol, pad_symbol"),
+    ("lengths", "has 3 x and 4 y; each Reddit comment"),
+])
+def test_reddit_malformed_is_refused_in_one_line(tmp_path, damage, message):
+    splits = write_reddit(tmp_path / "leaf")
+    vocab = write_vocab(tmp_path / "v.pck", splits["train"])
+    _Payload.marker = tmp_path / "ran"
+    if damage == "object":
+        vocab["vocab"]["lol"] = _Payload()
+    elif damage == "pad":
+        vocab["pad_symbol"] = 3
+    elif damage == "ids":
+        vocab["vocab"]["lol"] = 14
+    elif damage == "fields":
+        vocab.pop("size")
+    elif damage == "lengths":
+        train = tmp_path / "leaf" / "train" / "reddit_0_train.json"
+        d = json.loads(train.read_text())
+        d["user_data"]["2"]["y"].append(d["user_data"]["2"]["y"][0])
+        train.write_text(json.dumps(d))
+    (tmp_path / "v.pck").write_bytes(pickle.dumps(vocab))
+    with pytest.raises(DataError) as info:
+        load_leaf(str(tmp_path / "leaf"), "sample", 0, vocabulary="" if damage == "unset" else str(tmp_path / "v.pck"))
+    assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert not _Payload.marker.exists()
+
+
+def test_reddit_lstm_is_leafs_shape():
+    from distfl.models import build_model
+    from distfl.schema import ModelConfig
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="reddit_lstm"), (SEQ,), 10_000)
+    assert sum(p.numel() for p in model.parameters()) == 6_180_624  # 10000x256 + 2 x (512x1024 + 1024) + 256x10001
+    assert model(torch.randint(0, 10_000, (2, SEQ))).shape == (2, SEQ, 10_000)
+    lstm_biases = [p for n, p in model.named_parameters() if n.startswith("features.lstm.") and n.endswith("bias")]
+    assert all((b == 0).all() for b in lstm_biases)
+    assert max(p.abs().max() for p in model.parameters()) <= 0.1
+
+
+def test_reddit_lstm_one_rank_two_ranks_resumed(tmp_path):
+    splits = write_reddit(tmp_path / "leaf")
+    write_vocab(tmp_path / "v.pck", splits["train"])
+    cfg = write_config(tmp_path / "r.yaml", {
+        "seed": 1,
+        "data": {"dataset": "leaf", "path": str(tmp_path / "leaf"), "vocabulary": str(tmp_path / "v.pck")},
+        "partition": {"scheme": "natural", "num_clients": 3},
+        "model": {"name": "reddit_lstm"},
+        "train": {"rounds": 2, "clients_per_round": 3, "lr": 0.5, "batch_size": 2},
+        "algorithm": {"weighting": "tokens"},
+        "eval": {"every": 1},
+        "checkpoint": {"every": 1, "keep": 3},
+        "output": {"progress": "none", "tensorboard": False},
+    })
+    one, _, _ = one_two_resumed(cfg, tmp_path, stop_at=1, rounds=2)
+    assert one["final_test_acc"] is not None and one["data_files"]["data.vocabulary"]["sha256"]
