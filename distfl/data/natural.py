@@ -63,7 +63,7 @@ def check_natural(v: dict) -> None:
                           f"data has (data.dataset=tff with Shakespeare or StackOverflow, leaf with Reddit, or prepared "
                           f"from one), not data.dataset={v['data.dataset']}; use algorithm.weighting=samples")
     for key in ("data.embeddings", "data.vocabulary"):  # LEAF's Sent140, Reddit (data/leaf_text.py)
-        if v[key] and not os.path.isfile(v[key]):
+        if v["data.dataset"] == "leaf" and v[key] and not os.path.isfile(v[key]):
             raise ConfigError(f"{key}: no file at {v[key]}")
     if v["partition.scheme"] != "natural":
         return

@@ -23,7 +23,7 @@ No model contains dropout or in-place activations.
 | mclr        | FedProx's multinomial logistic regression         | 610 (1x1x60)                       |                      |
 | femnist_cnn | LEAF's FEMNIST CNN, 62 classes                    | 6,603,710 (1x28x28)                |                      |
 | char_lstm   | LEAF's Shakespeare LSTM, 80 characters            | 817,872 (80 character indices)     |                      |
-| sent140_lstm | LEAF's Sent140 LSTM, 2 classes (model.embedding) | 225,058 + the table (GloVe 300-d)  |                      |
+| sent140_lstm | LEAF's Sent140 LSTM, 2 classes (model.embedding) | 253,986 + the table (GloVe 300-d)  |                      |
 | reddit_lstm | LEAF's Reddit LSTM, a word a position             | 6,180,624 (10,000 words)           |                      |
 | shakespeare_lstm | TFF's Shakespeare LSTM, a character a position | 820,522 (90 tokens: TFF's Shakespeare) |                 |
 | stackoverflow_lstm | Reddi et al.'s StackOverflow next-word LSTM   | 4,050,748 (10,004 tokens)          |                      |
