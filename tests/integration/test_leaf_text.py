@@ -321,6 +321,15 @@ def test_reddit_chunks_become_next_word_ids(tmp_path):
     assert json.loads((tmp_path / "vocab.json").read_text()) == vocab_file
     again = load_leaf(str(tmp_path / "leaf"), "sample", 0, vocabulary=str(tmp_path / "vocab.json"))
     assert np.array_equal(again.train_x, fed.train_x) and np.array_equal(again.test_y, fed.test_y)
+    # A prepared folder keeps the ids, the token task and the vocabulary file's hash.
+    from distfl.data.prepared import load_prepared
+
+    proc = run_cli(["data", "prepare", "leaf", "--from", str(tmp_path / "leaf"), "--out", str(tmp_path / "prep"),
+                    "--vocabulary", str(tmp_path / "reddit_vocab.pck")])
+    assert proc.returncode == 0, proc.stderr
+    prepared = load_prepared(str(tmp_path / "prep"))
+    assert prepared.tokens == fed.tokens and np.array_equal(prepared.train_y, fed.train_y)
+    assert json.loads((tmp_path / "prep" / "meta.json").read_text())["vocabulary"]["sha256"] == fed.sources["data.vocabulary"][1]
 
 
 class _Payload:
@@ -377,10 +386,10 @@ def test_reddit_lstm_is_leafs_shape():
     assert max(p.abs().max() for p in model.parameters()) <= 0.1
 
 
-def test_reddit_lstm_one_rank_two_ranks_resumed(tmp_path):
+def _reddit_config(tmp_path: Path) -> Path:
     splits = write_reddit(tmp_path / "leaf")
     write_vocab(tmp_path / "v.pck", splits["train"])
-    cfg = write_config(tmp_path / "r.yaml", {
+    return write_config(tmp_path / "r.yaml", {
         "seed": 1,
         "data": {"dataset": "leaf", "path": str(tmp_path / "leaf"), "vocabulary": str(tmp_path / "v.pck")},
         "partition": {"scheme": "natural", "num_clients": 3},
@@ -391,5 +400,12 @@ def test_reddit_lstm_one_rank_two_ranks_resumed(tmp_path):
         "checkpoint": {"every": 1, "keep": 3},
         "output": {"progress": "none", "tensorboard": False},
     })
-    one, _, _ = one_two_resumed(cfg, tmp_path, stop_at=1, rounds=2)
+
+
+def test_reddit_lstm_one_rank_two_ranks_resumed(tmp_path):
+    one, _, _ = one_two_resumed(_reddit_config(tmp_path), tmp_path, stop_at=1, rounds=2)
     assert one["final_test_acc"] is not None and one["data_files"]["data.vocabulary"]["sha256"]
+
+
+def test_reddit_lstm_trains_in_packs_as_one_at_a_time(tmp_path):
+    assert_packs_train_as_one_at_a_time(_reddit_config(tmp_path), tmp_path, 2, "train.rounds=1")
