@@ -4,8 +4,9 @@ Sent140 (tweets by user, positive or negative). A sample x is the tweet record L
 data/sent140/preprocess/data_to_json.py writes (the CSV row after its polarity: id, date, query, user,
 text, training|test), y is 1 for polarity "4" else 0. The words are LEAF's models/utils/language_utils.py:
 `split_line` (the regex [\\w']+|[.,!?;], no lowercasing), `line_to_indices` (the first 25 words of field 4,
-each word's index in the embeddings file's `vocab`, the unknown id len(vocab) for any other word, and the
-unknown id again to fill up to 25). The embeddings file is models/sent140/get_embs.py's embs.json:
+each word's index in the embeddings file's `vocab`, the unknown id len(word -> id) for any other word, and
+the unknown id again to fill up to 25; a file that repeats a word is refused, as the unknown id would then
+name a word's vector). The embeddings file is models/sent140/get_embs.py's embs.json:
 {"vocab": [words], "emba": [vectors]}, one vector a word plus the zero vector it appends for the unknown
 id (glove.6B.300d: 400,000 words + 1, 300 numbers each). data.embeddings names it.
 
