@@ -143,7 +143,8 @@ def cmd_data(args) -> int:
     from .data.prepare_stream import prepare
     from .data.prepared import describe, load_prepared
 
-    prepare(args.name, args.source, args.out, args.split, args.seed, args.sequence_length, args.oov_buckets)
+    prepare(args.name, args.source, args.out, args.split, args.seed, args.embeddings, args.vocabulary,
+            args.sequence_length, args.oov_buckets)
     fed = load_prepared(args.out)
     print(f"prepared {args.name} from {args.source}: {describe(fed)}")
     print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
@@ -259,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["sample", "user"], default="sample",
                    help="leaf, from all_data/ only: LEAF's sample-wise or user-wise split (default sample)")
     p.add_argument("--seed", type=int, default=0, help="leaf, from all_data/ only: the split's seed (default 0)")
+    p.add_argument("--embeddings", default="", metavar="EMBS_JSON",
+                   help="leaf, Sent140: LEAF's embs.json (data.embeddings); its vectors are stored in the folder")
+    p.add_argument("--vocabulary", default="", metavar="VOCAB",
+                   help="leaf, Reddit: LEAF's reddit_vocab.pck or its JSON conversion (data.vocabulary)")
     p.add_argument("--sequence-length", type=int, default=0, metavar="L",
                    help="tff, Shakespeare and StackOverflow: input tokens a sample (default 0: TFF's 80 and 20)")
     p.add_argument("--oov-buckets", type=int, default=0, metavar="B",

@@ -92,12 +92,13 @@ def prepare_text(fed: TextFederation, out: str, source: str, origin: str) -> Non
                                   f"tff_{fed.prefix}", tokens=fed.task, text=fed.settings), source, origin)
 
 
-def prepare(name: str, folder: str, out: str, split: str = "sample", seed: int = 0, sequence_length: int = 0,
-            oov_buckets: int = 0) -> None:
+def prepare(name: str, folder: str, out: str, split: str = "sample", seed: int = 0, embeddings: str = "",
+            vocabulary: str = "", sequence_length: int = 0, oov_buckets: int = 0) -> None:
     """`distfl data prepare NAME --from folder --out out`: TFF's text federations client by client, the
     others (LEAF, TFF's images) read whole and written (prepared.write_prepared)."""
     if name == "tff" and find_federation(folder) in TEXT:
         prefix = find_federation(folder)
         prepare_text(text_federation(folder, prefix, sequence_length, oov_buckets), out, name, folder)
     else:
-        write_prepared(read_source(name, folder, split, seed, sequence_length, oov_buckets), out, name, folder)
+        write_prepared(read_source(name, folder, split, seed, embeddings, vocabulary, sequence_length, oov_buckets),
+                       out, name, folder)
