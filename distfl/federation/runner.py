@@ -500,8 +500,9 @@ class Trainer:
             status, stopped, stopped_because = "stopped", exc, " and ".join(self.stop.reasons) or "a stop signal"
         except KeyboardInterrupt as exc:  # a second Ctrl-C: at once, mid-round
             status, stopped = "stopped", exc
-            stopped_because = (f"a second Ctrl-C, at once: round {self.state.step + 1} was not finished nor "
-                               "checkpointed")
+            latest = faults.latest_checkpoint(self.run_dir)
+            stopped_because = (f"a second Ctrl-C, at once, in round {self.state.step + 1}, without its checkpoint; "
+                               f"a resume continues from {f'checkpoint {latest}' if latest else 'round 1'}")
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
