@@ -48,7 +48,7 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
     when the run stopped at once, mid-round (no hash of a half-updated model)."""
     context.worker.load(context.global_params, context.global_buffers)
     last = context.state.progress["last_eval"] or {}
-    return {
+    result = {
         "status": status,
         # true only for a completed run: every round of train.rounds trained and every phase after them run
         "finished": status == "completed",
@@ -104,6 +104,21 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         # system.*: the virtual clock's time at the end of the last round, in seconds
         **({"virtual_time_s": context.system.now_s} if context.system is not None else {}),
     }
+    return unfinished(result) if status == "stopped" else result
+
+
+# A run that has not finished has no final or best result: these are None in its summary.json (a table
+# that reads them fails instead of taking a part-way number), and its last evaluation is under `last_eval`.
+RESULTS = ("final_test_acc", "final_test_loss", "final_client_acc", "best_test_acc", "best_round")
+
+
+def unfinished(summary: dict) -> dict:
+    """`summary` of a run that is not finished: RESULTS None, their values so far under `last_eval`."""
+    if any(summary.get(key) is not None for key in RESULTS):
+        summary["last_eval"] = {"round": summary.get("rounds"),  # the round last evaluated
+                                **{key: summary.get(key) for key in RESULTS}}
+    summary.update(dict.fromkeys(RESULTS))
+    return summary
 
 
 def graphs_status(pack_step) -> str:
@@ -118,8 +133,9 @@ def graphs_status(pack_step) -> str:
 def mark_running(run_dir, train_rounds: int, command: str) -> None:
     """Rank 0, as a resumed session starts training: the summary.json of an earlier session (completed
     with fewer rounds, stopped, failed) no longer says how the run stands, so it says `"status":
-    "running"` (its other numbers stay the earlier session's) until this session writes its own. A
-    session killed without a word (kill -9, power loss) leaves it so: never "completed"."""
+    "running"` (with no final or best result: the earlier session's are under `last_eval`) until this
+    session writes its own. A session killed without a word (kill -9, SIGHUP, power loss) leaves it so:
+    never "completed"."""
     path = Path(run_dir) / "summary.json"
     try:
         earlier = json.loads(path.read_text())
@@ -131,6 +147,7 @@ def mark_running(run_dir, train_rounds: int, command: str) -> None:
         earlier = {}
     earlier.update(status="running", finished=False, stopped_because=None, train_rounds=train_rounds,
                    resume_command=command, error=None)
+    unfinished(earlier)
     try:
         atomic_write_text(json.dumps(earlier, indent=2) + "\n", path)
     except OSError:  # a full disk: no summary rather than one that says the run is done

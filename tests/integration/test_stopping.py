@@ -119,6 +119,9 @@ def test_a_signal_stops_a_resumed_run_as_stopped_not_finished(config, tmp_path, 
     assert (s["status"], s["finished"], s["round_reached"], s["train_rounds"]) == ("stopped", False, 13, 20)
     assert s["stopped_because"].startswith(why) and s["resume_command"] == f"distfl train --resume {run}"
     assert (run / "checkpoints" / "latest").read_text().strip() == "round_000013"
+    # No final or best result of a run that did not finish: its last evaluation is under last_eval.
+    assert s["final_test_acc"] is s["best_test_acc"] is None
+    assert s["last_eval"]["round"] == 13 and s["last_eval"]["final_test_acc"] == metrics(run)[-1]["test_acc"]
 
     report = run_cli(["report", run, "--out", tmp_path / "report"])
     assert report.returncode == 0, report.stderr
@@ -142,6 +145,7 @@ def test_kill_9_of_a_resumed_session_leaves_it_running_not_completed(config, tmp
     s = summary(run)
     assert (s["status"], s["finished"], s["train_rounds"]) == ("running", False, 20)
     assert s["resume_command"] == f"distfl train --resume {run}"
+    assert s["final_test_acc"] is None and s["last_eval"]["round"] == 10  # the earlier session's, not final
 
     from distfl.sweep.state import point_state
     import yaml
@@ -195,3 +199,16 @@ def test_distfl_train_nproc_exits_3_whichever_process_the_signal_reaches(config,
     s = summary(run)
     assert (s["status"], s["finished"], s["round_reached"]) == ("stopped", False, 3)
     assert s["stopped_because"].startswith(why) and s["resume_command"] == f"distfl train --resume {run} --nproc 2"
+
+
+def test_report_does_not_count_a_completed_summary_of_fewer_rounds_than_its_config(tmp_path):
+    """A summary.json written before distfl marked resumed sessions "running": "completed" after 4 rounds,
+    kept by a resume to 8 rounds that was killed. `distfl report` lists the run as unfinished."""
+    run = tmp_path / "run"
+    train_ok(write_config(tmp_path / "small.yaml"), f"output.dir={run}", "train.rounds=4")
+    saved = run / "config.yaml"
+    assert saved.read_text().count("\n  rounds: 4\n") == 1
+    saved.write_text(saved.read_text().replace("\n  rounds: 4\n", "\n  rounds: 8\n"))
+    proc = run_cli(["report", run, "--out", tmp_path / "report"])
+    assert proc.returncode == 0, proc.stderr
+    assert f"- {run}: unfinished, 4 rounds logged" in proc.stdout, proc.stdout
