@@ -212,3 +212,27 @@ def test_report_does_not_count_a_completed_summary_of_fewer_rounds_than_its_conf
     proc = run_cli(["report", run, "--out", tmp_path / "report"])
     assert proc.returncode == 0, proc.stderr
     assert f"- {run}: unfinished, 4 rounds logged" in proc.stdout, proc.stdout
+
+
+def test_a_slurm_task_takes_only_a_diverged_summary_for_a_finished_point(tmp_path):
+    """A sweep's Slurm task whose resume fails (here: every checkpoint damaged) beside a summary.json that
+    says "stopped" reports the failure; only a "diverged" summary makes the point finished."""
+    import json
+
+    from distfl.config import config_to_dict, load_config
+    from distfl.sweep.slurm import SweepJob
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "small.yaml")
+    train_ok(cfg, f"output.dir={run}", "train.rounds=4", "checkpoint.keep=1")
+    for state in (run / "checkpoints").glob("round_*/state.pt"):
+        state.write_bytes(b"damaged")
+    done = summary(run)
+    job = SweepJob(config_to_dict(load_config(str(cfg), [f"output.dir={run}", "train.rounds=8"])))
+    for status in ("stopped", "diverged"):
+        (run / "summary.json").write_text(json.dumps({**done, "status": status}))
+        if status == "stopped":
+            with pytest.raises(RuntimeError, match="no good checkpoint|cannot resume|checkpoint"):
+                job()
+        else:
+            assert job()["status"] == "diverged"
