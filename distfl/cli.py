@@ -141,7 +141,7 @@ def cmd_partition(args) -> int:
 def cmd_data(args) -> int:
     from .data.prepared import describe, load_prepared, read_source, write_prepared
 
-    fed = read_source(args.name, args.source, args.split, args.seed)
+    fed = read_source(args.name, args.source, args.split, args.seed, args.embeddings, args.vocabulary)
     write_prepared(fed, args.out, args.name, args.source)
     print(f"prepared {args.name} from {args.source}: {describe(load_prepared(args.out))}")
     print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
@@ -257,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["sample", "user"], default="sample",
                    help="leaf, from all_data/ only: LEAF's sample-wise or user-wise split (default sample)")
     p.add_argument("--seed", type=int, default=0, help="leaf, from all_data/ only: the split's seed (default 0)")
+    p.add_argument("--embeddings", default="", metavar="EMBS_JSON",
+                   help="leaf, Sent140: LEAF's embs.json (data.embeddings); its vectors are stored in the folder")
+    p.add_argument("--vocabulary", default="", metavar="VOCAB",
+                   help="leaf, Reddit: LEAF's reddit_vocab.pck or its JSON conversion (data.vocabulary)")
     p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
     p.add_argument("--out", default="bench/results.json", help="where to write the JSON results")

@@ -10,6 +10,9 @@ memory-maps (`data.dataset: prepared`, `data.path: OUT`):
     OUT/test_x.npy, test_y.npy, test_offsets.npy   the same for the test split (test_offsets: the clients'
                          own test rows; rows after test_offsets[-1] belong to no training client)
     OUT/client_ids.npy   the source's client names (a fixed-width unicode array: no pickle)
+    OUT/embeddings.npy   float32 V x D, for LEAF's Sent140 only: the word vectors of data.embeddings (meta.json
+                         "embeddings": {"from", "sha256"} names the embs.json they were read from; "vocabulary"
+                         the same for Reddit's vocabulary file)
 
 A run opens the arrays with np.load(mmap_mode="c"): pages are read when a batch touches them, so opening
 costs the same for 1,000 clients as for 342,477. The SHA-256 of the folder's files is recorded in the
@@ -33,11 +36,11 @@ ARRAYS = ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offse
 SOURCES = ("leaf", "tff")
 
 
-def read_source(name: str, folder: str, split: str, seed: int) -> Federated:
+def read_source(name: str, folder: str, split: str, seed: int, embeddings: str = "", vocabulary: str = "") -> Federated:
     if name == "leaf":
         from distfl.data.leaf import load_leaf
 
-        return load_leaf(folder, split, seed)
+        return load_leaf(folder, split, seed, embeddings, vocabulary)
     if name == "tff":
         from distfl.data.tff_text import load_tff_folder
 
@@ -55,12 +58,18 @@ def write_prepared(fed: Federated, out: str, source: str, origin: str) -> None:
         arrays = {"train_x": fed.train_x, "train_y": fed.train_y, "train_offsets": fed.train_offsets,
                   "test_x": fed.test_x, "test_y": fed.test_y, "test_offsets": fed.test_offsets,
                   "client_ids": np.asarray(fed.client_ids, dtype=str)}
+        if fed.embeddings is not None:
+            arrays["embeddings"] = fed.embeddings
         for key, value in arrays.items():
             np.save(os.path.join(tmp, f"{key}.npy"), np.ascontiguousarray(value), allow_pickle=False)
         meta = {"format": FORMAT, "name": fed.name, "num_classes": int(fed.num_classes),
                 "num_clients": int(fed.num_clients), "source": source, "from": os.path.abspath(origin)}
         if fed.tokens is not None:  # a next-token dataset: its special tokens (absent for classification)
             meta["tokens"] = fed.tokens.to_json()
+        for key in ("embeddings", "vocabulary"):  # LEAF's Sent140, Reddit: the file the words' ids came from
+            if f"data.{key}" in fed.sources:
+                path, sha = fed.sources[f"data.{key}"]
+                meta[key] = {"from": os.path.abspath(path), "sha256": sha}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         os.replace(tmp, out)
@@ -72,7 +81,8 @@ def write_prepared(fed: Federated, out: str, source: str, origin: str) -> None:
 def folder_sha256(folder: str) -> str:
     """One SHA-256 over meta.json and the arrays: each name and its bytes' SHA-256, in a fixed order."""
     digest = hashlib.sha256()
-    for name in ("meta.json",) + tuple(f"{a}.npy" for a in ARRAYS):
+    extra = ("embeddings.npy",) if os.path.exists(os.path.join(folder, "embeddings.npy")) else ()
+    for name in ("meta.json",) + tuple(f"{a}.npy" for a in ARRAYS) + extra:
         file_digest = hashlib.sha256()
         with open(os.path.join(folder, name), "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -99,6 +109,14 @@ def load_prepared(folder: str) -> Federated:
             arrays[key] = np.load(path, mmap_mode="c" if key != "client_ids" else None, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise DataError(f"data.path {folder}: cannot read {key}.npy ({exc}); prepare the dataset again") from None
+    embeddings = None
+    if "embeddings" in meta:
+        try:
+            embeddings = np.load(os.path.join(folder, "embeddings.npy"), allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"data.path {folder}: cannot read embeddings.npy ({exc}); prepare the dataset again") from None
+        if embeddings.ndim != 2 or embeddings.dtype != np.float32:
+            raise DataError(f"data.path {folder}: embeddings.npy must be float32 V x D; prepare the dataset again")
     train_off, test_off = arrays["train_offsets"], arrays["test_offsets"]
     clients = int(meta.get("num_clients", -1))
     for key, off, rows in (("train", train_off, len(arrays["train_y"])), ("test", test_off, len(arrays["test_y"]))):
@@ -113,7 +131,7 @@ def load_prepared(folder: str) -> Federated:
     return Federated(arrays["train_x"], arrays["train_y"], train_off, arrays["test_x"], arrays["test_y"], test_off,
                      int(meta["num_classes"]), str(meta["name"]), client_ids=arrays["client_ids"].tolist(),
                      sources={"data.path": (folder, folder_sha256(folder))},
-                     tokens=TokenTask.from_json(meta["tokens"]) if "tokens" in meta else None)
+                     tokens=TokenTask.from_json(meta["tokens"]) if "tokens" in meta else None, embeddings=embeddings)
 
 
 def describe(fed: Federated) -> str:

@@ -118,7 +118,8 @@ class Trainer:
             self.client_test = DeviceIndices(sets, self.device)  # each made when that client is first scored
 
         def model_factory():
-            return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
+            return build_model(cfg.model, self.data.input_shape, self.data.num_classes,
+                               self.data.embeddings).to(self.device)
 
         torch.manual_seed(cfg.seed)
         model = model_factory()
