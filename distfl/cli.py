@@ -17,7 +17,8 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl train CONFIG --nproc N [key=value ...]     N ranks under torchrun, started by distfl
        distfl calibrate RUN_DIR [--method ffc|ccvr] [calibration.KEY=VALUE ...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
-       distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N]
+       distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N] [--sequence-length L]
+                           [--oov-buckets B]
        distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|whole-run] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
@@ -149,11 +150,13 @@ def cmd_partition(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from .data.prepared import describe, load_prepared, read_source, write_prepared
+    from .data.prepare_stream import prepare
+    from .data.prepared import describe, load_prepared
 
-    fed = read_source(args.name, args.source, args.split, args.seed)
-    write_prepared(fed, args.out, args.name, args.source)
-    print(f"prepared {args.name} from {args.source}: {describe(load_prepared(args.out))}")
+    prepare(args.name, args.source, args.out, args.split, args.seed, args.embeddings, args.vocabulary,
+            args.sequence_length, args.oov_buckets)
+    fed = load_prepared(args.out)
+    print(f"prepared {args.name} from {args.source}: {describe(fed)}")
     print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
           f"partition.scheme=natural partition.num_clients={fed.num_clients}")
     return 0
@@ -270,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["sample", "user"], default="sample",
                    help="leaf, from all_data/ only: LEAF's sample-wise or user-wise split (default sample)")
     p.add_argument("--seed", type=int, default=0, help="leaf, from all_data/ only: the split's seed (default 0)")
+    p.add_argument("--embeddings", default="", metavar="EMBS_JSON",
+                   help="leaf, Sent140: LEAF's embs.json (data.embeddings); its vectors are stored in the folder")
+    p.add_argument("--vocabulary", default="", metavar="VOCAB",
+                   help="leaf, Reddit: LEAF's reddit_vocab.pck or its JSON conversion (data.vocabulary)")
+    p.add_argument("--sequence-length", type=int, default=0, metavar="L",
+                   help="tff, Shakespeare and StackOverflow: input tokens a sample (default 0: TFF's 80 and 20)")
+    p.add_argument("--oov-buckets", type=int, default=0, metavar="B",
+                   help="tff, StackOverflow: out-of-vocabulary buckets (default 0: one, TFF's default)")
     p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
     p.add_argument("--out", default="bench/results.json", help="where to write the JSON results")
@@ -410,10 +421,12 @@ def main(argv=None) -> int:
         return 1
     except Interrupted as exc:
         if _is_main_process():
-            print(f"distfl: {exc}", file=sys.stderr)
-        # Under `distfl train --nproc`, distfl's launcher reports the stop (status 3); torchrun, seeing
-        # every rank exit 0, ends without its traceback.
-        return 0 if os.environ.get("DISTFL_LAUNCHER") == "distfl" else 3  # launch.LAUNCHER_ENV
+            print(f"distfl: {exc}", file=sys.stderr, flush=True)
+        from .launch import report_stop
+
+        # Not finished: status 3. Under `distfl train --nproc`, distfl's launcher exits 3 once a rank has
+        # told it so; torchrun, seeing every rank exit 0, ends without its traceback.
+        return 0 if report_stop() else 3
     except DistflError as exc:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)

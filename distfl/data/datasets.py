@@ -68,6 +68,9 @@ class Dataset:
     # A next-token dataset's special tokens (data/tokens.py), else None: then x and y are int64 N x L
     # (inputs, and the token following each position) and it is scored per token.
     tokens: TokenTask | None = None
+    # Word vectors V x D (float32) that the int64 token ids of x index (Sent140's embs.json), else None: a model
+    # that embeds with them (sent140_lstm) receives them at build; they are data, hashed in `sources`.
+    embeddings: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple:
@@ -96,9 +99,9 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     elif cfg.dataset == "fedprox_synthetic":
         ds = from_federated(load_fedprox_synthetic(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_iid, seed))
     elif cfg.dataset == "leaf":
-        ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed))
+        ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed, cfg.embeddings, cfg.vocabulary))
     elif cfg.dataset == "tff":
-        ds = from_federated(load_tff_folder(cfg.path))
+        ds = from_federated(load_tff_folder(cfg.path, cfg.sequence_length, cfg.oov_buckets))
     elif cfg.dataset == "prepared":
         ds = from_federated(load_prepared(cfg.path))
     else:
@@ -177,7 +180,8 @@ def from_federated(fed: Federated) -> Dataset:
     """A natural federation (distfl/data/natural.py) as a Dataset whose offsets keep its clients."""
     return Dataset(torch.from_numpy(fed.train_x), torch.from_numpy(fed.train_y), torch.from_numpy(fed.test_x),
                    torch.from_numpy(fed.test_y), fed.num_classes, name=fed.name, augment=None, sources=fed.sources,
-                   train_offsets=fed.train_offsets, test_offsets=fed.test_offsets, tokens=fed.tokens)
+                   train_offsets=fed.train_offsets, test_offsets=fed.test_offsets, tokens=fed.tokens,
+                   embeddings=None if fed.embeddings is None else torch.from_numpy(np.asarray(fed.embeddings)))
 
 
 # ---------------------------------------------------------------- Fashion-MNIST
