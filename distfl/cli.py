@@ -407,10 +407,12 @@ def main(argv=None) -> int:
         return 1
     except Interrupted as exc:
         if _is_main_process():
-            print(f"distfl: {exc}", file=sys.stderr)
-        # Under `distfl train --nproc`, distfl's launcher reports the stop (status 3); torchrun, seeing
-        # every rank exit 0, ends without its traceback.
-        return 0 if os.environ.get("DISTFL_LAUNCHER") == "distfl" else 3  # launch.LAUNCHER_ENV
+            print(f"distfl: {exc}", file=sys.stderr, flush=True)
+        from .launch import report_stop
+
+        # Not finished: status 3. Under `distfl train --nproc`, distfl's launcher exits 3 once a rank has
+        # told it so; torchrun, seeing every rank exit 0, ends without its traceback.
+        return 0 if report_stop() else 3
     except DistflError as exc:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)

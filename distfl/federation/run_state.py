@@ -222,6 +222,8 @@ class StopFlags:
     agreed: bool = False  # every rank saw a request in the last all_reduce: stop after this round
     interrupts: int = 0  # Ctrl-Cs seen (federation/stopping.py: a second one stops at once)
     launcher: int | None = None  # the pid of the torchrun that started this rank, once training began
+    reason: int | None = None  # why this rank was asked to stop (an index of stopping.REASONS)
+    reasons: list = field(default_factory=list)  # why the ranks stop, once agreed (stopping.REASONS' texts)
 
 
 @dataclass(frozen=True)

@@ -314,7 +314,7 @@ class Trainer:
     def finish_round(self, round_idx: int, cohort: list[int], stats: StatBuffer, extra: dict) -> dict:
         """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
         (with `extra`: the virtual clock's). The asynchronous server step (distfl/system) ends here too."""
-        stats.add("stop", int(self.stop.requested))
+        stats.add("stop", stopping.stop_code(self.stop))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = self._reduce(round_idx, stats)
         if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
@@ -365,7 +365,7 @@ class Trainer:
         reduced = stats.reduce(self.ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
         # them at different moments.
-        self.stop.agreed = int(reduced["stop"][0]) > 0
+        stopping.agree(self.stop, int(reduced["stop"][0]))
         bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
         if bad or problems:
             found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
@@ -462,7 +462,7 @@ class Trainer:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
-        status, error = "completed", None
+        status, error, stopped = "completed", None, None
         previous_handlers = stopping.catch_stop_signals(self.stop, self.request_stop, self.run_dir)
         try:
             for t in range(self.state.start_round, cfg.train.rounds + 1):
@@ -495,9 +495,8 @@ class Trainer:
                     # Rank 0 commits the checkpoint after the others are done with it; no rank exits
                     # before, since a launcher (torchrun) may end the other ranks when one exits.
                     dist.barrier(self.ctx)
-                    logger.info(f"stop signal: checkpoint written after round {t}; continue with "
-                                f"`distfl train --resume {self.run_dir}`")
-                    raise Interrupted(f"interrupted after round {t} (checkpointed)")
+                    raise Interrupted(stopping.stopped_line(self.stop, f"round {t} of {cfg.train.rounds}",
+                                                            self.run_dir, self.ctx.world_size))
             self._run_phases(logger)
             self.state.progress["wall_s"] = wall_before + time.time() - session_start
             last = self.state.progress["last_eval"] or {}
@@ -506,6 +505,13 @@ class Trainer:
             if self.privacy is not None:
                 final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.step, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.state.step)
+        except Interrupted as exc:  # checkpointed after the round (or TCT stage-2 round) the ranks agreed on
+            status, stopped, stopped_because = "stopped", exc, " and ".join(self.stop.reasons) or "a stop signal"
+        except KeyboardInterrupt as exc:  # a second Ctrl-C: at once, mid-round
+            status, stopped = "stopped", exc
+            latest = faults.latest_checkpoint(self.run_dir)
+            stopped_because = (f"a second Ctrl-C, at once, in round {self.state.step + 1}, without its checkpoint; "
+                               f"a resume continues from {f'checkpoint {latest}' if latest else 'round 1'}")
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
@@ -533,6 +539,14 @@ class Trainer:
                 faults.attempt(lambda: checkpoint.atomic_write_text(
                     json.dumps(summary.build(self.context, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
+        if status == "stopped":
+            # Not finished: summary.json must say so, never keep an earlier session's "completed".
+            if self.ctx.is_main:
+                at_once = isinstance(stopped, KeyboardInterrupt)
+                faults.attempt(lambda: checkpoint.atomic_write_text(json.dumps(
+                    summary.build(self.context, status, None, stopped_because, model=not at_once), indent=2) + "\n",
+                    self.run_dir / "summary.json"))
+            raise stopped
         result = summary.build(self.context, status, error)
         self.where = "writing summary.json"
         if self.ctx.is_main:
@@ -561,9 +575,12 @@ class Trainer:
         self.state.phase_state = {"phase": phase_name, **state}
         self._save_checkpoint(phase_name, self.state.step)
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: int = 0) -> None:
         """Checkpoint and stop after the current round (every rank stops after the same round,
-        agreed through the round's all_reduce). Safe to call from a signal handler."""
+        agreed through the round's all_reduce). `reason`: an index of stopping.REASONS (the first request's
+        is kept). Safe to call from a signal handler."""
+        if not self.stop.requested:
+            self.stop.reason = reason
         self.stop.requested = True
 
     def close(self) -> None:
