@@ -15,7 +15,7 @@ from .faults import Failure, RunFailed, debug_enabled
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [--debug]
        distfl train --resume RUN_DIR [key=value ...] [--debug]
        distfl train CONFIG --nproc N [key=value ...]     N ranks under torchrun, started by distfl
-       distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
+       distfl calibrate RUN_DIR [--method ffc|ccvr] [calibration.KEY=VALUE ...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N] [--sequence-length L]
                            [--oov-buckets B]
@@ -88,30 +88,40 @@ def _print_result(summary: dict, cfg) -> None:
         print("\n".join(result_lines(summary, Path(cfg.output.dir))))
 
 
-def cmd_calibrate(args) -> int:
-    """FFC on a trained run: resume it with calibration.method=ffc (it continues training first if it
-    stopped early)."""
-    from .checkpoint import checkpoints_dir
+CALIBRATIONS = {"ffc": "FFC", "ccvr": "CCVR"}  # calibration.method values `distfl calibrate --method` runs
+
+
+def calibration_settings(method: str) -> list[str]:
+    """The calibration.* keys that apply to `method` (what `distfl calibrate --method METHOD` accepts)."""
     from .config import config_keys
     from .config.validate import key_applies
 
-    run_dir = Path(args.run_dir)
+    return [key for key in config_keys() if key.startswith("calibration.") and key != "calibration.method"
+            and key_applies(key, {"calibration.method": method})]
+
+
+def cmd_calibrate(args) -> int:
+    """FFC or CCVR on a trained run: resume it with calibration.method=METHOD (it continues training first
+    if it stopped early): the same bits as `distfl train --resume RUN_DIR calibration.method=METHOD`."""
+    from .checkpoint import checkpoints_dir
+
+    run_dir, method = Path(args.run_dir), args.method
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} is not a distfl run directory (no config.yaml)")
     if not (checkpoints_dir(run_dir) / "latest").exists():
         raise ConfigError(
             f"{run_dir} has no checkpointed model to calibrate ({checkpoints_dir(run_dir) / 'latest'} is missing: "
             "the run stopped before its first checkpoint). Train it first; the last round is always checkpointed")
-    settings = [key for key in config_keys() if key.startswith("calibration.") and key != "calibration.method"
-                and key_applies(key, {"calibration.method": "ffc"})]
+    settings = calibration_settings(method)
     for item in args.overrides:
         key, _, value = item.partition("=")
-        if key.strip() not in settings and (key.strip(), value.strip()) != ("calibration.method", "ffc"):
-            raise ConfigError(f"distfl calibrate takes only the FFC settings {', '.join(settings)}; got {item}. To "
-                              f"change other keys, continue the run: `distfl train --resume {run_dir} "
-                              "calibration.method=ffc KEY=VALUE`")
+        if key.strip() not in settings and (key.strip(), value.strip()) != ("calibration.method", method):
+            flag = "" if method == "ffc" else f" --method {method}"
+            raise ConfigError(f"distfl calibrate{flag} takes only the {CALIBRATIONS[method]} settings "
+                              f"{', '.join(settings)}; got {item}. To change other keys, continue the run: "
+                              f"`distfl train --resume {run_dir} calibration.method={method} KEY=VALUE`")
     args.resume, args.config, args.print_config, args.overwrite, args.nproc = str(run_dir), None, False, False, None
-    args.overrides = ["calibration.method=ffc", *args.overrides]
+    args.overrides = [f"calibration.method={method}", *args.overrides]
     return cmd_train(args)
 
 
@@ -239,8 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error "
                                                         "(also DISTFL_DEBUG=1); else it is saved in RUN_DIR/error.log")
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser("calibrate", help="SphereFed's FFC on a trained run: least-squares head from summed Z^T Z, Z^T Y")
+    p = sub.add_parser("calibrate", help="calibrate the head of a trained run: SphereFed's FFC (least-squares head from "
+                                         "summed Z^T Z, Z^T Y) or CCVR (the head retrained on virtual features)")
     p.add_argument("run_dir", help="a run directory with a checkpoint; then calibration.* overrides")
+    p.add_argument("--method", choices=sorted(CALIBRATIONS), default="ffc",
+                   help="ffc (default: SphereFed's FFC) | ccvr (Luo et al. 2021); docs/algorithms/ccvr.md")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("partition", help="print per-client sizes and class histograms; --out saves the split")
@@ -339,8 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
         if p.get_default("overrides") is not None:
             p.epilog = ("key=value: dotted config overrides, anywhere after the command, e.g. train.rounds=50 "
                         "algorithm.options.beta=0.5 (every key: docs/config.md)")
-    sub.choices["calibrate"].epilog = ("key=value: only the FFC settings calibration.ridge, calibration.clients, "
-                                       "calibration.batch_size; other keys: distfl train --resume RUN_DIR")
+    sub.choices["calibrate"].epilog = "key=value: only the settings of the method: " + "; ".join(
+        f"{name} {', '.join(calibration_settings(method))}" for method, name in CALIBRATIONS.items()) + (
+        "; other keys: distfl train --resume RUN_DIR")
     return parser
 
 
