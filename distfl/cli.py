@@ -69,13 +69,20 @@ def _train_under_torchrun(args) -> int:
         raise ConfigError(f"--nproc must be a positive integer (ranks on this machine), got {args.nproc}")
     if "RANK" in os.environ:
         raise ConfigError("--nproc starts torchrun itself; under torchrun (or srun), leave it out")
+    if args.config is not None and args.resume:
+        raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
     if args.config is not None:
         from .config import load_config
 
         load_config(args.config, args.overrides)  # a bad config: one line here, before torchrun starts
         target = [args.config]
-    else:
+    elif args.resume:
+        from .config.resume import saved_run_config
+
+        saved_run_config(args.resume, "--resume")  # no saved run there: one line here, before torchrun starts
         target = ["--resume", args.resume]
+    else:
+        raise ConfigError("distfl train needs a CONFIG file (or --resume RUN_DIR)")
     flags = [f for f, on in (("--overwrite", args.overwrite), ("--debug", args.debug),
                              ("--print-config", args.print_config)) if on]
     return run_ranks(torchrun_command(args.nproc, ["train", *target, *args.overrides, *flags]))

@@ -156,6 +156,25 @@ def load_run(run_dir: Path) -> Run:
     return Run(run_dir, config, summary, rows)
 
 
+def ended(run_dir: Path) -> bool:
+    """Whether RUN_DIR holds a run that ended: summary.json says completed (covering the rounds its
+    config.yaml asks for, where the folder has one) or diverged. A stopped, running or failed run did not.
+    Experiment scripts skip a run that ended (experiments/lib.sh) and run the others again."""
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    import yaml
+
+    try:
+        rounds = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train", {}).get("rounds")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        rounds = None
+    config = {"train.rounds": rounds} if isinstance(rounds, int) else {}
+    return Run(run_dir, config, summary, []).status in ("completed", "diverged")
+
+
 def swept_keys(runs: list[Run], roots) -> list[str]:
     """The grid keys of the sweep(s) in `roots`, then the config keys whose values differ between runs."""
     keys = []

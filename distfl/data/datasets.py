@@ -59,8 +59,9 @@ class Dataset:
     # The per-channel (mean, std) subtracted from and divided into both splits, or None for none.
     normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # What the data were read from: role ("data.path", "train-images-idx3-ubyte", ...) -> (path, SHA-256
-    # of the bytes read); a resumed run refuses data whose bytes changed since it started. {} when synthetic.
-    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # of the bytes read, or a data/digest.PendingDigest still computing it); a resumed run refuses data whose
+    # bytes changed since it started. {} when synthetic.
+    sources: dict[str, tuple] = field(default_factory=dict)
     # A natural federation's clients (distfl/data/natural.py), else None: client k's training samples are
     # train_x[train_offsets[k]:train_offsets[k + 1]], its own test samples test_x[test_offsets[k]:...].
     train_offsets: np.ndarray | None = None

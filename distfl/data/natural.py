@@ -10,6 +10,7 @@ evaluation (eval.clients) scores each client on its own test samples.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,8 +30,9 @@ class Federated:
     test_offsets: np.ndarray  # int64, clients + 1, from 0 to the test samples
     num_classes: int
     name: str
-    client_ids: list[str] = field(default_factory=list)  # the source's names of the clients, in order
-    sources: dict[str, tuple[str, str]] = field(default_factory=dict)  # as Dataset.sources
+    # the source's names of the clients, in order (a prepared folder's: its memory-mapped unicode array)
+    client_ids: Sequence[str] = field(default_factory=list)
+    sources: dict[str, tuple] = field(default_factory=dict)  # as Dataset.sources
     tokens: TokenTask | None = None  # a next-token dataset's special tokens (x, y: int64 N x L), as Dataset.tokens
     embeddings: np.ndarray | None = None  # float32 V x D word vectors the token ids index (Sent140's), as Dataset.embeddings
     # TFF's text federations: how they were tokenised, {"sequence_length": L[, "oov_buckets": B]} (kept in a

@@ -17,7 +17,9 @@ memory-maps (`data.dataset: prepared`, `data.path: OUT`):
 
 A run opens the arrays with np.load(mmap_mode="c"): pages are read when a batch touches them, so opening
 costs the same for 1,000 clients as for 342,477. The SHA-256 of the folder's files is recorded in the
-run's checkpoints like any data file's, and a resume refuses a folder whose bytes changed.
+run's checkpoints like any data file's, and a resume refuses a folder whose bytes changed. It is taken in
+a background thread from the moment the folder is opened (data/digest.py): a fresh run's first
+checkpoint waits for it, a resume waits for it before training, start-up never does.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from distfl.data.digest import PendingDigest
 from distfl.data.natural import Federated
 from distfl.data.tokens import TokenTask
 from distfl.errors import DataError
@@ -132,7 +135,7 @@ def load_prepared(folder: str) -> Federated:
     for key in ARRAYS:
         path = os.path.join(folder, f"{key}.npy")
         try:
-            arrays[key] = np.load(path, mmap_mode="c" if key != "client_ids" else None, allow_pickle=False)
+            arrays[key] = np.load(path, mmap_mode="c" if key != "client_ids" else "r", allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise DataError(f"data.path {folder}: cannot read {key}.npy ({exc}); prepare the dataset again") from None
     embeddings = None
@@ -155,8 +158,8 @@ def load_prepared(folder: str) -> Federated:
         raise DataError(f"data.path {folder}: train_offsets end at {train_off[-1]} but train_y has "
                         f"{len(arrays['train_y'])} rows")
     return Federated(arrays["train_x"], arrays["train_y"], train_off, arrays["test_x"], arrays["test_y"], test_off,
-                     int(meta["num_classes"]), str(meta["name"]), client_ids=arrays["client_ids"].tolist(),
-                     sources={"data.path": (folder, folder_sha256(folder))},
+                     int(meta["num_classes"]), str(meta["name"]), client_ids=arrays["client_ids"],
+                     sources={"data.path": (folder, PendingDigest(lambda: folder_sha256(folder)))},
                      tokens=TokenTask.from_json(meta["tokens"]) if "tokens" in meta else None,
                      text={k: int(meta[k]) for k in TEXT_SETTINGS if k in meta} or None, embeddings=embeddings)
 

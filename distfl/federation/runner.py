@@ -29,6 +29,7 @@ from ..config.resume import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_
                             saved_values)
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
+from ..data.digest import DataSources
 from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
@@ -90,10 +91,11 @@ class Trainer:
         labels = self.data.train_y.cpu().numpy() if self.data.tokens is None else None
         parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
-        self.data_sources = {role: {"path": path, "sha256": digest}
-                             for role, (path, digest) in self.data.sources.items()}
+        # A prepared folder's hash may still be computing (data/digest.py): read when a checkpoint, the summary
+        # or a resume's check first needs it, never waited for here.
+        self.data_sources = DataSources(self.data.sources)
         if cfg.partition.scheme == "file":
-            self.data_sources["partition.path"] = {"path": cfg.partition.path, "sha256": file_sha256(cfg.partition.path)}
+            self.data_sources.add("partition.path", cfg.partition.path, file_sha256(cfg.partition.path))
         # eval.client_split=holdout: each client's held-out samples leave its training data here, before
         # the Population (sizes, weights, class counts) is built; every rank computes the same split.
         holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
@@ -163,8 +165,9 @@ class Trainer:
                       if self.algorithm.stateful or algorithm_class(cfg.algorithm.name).client_store else None)
         if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
             self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
-        dist.check_same_on_all_ranks(
-            dist.fingerprint(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
+        if ctx.world_size > 1:  # hashing every client's indices is worth its bytes only where ranks compare it
+            dist.check_same_on_all_ranks(
+                dist.fingerprint(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
 
         self.stop = StopFlags()
         # Phases after training (calibration, TCT's stages), in order.

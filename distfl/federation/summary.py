@@ -96,7 +96,7 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "dataset": context.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
         # (withheld under DP, None: a hash of the clients' data is an un-noised statistic of it; the checkpoints keep it)
-        "data_files": context.data_sources if context.privacy is None else None,
+        "data_files": dict(context.data_sources.items()) if context.privacy is None else None,
         # data.normalize: the per-channel [mean, std] applied to the inputs, or None
         "input_normalization": context.data.normalization and [list(v) for v in context.data.normalization],
         "distfl_version": __version__,

@@ -10,6 +10,7 @@
 # ccvr and ffc calibrate one FedAvg training (<split>_calibrated_fedavg_s<seed>, its checkpoint kept until
 # both are done): each a copy of it given to `distfl calibrate --method ccvr|ffc`.
 set -u
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 split=$1; seeds=${2:-"0 1"}
 case $split in
@@ -62,7 +63,7 @@ PY=${PYTHON:-python}
 calibrated() {  # FedAvg + CCVR or FFC: distfl calibrate on a copy of one FedAvg training per split and seed
   local method=$1 seed=$2 out=$3 base=$OUT/${split}_calibrated_fedavg_s$2
   mkdir -p "$OUT"
-  if [ ! -f "$base/summary.json" ]; then
+  if ! ended "$base"; then
     # shellcheck disable=SC2086
     echo "python -m distfl train experiments/personal/fmnist.yaml $PROTOCOL algorithm.name=fedavg $part seed=$seed output.dir=$base" > "$base.cmd.txt"
     # shellcheck disable=SC2086
@@ -73,12 +74,12 @@ calibrated() {  # FedAvg + CCVR or FFC: distfl calibrate on a copy of one FedAvg
   echo "cp -r $base $out; python -m distfl calibrate $out --method $method" > "$out.cmd.txt"
   OMP_NUM_THREADS=1 $PY -m distfl calibrate "$out" --method "$method" > "$out.log" 2>&1 || echo "FAILED $out (see $out.log)"
   rm -rf "$out/checkpoints"
-  [ -f "$OUT/${split}_ccvr_s$seed/summary.json" ] && [ -f "$OUT/${split}_ffc_s$seed/summary.json" ] && rm -rf "$base/checkpoints"
+  ended "$OUT/${split}_ccvr_s$seed" && ended "$OUT/${split}_ffc_s$seed" && rm -rf "$base/checkpoints"
 }
 for method in ${METHODS:-$ORDER}; do
   for seed in $seeds; do
     out=$OUT/${split}_${method}_s${seed}
-    [ -f "$out/summary.json" ] && continue
+    ended "$out" && continue
     if [ "$method" = ccvr ] || [ "$method" = ffc ]; then
       echo ">> $method on $OUT/${split}_calibrated_fedavg_s$seed"; calibrated "$method" "$seed" "$out"; continue
     fi
