@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pFedMe's stable setting for the all-methods protocol: short runs (20 rounds, seed 0) of the table's
 # protocol with pFedMe's keys varied; results.md ("pFedMe's setting") says what each gave and which
-# setting run.sh uses. The paper's (lr 0.005, lam 15, personal lr 0.09, K 5) diverged at 100 rounds.
+# setting run.sh uses. The setting of the authors' README (lr 0.005, lam 15, personal lr 0.09, K 5) diverged at 100 rounds.
 #   experiments/all_methods/pfedme_search.sh NAME SPLIT KEYS...   e.g.
 #   experiments/all_methods/pfedme_search.sh plr003 dir01 algorithm.options.personal_lr=0.03 train.lr=0.005
 # Runs land in experiments/all_methods/pfedme_search/<split>_<NAME>/ (its command in <dir>.cmd.txt).
