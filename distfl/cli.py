@@ -15,9 +15,10 @@ from .faults import Failure, RunFailed, debug_enabled
 USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [--debug]
        distfl train --resume RUN_DIR [key=value ...] [--debug]
        distfl train CONFIG --nproc N [key=value ...]     N ranks under torchrun, started by distfl
-       distfl calibrate RUN_DIR [calibration.ridge=... calibration.clients=...]
+       distfl calibrate RUN_DIR [--method ffc|ccvr] [calibration.KEY=VALUE ...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
-       distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N]
+       distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N] [--sequence-length L]
+                           [--oov-buckets B]
        distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|whole-run] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
@@ -68,13 +69,20 @@ def _train_under_torchrun(args) -> int:
         raise ConfigError(f"--nproc must be a positive integer (ranks on this machine), got {args.nproc}")
     if "RANK" in os.environ:
         raise ConfigError("--nproc starts torchrun itself; under torchrun (or srun), leave it out")
+    if args.config is not None and args.resume:
+        raise ConfigError("give either CONFIG or --resume RUN_DIR, not both (a resumed run uses its saved config)")
     if args.config is not None:
         from .config import load_config
 
         load_config(args.config, args.overrides)  # a bad config: one line here, before torchrun starts
         target = [args.config]
-    else:
+    elif args.resume:
+        from .config.resume import saved_run_config
+
+        saved_run_config(args.resume, "--resume")  # no saved run there: one line here, before torchrun starts
         target = ["--resume", args.resume]
+    else:
+        raise ConfigError("distfl train needs a CONFIG file (or --resume RUN_DIR)")
     flags = [f for f, on in (("--overwrite", args.overwrite), ("--debug", args.debug),
                              ("--print-config", args.print_config)) if on]
     return run_ranks(torchrun_command(args.nproc, ["train", *target, *args.overrides, *flags]))
@@ -87,30 +95,40 @@ def _print_result(summary: dict, cfg) -> None:
         print("\n".join(result_lines(summary, Path(cfg.output.dir))))
 
 
-def cmd_calibrate(args) -> int:
-    """FFC on a trained run: resume it with calibration.method=ffc (it continues training first if it
-    stopped early)."""
-    from .checkpoint import checkpoints_dir
+CALIBRATIONS = {"ffc": "FFC", "ccvr": "CCVR"}  # calibration.method values `distfl calibrate --method` runs
+
+
+def calibration_settings(method: str) -> list[str]:
+    """The calibration.* keys that apply to `method` (what `distfl calibrate --method METHOD` accepts)."""
     from .config import config_keys
     from .config.validate import key_applies
 
-    run_dir = Path(args.run_dir)
+    return [key for key in config_keys() if key.startswith("calibration.") and key != "calibration.method"
+            and key_applies(key, {"calibration.method": method})]
+
+
+def cmd_calibrate(args) -> int:
+    """FFC or CCVR on a trained run: resume it with calibration.method=METHOD (it continues training first
+    if it stopped early): the same bits as `distfl train --resume RUN_DIR calibration.method=METHOD`."""
+    from .checkpoint import checkpoints_dir
+
+    run_dir, method = Path(args.run_dir), args.method
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} is not a distfl run directory (no config.yaml)")
     if not (checkpoints_dir(run_dir) / "latest").exists():
         raise ConfigError(
             f"{run_dir} has no checkpointed model to calibrate ({checkpoints_dir(run_dir) / 'latest'} is missing: "
             "the run stopped before its first checkpoint). Train it first; the last round is always checkpointed")
-    settings = [key for key in config_keys() if key.startswith("calibration.") and key != "calibration.method"
-                and key_applies(key, {"calibration.method": "ffc"})]
+    settings = calibration_settings(method)
     for item in args.overrides:
         key, _, value = item.partition("=")
-        if key.strip() not in settings and (key.strip(), value.strip()) != ("calibration.method", "ffc"):
-            raise ConfigError(f"distfl calibrate takes only the FFC settings {', '.join(settings)}; got {item}. To "
-                              f"change other keys, continue the run: `distfl train --resume {run_dir} "
-                              "calibration.method=ffc KEY=VALUE`")
+        if key.strip() not in settings and (key.strip(), value.strip()) != ("calibration.method", method):
+            flag = "" if method == "ffc" else f" --method {method}"
+            raise ConfigError(f"distfl calibrate{flag} takes only the {CALIBRATIONS[method]} settings "
+                              f"{', '.join(settings)}; got {item}. To change other keys, continue the run: "
+                              f"`distfl train --resume {run_dir} calibration.method={method} KEY=VALUE`")
     args.resume, args.config, args.print_config, args.overwrite, args.nproc = str(run_dir), None, False, False, None
-    args.overrides = ["calibration.method=ffc", *args.overrides]
+    args.overrides = [f"calibration.method={method}", *args.overrides]
     return cmd_train(args)
 
 
@@ -139,11 +157,13 @@ def cmd_partition(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from .data.prepared import describe, load_prepared, read_source, write_prepared
+    from .data.prepare_stream import prepare
+    from .data.prepared import describe, load_prepared
 
-    fed = read_source(args.name, args.source, args.split, args.seed)
-    write_prepared(fed, args.out, args.name, args.source)
-    print(f"prepared {args.name} from {args.source}: {describe(load_prepared(args.out))}")
+    prepare(args.name, args.source, args.out, args.split, args.seed, args.embeddings, args.vocabulary,
+            args.sequence_length, args.oov_buckets)
+    fed = load_prepared(args.out)
+    print(f"prepared {args.name} from {args.source}: {describe(fed)}")
     print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
           f"partition.scheme=natural partition.num_clients={fed.num_clients}")
     return 0
@@ -236,8 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="print the full traceback of an unexpected error "
                                                         "(also DISTFL_DEBUG=1); else it is saved in RUN_DIR/error.log")
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser("calibrate", help="SphereFed's FFC on a trained run: least-squares head from summed Z^T Z, Z^T Y")
+    p = sub.add_parser("calibrate", help="calibrate the head of a trained run: SphereFed's FFC (least-squares head from "
+                                         "summed Z^T Z, Z^T Y) or CCVR (the head retrained on virtual features)")
     p.add_argument("run_dir", help="a run directory with a checkpoint; then calibration.* overrides")
+    p.add_argument("--method", choices=sorted(CALIBRATIONS), default="ffc",
+                   help="ffc (default: SphereFed's FFC) | ccvr (Luo et al. 2021); docs/algorithms/ccvr.md")
     p.set_defaults(overrides=[])
     p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("partition", help="print per-client sizes and class histograms; --out saves the split")
@@ -257,6 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["sample", "user"], default="sample",
                    help="leaf, from all_data/ only: LEAF's sample-wise or user-wise split (default sample)")
     p.add_argument("--seed", type=int, default=0, help="leaf, from all_data/ only: the split's seed (default 0)")
+    p.add_argument("--embeddings", default="", metavar="EMBS_JSON",
+                   help="leaf, Sent140: LEAF's embs.json (data.embeddings); its vectors are stored in the folder")
+    p.add_argument("--vocabulary", default="", metavar="VOCAB",
+                   help="leaf, Reddit: LEAF's reddit_vocab.pck or its JSON conversion (data.vocabulary)")
+    p.add_argument("--sequence-length", type=int, default=0, metavar="L",
+                   help="tff, Shakespeare and StackOverflow: input tokens a sample (default 0: TFF's 80 and 20)")
+    p.add_argument("--oov-buckets", type=int, default=0, metavar="B",
+                   help="tff, StackOverflow: out-of-vocabulary buckets (default 0: one, TFF's default)")
     p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
     p.add_argument("--out", default="bench/results.json", help="where to write the JSON results")
@@ -328,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
         if p.get_default("overrides") is not None:
             p.epilog = ("key=value: dotted config overrides, anywhere after the command, e.g. train.rounds=50 "
                         "algorithm.options.beta=0.5 (every key: docs/config.md)")
-    sub.choices["calibrate"].epilog = ("key=value: only the FFC settings calibration.ridge, calibration.clients, "
-                                       "calibration.batch_size; other keys: distfl train --resume RUN_DIR")
+    sub.choices["calibrate"].epilog = "key=value: only the settings of the method: " + "; ".join(
+        f"{name} {', '.join(calibration_settings(method))}" for method, name in CALIBRATIONS.items()) + (
+        "; other keys: distfl train --resume RUN_DIR")
     return parser
 
 
@@ -396,10 +428,12 @@ def main(argv=None) -> int:
         return 1
     except Interrupted as exc:
         if _is_main_process():
-            print(f"distfl: {exc}", file=sys.stderr)
-        # Under `distfl train --nproc`, distfl's launcher reports the stop (status 3); torchrun, seeing
-        # every rank exit 0, ends without its traceback.
-        return 0 if os.environ.get("DISTFL_LAUNCHER") == "distfl" else 3  # launch.LAUNCHER_ENV
+            print(f"distfl: {exc}", file=sys.stderr, flush=True)
+        from .launch import report_stop
+
+        # Not finished: status 3. Under `distfl train --nproc`, distfl's launcher exits 3 once a rank has
+        # told it so; torchrun, seeing every rank exit 0, ends without its traceback.
+        return 0 if report_stop() else 3
     except DistflError as exc:
         if _is_main_process():
             print(f"distfl: error: {exc}", file=sys.stderr)

@@ -33,4 +33,5 @@ class PluginError(RuntimeError):
 
 class Interrupted(DistflError):
     """A stop signal (SIGTERM, SIGUSR1: preemption or time limit) arrived; a checkpoint was written and
-    `distfl train --resume RUN_DIR` continues without losing a round."""
+    `distfl train --resume RUN_DIR` continues without losing a round. The run is not finished: its
+    summary.json says "stopped" and the CLI exits 3. The message is the stop's one line."""

@@ -47,7 +47,21 @@ class Run:
 
     @property
     def status(self) -> str:
-        return (self.summary or {}).get("status") or "unfinished"
+        """summary.json's status (completed is the only finished one); "unfinished" without one, or for a
+        "completed" that covers fewer rounds than the run's config: a summary written before distfl
+        marked resumed sessions, kept by a resume to more rounds that did not end."""
+        status = (self.summary or {}).get("status") or "unfinished"
+        if status == "completed" and (self.summary.get("rounds") or 0) < (self.config.get("train.rounds") or 0):
+            return "unfinished"
+        return status
+
+    def how_far(self) -> str:
+        """A run that is not completed: its status, why it stopped and the round it reached."""
+        s = self.summary or {}
+        why = f" by {s['stopped_because']}" if self.status == "stopped" and s.get("stopped_because") else ""
+        reached = (f" at round {s['round_reached']} of {s.get('train_rounds')}"
+                   if self.status != "unfinished" and s.get("round_reached") is not None else "")
+        return f"{self.status}{why}{reached}, {len(self.rows)} rounds logged"
 
     def evals(self) -> list[dict]:
         return [r for r in self.rows if r.get("test_acc") is not None]
@@ -140,6 +154,25 @@ def load_run(run_dir: Path) -> Run:
             except ValueError:
                 break  # a line cut short by a crash: the rows before it are good
     return Run(run_dir, config, summary, rows)
+
+
+def ended(run_dir: Path) -> bool:
+    """Whether RUN_DIR holds a run that ended: summary.json says completed (covering the rounds its
+    config.yaml asks for, where the folder has one) or diverged. A stopped, running or failed run did not.
+    Experiment scripts skip a run that ended (experiments/lib.sh) and run the others again."""
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    import yaml
+
+    try:
+        rounds = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train", {}).get("rounds")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        rounds = None
+    config = {"train.rounds": rounds} if isinstance(rounds, int) else {}
+    return Run(run_dir, config, summary, []).status in ("completed", "diverged")
 
 
 def swept_keys(runs: list[Run], roots) -> list[str]:
@@ -361,7 +394,7 @@ def to_markdown(rows: list[dict], keys: list[str], runs: list[Run], metrics: lis
     others = [r for r in runs if r.status != "completed"]
     if others:
         lines += ["", "Not in the statistics (not completed):"]
-        lines += [f"- {r.dir}: {r.status}, {len(r.rows)} rounds logged" for r in others]
+        lines += [f"- {r.dir}: {r.how_far()}" for r in others]
     return "\n".join(lines) + "\n"
 
 

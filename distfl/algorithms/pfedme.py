@@ -31,8 +31,8 @@ class PFedMe(Algorithm):
 
     @dataclass
     class Options:
-        lam: float = field(default=15.0, metadata={"range": "> 0"})  # the Moreau envelope's regularisation lambda (the paper's MNIST value: 15)
-        personal_lr: float = field(default=0.09, metadata={"range": "> 0"})  # the step size of the K inner steps on theta (the paper's MNIST value: 0.09)
+        lam: float = field(default=15.0, metadata={"range": "> 0"})  # the Moreau envelope's regularisation lambda (the authors' README's MNIST setting: 15)
+        personal_lr: float = field(default=0.09, metadata={"range": "> 0"})  # the step size of the K inner steps on theta (the authors' README's MNIST setting: 0.09)
         steps: int = field(default=5, metadata={"range": ">= 1"})  # K, the inner gradient steps that approximate theta each local step (the paper: 5)
 
     @classmethod

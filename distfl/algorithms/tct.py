@@ -50,6 +50,7 @@ from .. import checkpoint, dist
 from ..errors import ConfigError, DivergenceError, Interrupted
 from ..federation.aggregate import Segment, StatBuffer
 from ..federation.client_eval import client_segments, reduced_client_statistics
+from ..federation import stopping
 from ..federation.phases import Phase
 from ..tct.features import coordinate_index, entk_features, feature_parameters, reinit_head
 from ..tct.resources import (DTYPES, available_memory_bytes, decomposition_seconds, disk_shortfall, divergence_advice,
@@ -134,6 +135,9 @@ class TCT(Algorithm):
             raise ConfigError(f"eval.finetune_epochs={cfg.eval.finetune_epochs} fine-tunes a network before per-client "
                               "evaluation, but algorithm.name=tct scores each client with stage 2's linear model: set "
                               "eval.finetune_epochs=0")
+        if cfg.eval.test_samples:
+            raise ConfigError(f"eval.test_samples={cfg.eval.test_samples} scores a sample of the test split, but "
+                              "algorithm.name=tct's stage 2 scores the whole test split: set eval.test_samples=0")
         cls.trained_method(cfg).check_config(cfg)
 
 
@@ -454,7 +458,8 @@ class TCTPhase(Phase):
             if context.stop.agreed or (cfg.checkpoint.every and t % cfg.checkpoint.every == 0 and t < tc.rounds):
                 context.save_phase_checkpoint(self.name, {"round": t, "psi": psi, "mean": mean, "std": std})
                 if context.stop.agreed:
-                    raise Interrupted(f"interrupted in TCT stage 2 after round {t} (checkpointed)")
+                    raise Interrupted(stopping.stopped_line(context.stop, f"TCT stage 2 round {t} of {tc.rounds}",
+                                                            context.run_dir, context.ctx.world_size))
         if evaluated is None:  # resumed from a checkpoint of the last round (a stop there): no round ran
             evaluated = self._evaluate(context, psi)
         acc = evaluated["test_acc"]
@@ -555,9 +560,9 @@ class TCTPhase(Phase):
                 stats.add("h_sum", state["h"], weight)
             if state is not None:
                 context.store.put(k, {"tct_h": state["h"], "tct_last": state["last"]})
-        stats.add("stop", int(context.stop.requested))
+        stats.add("stop", stopping.stop_code(context.stop))
         reduced = stats.reduce(context.ctx, name="tct_round")
-        context.stop.agreed = int(reduced["stop"][0]) > 0
+        stopping.agree(context.stop, int(reduced["stop"][0]))
         problems = reduced.problems()
         if problems:
             found = "; ".join(f"{name}: {what}" for name, what in problems.items())

@@ -59,8 +59,9 @@ class Dataset:
     # The per-channel (mean, std) subtracted from and divided into both splits, or None for none.
     normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # What the data were read from: role ("data.path", "train-images-idx3-ubyte", ...) -> (path, SHA-256
-    # of the bytes read); a resumed run refuses data whose bytes changed since it started. {} when synthetic.
-    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # of the bytes read, or a data/digest.PendingDigest still computing it); a resumed run refuses data whose
+    # bytes changed since it started. {} when synthetic.
+    sources: dict[str, tuple] = field(default_factory=dict)
     # A natural federation's clients (distfl/data/natural.py), else None: client k's training samples are
     # train_x[train_offsets[k]:train_offsets[k + 1]], its own test samples test_x[test_offsets[k]:...].
     train_offsets: np.ndarray | None = None
@@ -68,6 +69,9 @@ class Dataset:
     # A next-token dataset's special tokens (data/tokens.py), else None: then x and y are int64 N x L
     # (inputs, and the token following each position) and it is scored per token.
     tokens: TokenTask | None = None
+    # Word vectors V x D (float32) that the int64 token ids of x index (Sent140's embs.json), else None: a model
+    # that embeds with them (sent140_lstm) receives them at build; they are data, hashed in `sources`.
+    embeddings: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple:
@@ -96,9 +100,9 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     elif cfg.dataset == "fedprox_synthetic":
         ds = from_federated(load_fedprox_synthetic(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_iid, seed))
     elif cfg.dataset == "leaf":
-        ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed))
+        ds = from_federated(load_leaf(cfg.path, cfg.leaf_split, seed, cfg.embeddings, cfg.vocabulary))
     elif cfg.dataset == "tff":
-        ds = from_federated(load_tff_folder(cfg.path))
+        ds = from_federated(load_tff_folder(cfg.path, cfg.sequence_length, cfg.oov_buckets))
     elif cfg.dataset == "prepared":
         ds = from_federated(load_prepared(cfg.path))
     else:
@@ -177,7 +181,8 @@ def from_federated(fed: Federated) -> Dataset:
     """A natural federation (distfl/data/natural.py) as a Dataset whose offsets keep its clients."""
     return Dataset(torch.from_numpy(fed.train_x), torch.from_numpy(fed.train_y), torch.from_numpy(fed.test_x),
                    torch.from_numpy(fed.test_y), fed.num_classes, name=fed.name, augment=None, sources=fed.sources,
-                   train_offsets=fed.train_offsets, test_offsets=fed.test_offsets, tokens=fed.tokens)
+                   train_offsets=fed.train_offsets, test_offsets=fed.test_offsets, tokens=fed.tokens,
+                   embeddings=None if fed.embeddings is None else torch.from_numpy(np.asarray(fed.embeddings)))
 
 
 # ---------------------------------------------------------------- Fashion-MNIST

@@ -19,8 +19,8 @@ What the samples are is read from them: 784 numbers a sample -> FEMNIST's 28 x 2
 float32, as LEAF stores it: 1 is white), 62 classes; other numbers -> a vector (1 x 1 x D), classes 0..max(y);
 a string -> Shakespeare: a character sequence mapped by LEAF's 80-character vocabulary (ALL_LETTERS of
 models/utils/language_utils.py, `ALL_LETTERS.find(c)`) to int64 indices, the label the index of the next
-character (y), 80 classes. Sent140's and Reddit's samples (lists of fields, token lists) are refused
-with one line: their vocabularies come from files (GloVe, a pickle) this loader does not read.
+character (y), 80 classes; a tweet record -> Sent140 (LEAF's 25 word ids from data.embeddings, 2
+classes); chunks of tokens -> Reddit (next-token chunks, ids from data.vocabulary). Both: data/leaf_text.py.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import random
 
 import numpy as np
 
+from distfl.data import leaf_text
 from distfl.data.natural import Federated, concatenate
 from distfl.errors import DataError
 
@@ -68,7 +69,11 @@ def read_leaf_file(path: str, digest) -> dict:
         entry = data["user_data"].get(user)
         if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
             raise DataError(f"data.path: {path}: user_data has no {{x, y}} for user {user!r}")
-        if not len(entry["x"]) == len(entry["y"]) == count:
+        if leaf_text.is_reddit(entry) and len(entry["x"]) != len(entry["y"]):
+            # preprocess.py keeps the user's whole comment count in every split: only x and y must agree
+            raise DataError(f"data.path: {path}: user {user!r} has {len(entry['x'])} x and {len(entry['y'])} y; "
+                            "each Reddit comment's chunks (x) need their targets (y)")
+        if not len(entry["x"]) == len(entry["y"]) == count and not leaf_text.is_reddit(entry):
             raise DataError(f"data.path: {path}: user {user!r} has {len(entry['x'])} x and {len(entry['y'])} y but "
                             f"num_samples says {count}; x, y and num_samples must agree")
     return data
@@ -104,9 +109,27 @@ def split_by_user(users: list[tuple[str, dict]], rng: random.Random):
     return ([u for i, u in enumerate(users) if i in chosen], [u for i, u in enumerate(users) if i not in chosen])
 
 
-def _convert(samples_x: list, samples_y: list, where: str) -> tuple[np.ndarray, np.ndarray, str]:
-    """One user's samples as arrays, and their kind: femnist | vector | characters."""
+class _Files:
+    """The second files of LEAF's word datasets (data.embeddings, data.vocabulary), read when first needed."""
+
+    def __init__(self, embeddings: str, vocabulary: str):
+        self.paths = {"embeddings": embeddings, "vocabulary": vocabulary}
+        self.read = {}
+
+    def get(self, which: str):
+        if which not in self.read:
+            kind = leaf_text.Embeddings if which == "embeddings" else leaf_text.Vocabulary
+            self.read[which] = kind(self.paths[which])
+        return self.read[which]
+
+
+def _convert(samples_x: list, samples_y: list, where: str, files: _Files) -> tuple[np.ndarray, np.ndarray, str]:
+    """One user's samples as arrays, and their kind: femnist | vector | characters | sent140 | reddit."""
     first = samples_x[0]
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        return (*leaf_text.reddit_arrays(samples_x, samples_y, files.get("vocabulary"), where), "reddit")
+    if isinstance(first, list) and first and isinstance(first[0], str):
+        return (*leaf_text.sent140_arrays(samples_x, samples_y, files.get("embeddings"), where), "sent140")
     if isinstance(first, str):
         if any(not isinstance(s, str) or len(s) != len(first) for s in samples_x):
             raise DataError(f"data.path: {where}: character samples must all be strings of one length "
@@ -119,9 +142,6 @@ def _convert(samples_x: list, samples_y: list, where: str) -> tuple[np.ndarray, 
         x = np.array([[ALL_LETTERS.find(c) for c in s] for s in samples_x], dtype=np.int64)
         y = np.array([ALL_LETTERS.find(c) for c in samples_y], dtype=np.int64)
         return x, y, "characters"
-    if isinstance(first, list) and first and isinstance(first[0], str):
-        raise DataError(f"data.path: {where}: samples are lists of strings (Sent140's tweet fields or Reddit's "
-                        "tokens); the leaf loader reads FEMNIST-style numbers and Shakespeare's characters only")
     try:
         x = np.asarray(samples_x, dtype=np.float64)
         y = np.asarray(samples_y)
@@ -135,21 +155,21 @@ def _convert(samples_x: list, samples_y: list, where: str) -> tuple[np.ndarray, 
     return x.astype(np.float32), y.astype(np.int64), "femnist" if x.shape[1] == FEMNIST_PIXELS else "vector"
 
 
-def _arrays(users: list[tuple[str, dict]], root: str) -> tuple[list, list, set]:
+def _arrays(users: list[tuple[str, dict]], root: str, files: _Files) -> tuple[list, list, set]:
     xs, ys, kinds = [], [], set()
     for user, entry in users:
         if len(entry["y"]) == 0:
             xs.append(None)
-            ys.append(np.zeros(0, dtype=np.int64))
+            ys.append(None)
             continue
-        x, y, kind = _convert(entry["x"], entry["y"], f"{root}, user {user!r}")
+        x, y, kind = _convert(entry["x"], entry["y"], f"{root}, user {user!r}", files)
         xs.append(x)
         ys.append(y)
         kinds.add(kind)
     return xs, ys, kinds
 
 
-def load_leaf(path: str, split: str, seed: int) -> Federated:
+def load_leaf(path: str, split: str, seed: int, embeddings: str = "", vocabulary: str = "") -> Federated:
     train_dir, test_dir, all_dir = (os.path.join(path, d) for d in ("train", "test", "all_data"))
     digest = hashlib.sha256()
     if os.path.isdir(train_dir) and os.path.isdir(test_dir):
@@ -173,8 +193,9 @@ def load_leaf(path: str, split: str, seed: int) -> Federated:
     others = [(u, e) for u, e in test if u not in position]  # a user-wise split's test users
     test_ordered = [(u, own_of.get(u, {"x": [], "y": []})) for u in clients] + others
 
-    train_xs, train_ys, kinds = _arrays(train, path)
-    test_xs, test_ys, test_kinds = _arrays(test_ordered, path)
+    files = _Files(embeddings, vocabulary)
+    train_xs, train_ys, kinds = _arrays(train, path, files)
+    test_xs, test_ys, test_kinds = _arrays(test_ordered, path, files)
     kinds |= test_kinds
     if len(kinds) != 1:
         raise DataError(f"data.path {path}: users hold samples of different kinds ({', '.join(sorted(kinds))})")
@@ -183,14 +204,27 @@ def load_leaf(path: str, split: str, seed: int) -> Federated:
     if len(widths) != 1:
         raise DataError(f"data.path {path}: samples differ in length ({sorted(w[0] for w in widths)})")
     width = widths.pop()
-    empty = np.zeros((0,) + width, dtype=np.int64 if kind == "characters" else np.float32)
+    ids = kind in ("characters", "sent140", "reddit")  # int64 token ids, else float32 numbers
+    empty = np.zeros((0,) + width, dtype=np.int64 if ids else np.float32)
+    empty_y = np.zeros((0,) + (width if kind == "reddit" else ()), dtype=np.int64)
     test_xs = [x if x is not None else empty for x in test_xs]
-    train_x, train_y, train_offsets = concatenate(train_xs, train_ys)
-    test_x, test_y, test_offsets = concatenate(test_xs, test_ys)
+    test_ys = [y if y is not None else empty_y for y in test_ys]
+    dtype = np.int64 if ids else np.float32
+    train_x, train_y, train_offsets = concatenate(train_xs, train_ys, dtype)
+    test_x, test_y, test_offsets = concatenate(test_xs, test_ys, dtype)
     test_offsets = test_offsets[:len(clients) + 1]
+    sources = {"data.path": (path, digest.hexdigest())}
+    table, tokens = None, None
     if kind == "characters":
-        train_x, test_x = train_x.astype(np.int64), test_x.astype(np.int64)
         num_classes = len(ALL_LETTERS)
+    elif kind == "sent140":
+        read = files.get("embeddings")
+        num_classes, table = leaf_text.SENT140_CLASSES, read.table
+        sources["data.embeddings"] = (read.path, read.sha256)
+    elif kind == "reddit":
+        read = files.get("vocabulary")
+        num_classes, tokens = read.size, read.task
+        sources["data.vocabulary"] = (files.paths["vocabulary"], read.sha256)
     elif kind == "femnist":
         train_x, test_x = train_x.reshape(-1, 1, 28, 28), test_x.reshape(-1, 1, 28, 28)
         num_classes = FEMNIST_CLASSES
@@ -201,4 +235,4 @@ def load_leaf(path: str, split: str, seed: int) -> Federated:
     if top >= num_classes:
         raise DataError(f"data.path {path}: label {top} is beyond the {num_classes} classes of {kind} samples")
     return Federated(train_x, train_y, train_offsets, test_x, test_y, test_offsets, num_classes, f"leaf-{kind}",
-                     client_ids=clients, sources={"data.path": (path, digest.hexdigest())})
+                     client_ids=clients, sources=sources, tokens=tokens, embeddings=table)

@@ -9,6 +9,8 @@ evaluation (eval.clients) scores each client on its own test samples.
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,9 +30,14 @@ class Federated:
     test_offsets: np.ndarray  # int64, clients + 1, from 0 to the test samples
     num_classes: int
     name: str
-    client_ids: list[str] = field(default_factory=list)  # the source's names of the clients, in order
-    sources: dict[str, tuple[str, str]] = field(default_factory=dict)  # as Dataset.sources
+    # the source's names of the clients, in order (a prepared folder's: its memory-mapped unicode array)
+    client_ids: Sequence[str] = field(default_factory=list)
+    sources: dict[str, tuple] = field(default_factory=dict)  # as Dataset.sources
     tokens: TokenTask | None = None  # a next-token dataset's special tokens (x, y: int64 N x L), as Dataset.tokens
+    embeddings: np.ndarray | None = None  # float32 V x D word vectors the token ids index (Sent140's), as Dataset.embeddings
+    # TFF's text federations: how they were tokenised, {"sequence_length": L[, "oov_buckets": B]} (kept in a
+    # prepared folder's meta.json); None otherwise
+    text: dict | None = None
 
     @property
     def num_clients(self) -> int:
@@ -56,10 +63,13 @@ def check_natural(v: dict) -> None:
     """ConfigError, before any data loads: partition.scheme=natural needs a dataset whose clients come with
     it, and all of them (`v`: the dotted config values). algorithm.weighting=tokens needs a dataset that
     can hold next-token data (data/tokens.py)."""
-    if v["algorithm.weighting"] == "tokens" and v["data.dataset"] not in ("tff", "prepared"):
+    if v["algorithm.weighting"] == "tokens" and v["data.dataset"] not in ("tff", "leaf", "prepared"):
         raise ConfigError(f"algorithm.weighting=tokens weighs clients by their target tokens, which only next-token "
-                          f"data has (data.dataset=tff with Shakespeare or StackOverflow, or prepared from one), not "
-                          f"data.dataset={v['data.dataset']}; use algorithm.weighting=samples")
+                          f"data has (data.dataset=tff with Shakespeare or StackOverflow, leaf with Reddit, or prepared "
+                          f"from one), not data.dataset={v['data.dataset']}; use algorithm.weighting=samples")
+    for key in ("data.embeddings", "data.vocabulary"):  # LEAF's Sent140, Reddit (data/leaf_text.py)
+        if v["data.dataset"] == "leaf" and v[key] and not os.path.isfile(v[key]):
+            raise ConfigError(f"{key}: no file at {v[key]}")
     if v["partition.scheme"] != "natural":
         return
     dataset = v["data.dataset"]

@@ -1,6 +1,7 @@
 """Clients' index arrays held as one int64 array cut at offsets: client k's indices are
-flat[offsets[k]:offsets[k + 1]], a view. A natural federation (its clients' samples end to end) is one
-such array with no per-client work at all; a partition drawn per client is concatenated once."""
+flat[offsets[k]:offsets[k + 1]], a view. A natural federation (its clients' samples end to end) is held by
+its offsets alone (client k: arange(offsets[k], offsets[k + 1]), made when asked for): no per-client or
+per-sample work at all; a partition drawn per client is concatenated once."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -11,9 +12,22 @@ import numpy as np
 class Parts(Sequence):
     """A read-only sequence of int64 index arrays, one per client, stored end to end."""
 
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
-        self.flat = np.asarray(flat, dtype=np.int64)
+    def __init__(self, flat: np.ndarray | None, offsets: np.ndarray):
+        """`flat` None: the ranges of `offsets` (Parts.ranges), never stored until `flat` is read."""
+        self._flat = None if flat is None else np.asarray(flat, dtype=np.int64)
         self.offsets = np.asarray(offsets, dtype=np.int64)
+
+    @property
+    def flat(self) -> np.ndarray:
+        """Every client's indices end to end (for ranges: arange(offsets[-1]), made on first use)."""
+        if self._flat is None:
+            self._flat = np.arange(self.offsets[-1], dtype=np.int64)
+        return self._flat
+
+    @property
+    def is_ranges(self) -> bool:
+        """Whether client k holds exactly arange(offsets[k], offsets[k + 1]) (its flat is never stored)."""
+        return self._flat is None
 
     @classmethod
     def of(cls, parts) -> Parts:
@@ -29,8 +43,7 @@ class Parts(Sequence):
     @classmethod
     def ranges(cls, offsets: np.ndarray) -> Parts:
         """Client k holds arange(offsets[k], offsets[k + 1]): a natural federation's clients."""
-        offsets = np.asarray(offsets, dtype=np.int64)
-        return cls(np.arange(offsets[-1], dtype=np.int64), offsets)
+        return cls(None, offsets)
 
     @property
     def sizes(self) -> np.ndarray:
@@ -47,4 +60,6 @@ class Parts(Sequence):
         if k < -n or k >= n:
             raise IndexError(f"client {k} out of range for {n} clients")
         k %= n
-        return self.flat[self.offsets[k]:self.offsets[k + 1]]
+        if self._flat is None:
+            return np.arange(self.offsets[k], self.offsets[k + 1], dtype=np.int64)
+        return self._flat[self.offsets[k]:self.offsets[k + 1]]

@@ -37,3 +37,6 @@ def check_data_files(v: dict) -> None:
             raise ConfigError(f"partition.path {v['partition.path']} holds {count} clients but partition.num_clients="
                               f"{v['partition.num_clients']}; set partition.num_clients={count}")
     check_natural(v)
+    from distfl.data.text_settings import check_text_settings
+
+    check_text_settings(v)

@@ -67,6 +67,12 @@ def client_groups(path: str, features: tuple[str, ...]):
     except OSError as exc:
         raise DataError(f"data.path: cannot read {path} as HDF5 ({exc})") from None
     with handle:
+        # HDF5's metadata cache grows to 32 MiB by default, and the process by some 5 KB for every client
+        # opened (214 MiB over 40,000 StackOverflow users, measured): a 4 MiB cache keeps reading a file of
+        # any number of clients in bounded memory, no slower.
+        cache = handle.id.get_mdc_config()
+        cache.set_initial_size, cache.initial_size, cache.min_size, cache.max_size = True, 1 << 20, 1 << 20, 4 << 20
+        handle.id.set_mdc_config(cache)
         if "examples" not in handle or not isinstance(handle["examples"], h5py.Group):
             raise DataError(f"data.path: {path} has no group 'examples' (TFF's files hold examples/<client id>/<feature>)")
         for client in handle["examples"]:  # h5py lists the members sorted by name

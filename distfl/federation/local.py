@@ -47,9 +47,12 @@ class FlatModel:
         self.grad_views = [p.grad for p in params]
 
         # Buffers of `frozen` modules (a fixed classifier head) stay out of the flat vectors: they are
-        # identical everywhere, never aggregated and never trained.
-        self.frozen = [b for m in module.modules() if getattr(m, "frozen", False) for b in m.buffers()]
-        frozen_ids = {id(b) for b in self.frozen}
+        # identical everywhere, never aggregated and never trained. `frozen` lists the persistent ones (the
+        # checkpoint holds them); a non-persistent one is data (Sent140's word vectors, hashed as a data file).
+        frozen_modules = [m for m in module.modules() if getattr(m, "frozen", False)]
+        self.frozen = [b for m in frozen_modules for k, b in m._buffers.items()
+                       if b is not None and k not in m._non_persistent_buffers_set]
+        frozen_ids = {id(b) for m in frozen_modules for b in m.buffers()}
         float_buffers = [(f"{prefix}.{k}" if prefix else k, m, k, b) for prefix, m in module.named_modules()
                          for k, b in m._buffers.items()
                          if b is not None and b.is_floating_point() and id(b) not in frozen_ids]

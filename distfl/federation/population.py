@@ -21,24 +21,27 @@ class Population:
         costs nothing per client here: sizes, class counts and the fingerprint are array operations)."""
         self.indices = Parts.of(parts)
         self.sizes = self.indices.sizes
-        # class_counts[k, c]: samples of class c held by client k (label-histogram methods, reports).
-        self._class_counts = None
+        # class_counts[k, c]: samples of class c held by client k (label-histogram methods, reports), counted
+        # when first read: a run that never reads them (FedAvg on a natural federation) never pays for them.
+        self._labels, self._num_classes, self._class_counts = labels, num_classes, None
         # token_counts[k]: client k's non-padding target tokens (algorithm.weighting=tokens; set by the runner)
         self.token_counts: np.ndarray | None = None
-        if labels is not None:  # one bincount over (client, label) pairs: the same counts, O(samples) not O(clients) calls
-            owner = np.repeat(np.arange(len(self.indices), dtype=np.int64), self.sizes)
-            pairs = owner * num_classes + np.asarray(labels)[self.indices.flat]
-            self._class_counts = np.bincount(pairs, minlength=len(self.indices) * num_classes).reshape(
-                len(self.indices), num_classes)
 
     @property
     def class_counts(self) -> np.ndarray:
         """class_counts[k, c]: samples of class c held by client k; DataError where the samples have no
         class (a next-token dataset: data/tokens.py)."""
-        if self._class_counts is None:
+        if self._labels is None:
             raise DataError("this run needs each client's samples counted by class (a label-histogram method or "
                             "per-client test sets drawn by class), but the data's samples have no class (a next-token "
                             "task): use a method without class counts")
+        if self._class_counts is None:  # one bincount over (client, label) pairs: O(samples), not O(clients) calls
+            clients, classes = len(self.indices), self._num_classes
+            owner = np.repeat(np.arange(clients, dtype=np.int64), self.sizes)
+            labels = np.asarray(self._labels)
+            bounds = self.indices.offsets
+            owned = labels[bounds[0]:bounds[-1]] if self.indices.is_ranges else labels[self.indices.flat]
+            self._class_counts = np.bincount(owner * classes + owned, minlength=clients * classes).reshape(clients, classes)
         return self._class_counts
 
     def __len__(self) -> int:

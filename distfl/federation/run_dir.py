@@ -12,6 +12,8 @@ import torch
 from .. import checkpoint, dist, faults
 from ..config import dump_config
 from ..errors import ConfigError
+from . import summary
+from .stopping import resume_command
 
 
 def run_has_output(run_dir: Path) -> bool:
@@ -59,6 +61,8 @@ class RunDirectory:
                     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
             faults.remove_leftovers(self.path)
             if resume:
+                # From here this session trains: an earlier session's summary.json no longer says how it stands.
+                summary.mark_running(self.path, cfg.train.rounds, resume_command(self.path, self.ctx.world_size))
                 restored = checkpoint.restore_metrics(self.path, checkpoint.checkpoints_dir(self.path) / resumed_from)
                 if restored:
                     print(restored, file=sys.stderr, flush=True)
@@ -101,7 +105,7 @@ def not_yet_checkpointed(run_dir: Path) -> bool:
         return True
     except (OSError, ValueError, AttributeError):
         return False
-    return status == "failed"
+    return status in ("failed", "stopped", "running")  # not finished, and nothing checkpointed to continue
 
 
 def lost_guarantees(saved: dict | None, now: dict) -> list[str]:

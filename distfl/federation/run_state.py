@@ -161,7 +161,8 @@ class RunRecord:
         self.record = {"config": config, "data": data, "world_size": world_size, "runtime": runtime, "rng": "keyed"}
 
     def state_dict(self) -> dict:
-        return dict(self.record)
+        # the data files' hashes as plain values (waiting here for one still computing: data/digest.py)
+        return {**self.record, "data": dict(self.record["data"].items())}
 
     def load_state_dict(self, state: dict) -> None:
         pass
@@ -221,6 +222,8 @@ class StopFlags:
     agreed: bool = False  # every rank saw a request in the last all_reduce: stop after this round
     interrupts: int = 0  # Ctrl-Cs seen (federation/stopping.py: a second one stops at once)
     launcher: int | None = None  # the pid of the torchrun that started this rank, once training began
+    reason: int | None = None  # why this rank was asked to stop (an index of stopping.REASONS)
+    reasons: list = field(default_factory=list)  # why the ranks stop, once agreed (stopping.REASONS' texts)
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,7 @@ class RunContext:
     run_dir: Path
     data: object
     data_sources: dict
+    eval_sample: object  # eval_sample.EvalSample: the rows of the splits the global model is scored on
     population: object
     client_indices: list
     client_test: list | None

@@ -29,6 +29,7 @@ from ..config.resume import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_
                             saved_values)
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
+from ..data.digest import DataSources
 from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
@@ -41,6 +42,7 @@ from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
 from .client_eval import best_round_scores
 from .split_eval import evaluate
+from .eval_sample import EvalSample
 from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .graphs import resolve_cuda_graphs
 from .pack import PackStep, check_packable, pack_statistics, resolve_pack_size
@@ -89,10 +91,11 @@ class Trainer:
         labels = self.data.train_y.cpu().numpy() if self.data.tokens is None else None
         parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
         # The bytes every data and partition file was read from: a resume refuses others (_restore).
-        self.data_sources = {role: {"path": path, "sha256": digest}
-                             for role, (path, digest) in self.data.sources.items()}
+        # A prepared folder's hash may still be computing (data/digest.py): read when a checkpoint, the summary
+        # or a resume's check first needs it, never waited for here.
+        self.data_sources = DataSources(self.data.sources)
         if cfg.partition.scheme == "file":
-            self.data_sources["partition.path"] = {"path": cfg.partition.path, "sha256": file_sha256(cfg.partition.path)}
+            self.data_sources.add("partition.path", cfg.partition.path, file_sha256(cfg.partition.path))
         # eval.client_split=holdout: each client's held-out samples leave its training data here, before
         # the Population (sizes, weights, class counts) is built; every rank computes the same split.
         holdout = cfg.eval.clients and cfg.eval.client_split == "holdout"
@@ -103,6 +106,8 @@ class Trainer:
         if cfg.algorithm.weighting == "tokens":
             self.population.token_counts = client_token_counts(self.population.indices, self.data.train_y, self.data.tokens)
         self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
+        # eval.test_samples, eval.train_samples: the fixed rows every evaluation scores (from the data seed)
+        self.eval_sample = EvalSample.of(cfg.eval, self.data, seed)
         if cfg.eval.clients:
             # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
             if holdout:
@@ -118,7 +123,8 @@ class Trainer:
             self.client_test = DeviceIndices(sets, self.device)  # each made when that client is first scored
 
         def model_factory():
-            return build_model(cfg.model, self.data.input_shape, self.data.num_classes).to(self.device)
+            return build_model(cfg.model, self.data.input_shape, self.data.num_classes,
+                               self.data.embeddings).to(self.device)
 
         torch.manual_seed(cfg.seed)
         model = model_factory()
@@ -159,8 +165,9 @@ class Trainer:
                       if self.algorithm.stateful or algorithm_class(cfg.algorithm.name).client_store else None)
         if self.store is not None and self.algorithm.stateful:  # memory: on the GPU, the host, or refused
             self.store.place(self.algorithm.init_client_state(), -(-len(self.population) // ctx.world_size))
-        dist.check_same_on_all_ranks(
-            dist.fingerprint(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
+        if ctx.world_size > 1:  # hashing every client's indices is worth its bytes only where ranks compare it
+            dist.check_same_on_all_ranks(
+                dist.fingerprint(dump_config(cfg)) ^ self.population.fingerprint(), ctx, "config and partition")
 
         self.stop = StopFlags()
         # Phases after training (calibration, TCT's stages), in order.
@@ -182,6 +189,7 @@ class Trainer:
                                        cfg.algorithm.name)
         self.context = RunContext(
             cfg=cfg, ctx=ctx, device=self.device, run_dir=self.run_dir, data=self.data, data_sources=self.data_sources,
+            eval_sample=self.eval_sample,
             population=self.population, client_indices=self.client_indices, client_test=getattr(self, "client_test", None),
             client_test_x=getattr(self, "client_test_x", None), client_test_y=getattr(self, "client_test_y", None),
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
@@ -306,7 +314,7 @@ class Trainer:
     def finish_round(self, round_idx: int, cohort: list[int], stats: StatBuffer, extra: dict) -> dict:
         """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
         (with `extra`: the virtual clock's). The asynchronous server step (distfl/system) ends here too."""
-        stats.add("stop", int(self.stop.requested))
+        stats.add("stop", stopping.stop_code(self.stop))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = self._reduce(round_idx, stats)
         if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
@@ -357,7 +365,7 @@ class Trainer:
         reduced = stats.reduce(self.ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
         # them at different moments.
-        self.stop.agreed = int(reduced["stop"][0]) > 0
+        stopping.agree(self.stop, int(reduced["stop"][0]))
         bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
         if bad or problems:
             found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
@@ -448,12 +456,13 @@ class Trainer:
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
                     f"{self.ctx.world_size} process(es) on {self.device}"
-                    f"{f', clients in packs of {self.pack_size}' if self.pack_size > 1 else ''}; writing {self.run_dir}")
+                    f"{f', clients in packs of {self.pack_size}' if self.pack_size > 1 else ''}; writing {self.run_dir}"
+                    f"{self.eval_sample.describe()}")
         if self.privacy is not None:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
-        status, error = "completed", None
+        status, error, stopped = "completed", None, None
         previous_handlers = stopping.catch_stop_signals(self.stop, self.request_stop, self.run_dir)
         try:
             for t in range(self.state.start_round, cfg.train.rounds + 1):
@@ -486,9 +495,8 @@ class Trainer:
                     # Rank 0 commits the checkpoint after the others are done with it; no rank exits
                     # before, since a launcher (torchrun) may end the other ranks when one exits.
                     dist.barrier(self.ctx)
-                    logger.info(f"stop signal: checkpoint written after round {t}; continue with "
-                                f"`distfl train --resume {self.run_dir}`")
-                    raise Interrupted(f"interrupted after round {t} (checkpointed)")
+                    raise Interrupted(stopping.stopped_line(self.stop, f"round {t} of {cfg.train.rounds}",
+                                                            self.run_dir, self.ctx.world_size))
             self._run_phases(logger)
             self.state.progress["wall_s"] = wall_before + time.time() - session_start
             last = self.state.progress["last_eval"] or {}
@@ -497,6 +505,13 @@ class Trainer:
             if self.privacy is not None:
                 final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.step, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.state.step)
+        except Interrupted as exc:  # checkpointed after the round (or TCT stage-2 round) the ranks agreed on
+            status, stopped, stopped_because = "stopped", exc, " and ".join(self.stop.reasons) or "a stop signal"
+        except KeyboardInterrupt as exc:  # a second Ctrl-C: at once, mid-round
+            status, stopped = "stopped", exc
+            latest = faults.latest_checkpoint(self.run_dir)
+            stopped_because = (f"a second Ctrl-C, at once, in round {self.state.step + 1}, without its checkpoint; "
+                               f"a resume continues from {f'checkpoint {latest}' if latest else 'round 1'}")
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
             kept = (checkpoint.checkpoints_dir(self.run_dir) / "latest")
@@ -524,6 +539,14 @@ class Trainer:
                 faults.attempt(lambda: checkpoint.atomic_write_text(
                     json.dumps(summary.build(self.context, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
             raise self.failure.error() from self.failure.exc
+        if status == "stopped":
+            # Not finished: summary.json must say so, never keep an earlier session's "completed".
+            if self.ctx.is_main:
+                at_once = isinstance(stopped, KeyboardInterrupt)
+                faults.attempt(lambda: checkpoint.atomic_write_text(json.dumps(
+                    summary.build(self.context, status, None, stopped_because, model=not at_once), indent=2) + "\n",
+                    self.run_dir / "summary.json"))
+            raise stopped
         result = summary.build(self.context, status, error)
         self.where = "writing summary.json"
         if self.ctx.is_main:
@@ -552,9 +575,12 @@ class Trainer:
         self.state.phase_state = {"phase": phase_name, **state}
         self._save_checkpoint(phase_name, self.state.step)
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: int = 0) -> None:
         """Checkpoint and stop after the current round (every rank stops after the same round,
-        agreed through the round's all_reduce). Safe to call from a signal handler."""
+        agreed through the round's all_reduce). `reason`: an index of stopping.REASONS (the first request's
+        is kept). Safe to call from a signal handler."""
+        if not self.stop.requested:
+            self.stop.reason = reason
         self.stop.requested = True
 
     def close(self) -> None:

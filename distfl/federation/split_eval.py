@@ -1,6 +1,7 @@
-"""The global model scored on whole splits: the test split always, and with eval.train_metrics the whole
-training split too (FedProx's "training loss": the global model's loss over every client's training
-samples, so weighted by samples). Each rank scores every world_size-th batch; the counts and the
+"""The global model scored on whole splits (or the fixed sample of eval.test_samples, eval.train_samples:
+eval_sample.py): the test split always, and with eval.train_metrics the training split too (FedProx's
+"training loss": the global model's loss over every client's training samples, so weighted by samples).
+Each rank scores every world_size-th batch; the counts and the
 fixed-point loss sums travel in the evaluation's one all_reduce, so the result is the same on any
 number of ranks. A next-token dataset (data/tokens.py) is scored per token: its loss and accuracy are
 divided by the split's token counts, not by its sequences."""
@@ -27,7 +28,7 @@ def evaluate(context, clients: bool) -> dict:
     worker.load(*context.algorithm.evaluation_model(context.global_params, context.global_buffers))
     model = worker.module
     model.eval()
-    splits = eval_splits(context.data, cfg.eval.train_metrics)
+    splits = eval_splits(context.data, cfg.eval.train_metrics, context.eval_sample)
     segments, terms = split_segments(splits, cfg.eval.batch_size)
     stats = StatBuffer(segments + (client_segments(len(context.population)) if clients else []), context.device, terms)
     add_split_counts(model, stats, splits, cfg.eval.batch_size, context.ctx)
@@ -40,12 +41,13 @@ def evaluate(context, clients: bool) -> dict:
     return metrics
 
 
-def eval_splits(data, train_metrics: bool) -> list[tuple[str, object, object, object]]:
-    """(segment prefix, inputs, labels, the dataset's TokenTask or None) of each split scored."""
+def eval_splits(data, train_metrics: bool, sample) -> list[tuple[str, object, object, object]]:
+    """(segment prefix, inputs, labels, the dataset's TokenTask or None) of each split scored: its rows
+    that `sample` (eval_sample.EvalSample) keeps, all of them by default."""
     tokens = getattr(data, "tokens", None)
-    splits = [("", data.test_x, data.test_y, tokens)]
+    splits = [("", *sample.split("", data.test_x, data.test_y), tokens)]
     if train_metrics:
-        splits.append(("train_", data.train_x, data.train_y, tokens))
+        splits.append(("train_", *sample.split("train_", data.train_x, data.train_y), tokens))
     return splits
 
 

@@ -1,12 +1,16 @@
 """A run's summary.json."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
 from .. import __version__, dist
+from ..checkpoint import atomic_write_text
 from .client_eval import STATISTICS as CLIENT_STATISTICS, client_finetune_epochs
+from .stopping import resume_command
 
 
 def privacy_guarantee(context, rounds) -> dict | None:
@@ -31,13 +35,31 @@ def privacy_guarantee(context, rounds) -> dict | None:
             # banded_mf: the bands of the factor C, None otherwise
             "bands": context.privacy.banded.bands if context.privacy.banded else None}
 
-def build(context, status: str, error: str | None) -> dict:
+# summary.json's `status`: completed is the only finished one (every round of train.rounds and every
+# phase after them); stopped (a stop signal, checkpointed, or a second Ctrl-C), failed and running (a
+# resumed session that has not ended, or was killed without a word) are continued with `resume_command`;
+# diverged needs another setting first.
+STATUSES = ("completed", "stopped", "diverged", "failed", "running")
+
+
+def build(context, status: str, error: str | None, stopped_because: str | None = None, model: bool = True) -> dict:
     """summary.json: how the run ended, its accuracies, the final model's hash, the collectives, the
-    privacy guarantee and what it ran on."""
+    privacy guarantee and what it ran on. `stopped_because`: why a stopped run stopped; `model`: False
+    when the run stopped at once, mid-round (no hash of a half-updated model)."""
     context.worker.load(context.global_params, context.global_buffers)
     last = context.state.progress["last_eval"] or {}
-    return {
+    result = {
         "status": status,
+        # true only for a completed run: every round of train.rounds trained and every phase after them run
+        "finished": status == "completed",
+        # stopped: what stopped it (a signal, its launcher's death, a second Ctrl-C); None otherwise
+        "stopped_because": stopped_because,
+        # the last training round trained (and logged); train.rounds: the configured last round
+        "round_reached": min(context.state.step, context.cfg.train.rounds),
+        "train_rounds": context.cfg.train.rounds,
+        # not finished (stopped, failed): the command that continues it from its last checkpoint; else None
+        "resume_command": (resume_command(context.run_dir, context.ctx.world_size)
+                           if status in ("stopped", "failed") else None),
         "error": error,
         "final_test_acc": last.get("test_acc"),
         "final_test_loss": last.get("test_loss"),
@@ -53,11 +75,14 @@ def build(context, status: str, error: str | None) -> dict:
         # eval.finetune_from=best: the round of the global model the clients fine-tuned at the last evaluation
         # (the best round by test_acc); None: the evaluated round's own model (eval.finetune_from=last)
         "client_model_round": last.get("client_model_round"),
+        # eval.test_samples, eval.train_samples: {"test": {"scored", "of"}, "train": ... or None without
+        # eval.train_metrics}, the samples each evaluation scored of the split's (a fixed sample when fewer)
+        "eval_samples": context.eval_sample.to_json(),
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else context.cfg.train.rounds,
         "wall_s": round(context.state.progress["wall_s"], 3),
-        "model_sha256": context.worker.state_sha256(),
+        "model_sha256": context.worker.state_sha256() if model else None,
         "world_size": context.ctx.world_size,
         "phases": context.state.phase_results,
         "collectives": {"calls": dict(dist.COLLECTIVE_CALLS), "bytes": dict(dist.COLLECTIVE_BYTES)},
@@ -71,7 +96,7 @@ def build(context, status: str, error: str | None) -> dict:
         "dataset": context.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
         # (withheld under DP, None: a hash of the clients' data is an un-noised statistic of it; the checkpoints keep it)
-        "data_files": context.data_sources if context.privacy is None else None,
+        "data_files": dict(context.data_sources.items()) if context.privacy is None else None,
         # data.normalize: the per-channel [mean, std] applied to the inputs, or None
         "input_normalization": context.data.normalization and [list(v) for v in context.data.normalization],
         "distfl_version": __version__,
@@ -82,6 +107,21 @@ def build(context, status: str, error: str | None) -> dict:
         # system.*: the virtual clock's time at the end of the last round, in seconds
         **({"virtual_time_s": context.system.now_s} if context.system is not None else {}),
     }
+    return unfinished(result) if status == "stopped" else result
+
+
+# A run that has not finished has no final or best result: these are None in its summary.json (a table
+# that reads them fails instead of taking a part-way number), and its last evaluation is under `last_eval`.
+RESULTS = ("final_test_acc", "final_test_loss", "final_client_acc", "best_test_acc", "best_round")
+
+
+def unfinished(summary: dict) -> dict:
+    """`summary` of a run that is not finished: RESULTS None, their values so far under `last_eval`."""
+    if any(summary.get(key) is not None for key in RESULTS):
+        summary["last_eval"] = {"round": summary.get("rounds"),  # the round last evaluated
+                                **{key: summary.get(key) for key in RESULTS}}
+    summary.update(dict.fromkeys(RESULTS))
+    return summary
 
 
 def graphs_status(pack_step) -> str:
@@ -91,3 +131,27 @@ def graphs_status(pack_step) -> str:
     if graphed.failed is not None:
         return f"failed: {graphed.failed}"
     return f"on ({len(graphed.graphs)} graphs)"
+
+
+def mark_running(run_dir, train_rounds: int, command: str) -> None:
+    """Rank 0, as a resumed session starts training: the summary.json of an earlier session (completed
+    with fewer rounds, stopped, failed) no longer says how the run stands, so it says `"status":
+    "running"` (with no final or best result: the earlier session's are under `last_eval`) until this
+    session writes its own. A session killed without a word (kill -9, SIGHUP, power loss) leaves it so:
+    never "completed"."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        earlier = json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        earlier = {}
+    if not isinstance(earlier, dict):
+        earlier = {}
+    earlier.update(status="running", finished=False, stopped_because=None, train_rounds=train_rounds,
+                   resume_command=command, error=None)
+    unfinished(earlier)
+    try:
+        atomic_write_text(json.dumps(earlier, indent=2) + "\n", path)
+    except OSError:  # a full disk: no summary rather than one that says the run is done
+        path.unlink(missing_ok=True)

@@ -23,12 +23,15 @@ No model contains dropout or in-place activations.
 | mclr        | FedProx's multinomial logistic regression         | 610 (1x1x60)                       |                      |
 | femnist_cnn | LEAF's FEMNIST CNN, 62 classes                    | 6,603,710 (1x28x28)                |                      |
 | char_lstm   | LEAF's Shakespeare LSTM, 80 characters            | 817,872 (80 character indices)     |                      |
+| sent140_lstm | LEAF's Sent140 LSTM, 2 classes (model.embedding) | 253,986 + the table (GloVe 300-d)  |                      |
+| reddit_lstm | LEAF's Reddit LSTM, a word a position             | 6,180,624 (10,000 words)           |                      |
 | shakespeare_lstm | TFF's Shakespeare LSTM, a character a position | 820,522 (90 tokens: TFF's Shakespeare) |                 |
 | stackoverflow_lstm | Reddi et al.'s StackOverflow next-word LSTM   | 4,050,748 (10,004 tokens)          |                      |
 | token_transformer | small causal transformer (2 blocks of 128)    | 2,970,388 (10,004 tokens, L = 20)  |                      |
 
 `model.name: package.module:build` (or a name registered in the entry-point group `distfl.models`) calls
-the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return.
+the user's `build(input_shape, num_classes)`; see `as_classifier` for what it may return. A model that
+embeds with data's word vectors (EMBEDDING_MODELS) gets them as `embeddings` (Dataset.embeddings).
 """
 from __future__ import annotations
 
@@ -47,9 +50,11 @@ from distfl.models.mclr import build_mclr
 from distfl.models.mlp import build_mlp
 from distfl.models.mobilenetv2 import build_mobilenetv2
 from distfl.models.pfl_cnn import build_pfl_cnn
+from distfl.models.reddit_lstm import build_reddit_lstm
 from distfl.models.resnet import build_resnet18
 from distfl.models.resnet_cifar import build_resnet20
 from distfl.models.senet import build_senet18
+from distfl.models.sent140_lstm import build_sent140_lstm
 from distfl.models.simplecnn import build_simplecnn
 from distfl.models.tct_cnn import build_tct_cnn
 from distfl.models.token_lstm import build_shakespeare_lstm, build_stackoverflow_lstm
@@ -75,15 +80,19 @@ MODELS: dict[str, Callable[[ModelConfig, tuple[int, int, int], int], Classifier]
     "mclr": lambda cfg, shape, k: build_mclr(shape, k),
     "femnist_cnn": lambda cfg, shape, k: build_femnist_cnn(shape, k),
     "char_lstm": lambda cfg, shape, k: build_char_lstm(shape, k),
+    "sent140_lstm": lambda cfg, shape, k, table=None: build_sent140_lstm(shape, k, table, cfg.embedding),
     "shakespeare_lstm": lambda cfg, shape, k: build_shakespeare_lstm(shape, k),
     "stackoverflow_lstm": lambda cfg, shape, k: build_stackoverflow_lstm(shape, k),
+    "reddit_lstm": lambda cfg, shape, k: build_reddit_lstm(shape, k),
     "token_transformer": lambda cfg, shape, k: build_token_transformer(shape, k),
 }
 
 # Next-token models (TokenClassifier: a prediction at every position; data/tokens.py).
-TOKEN_MODELS = ("shakespeare_lstm", "stackoverflow_lstm", "token_transformer")
+TOKEN_MODELS = ("shakespeare_lstm", "stackoverflow_lstm", "reddit_lstm", "token_transformer")
 # Models whose inputs are token sequences (int64, B x L) rather than images C x H x W.
-SEQUENCE_MODELS = ("char_lstm",) + TOKEN_MODELS
+SEQUENCE_MODELS = ("char_lstm", "sent140_lstm") + TOKEN_MODELS
+# Models that embed the token ids with the data's word vectors (Dataset.embeddings), passed to their builder.
+EMBEDDING_MODELS = ("sent140_lstm",)
 
 
 # Models whose local training step is faster on the CPU with channels_last batches (runtime.channels_last:
@@ -101,8 +110,10 @@ def uses_channels_last(setting: str, model_name: str, device) -> bool:
     return device.type == "cpu" and model_name in CHANNELS_LAST_ON_CPU
 
 
-def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """Build the model `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs.
+def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int,
+                embeddings=None) -> nn.Module:
+    """Build the model `cfg.name` for inputs of shape (C, H, W) and `num_classes` outputs (`embeddings`: the
+    data's word vectors, V x D, for EMBEDDING_MODELS).
 
     Raises ConfigError for an unknown name, a bad shape or class count, or an input too small for
     the model's conv stack, or a model.feature_dim the model does not support.
@@ -125,7 +136,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
     if cfg.name in SEQUENCE_MODELS:
         if len(shape) != 1 or shape[0] < 1:
             raise ConfigError(f"model.name={cfg.name} reads token sequences (length L), but the data's inputs have "
-                              f"shape {input_shape!r}: use it with character data (data.dataset=leaf, Shakespeare)")
+                              f"shape {input_shape!r}: use it with token data (data.dataset=leaf: Shakespeare, Sent140, Reddit)")
     elif len(shape) != 3 or min(shape) < 1:
         raise ConfigError(f"input shape must be (channels, height, width) with positive sizes (got {input_shape!r})")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
@@ -135,7 +146,8 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         raise ConfigError(f"model.name={cfg.name} predicts a token at every position with cross-entropy: it takes "
                           "model.head=linear, model.projection_dim=0, model.feature_norm=auto|off, model.loss=auto|ce")
     if builder is None:
-        model = MODELS[cfg.name](cfg, shape, num_classes)  # type: ignore[arg-type]
+        extra = (embeddings,) if cfg.name in EMBEDDING_MODELS else ()
+        model = MODELS[cfg.name](cfg, shape, num_classes, *extra)  # type: ignore[arg-type]
     else:
         model = as_classifier(builder(shape, num_classes), cfg.name, num_classes)
     model.set_projection(cfg.projection_dim)

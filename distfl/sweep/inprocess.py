@@ -6,6 +6,7 @@ import signal
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..federation.stopping import SIGNAL_REASON
 from ..launch import signals_handled_by
 
 
@@ -22,8 +23,8 @@ def train_in_process(config: dict, state: str, stop: dict) -> dict:
         with dist.deterministic_ops():
             trainer = Trainer(cfg, ctx, resume=state == "resume", overwrite=state == "overwrite")
             stop["trainer"] = trainer
-            if stop["signal"] is not None:
-                trainer.request_stop()  # agreed with the other ranks after the first round
+            if stop["signal"] is not None:  # agreed with the other ranks after the first round
+                trainer.request_stop(SIGNAL_REASON[stop["signal"]])
             return trainer.run()
     finally:
         if stop["trainer"] is not None:
@@ -46,7 +47,7 @@ def stop_signals():
         if signum == signal.SIGUSR2:
             stop["timeout"] = True
         if stop["trainer"] is not None:
-            stop["trainer"].request_stop()
+            stop["trainer"].request_stop(SIGNAL_REASON[signum])
 
     with signals_handled_by(handler, (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)):
         yield stop

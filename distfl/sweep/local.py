@@ -63,7 +63,8 @@ def _run_point_in_process(point: Point, out) -> int:
             summary = train_in_process(point.config, point.state, stop)
             print("\n".join(f"  {line}" for line in result_lines(summary, point.run_dir)), file=out, flush=True)
             return 0
-        except Interrupted:
+        except Interrupted as exc:
+            print(f"  {exc}", file=out, flush=True)
             return 3
         except DistflError as exc:
             print(f"  failed: {exc}", file=out, flush=True)

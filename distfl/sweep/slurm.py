@@ -197,8 +197,9 @@ class SweepJob(_JobBase):
                 # SystemExit is not an Exception: submitit writes no result, so the job is not taken as over.
                 raise SystemExit(3) from None
             except DistflError as exc:
-                if read_summary(self.run_dir) is not None:  # diverged: the summary says so, the point is finished
-                    return self._result(read_summary(self.run_dir))
+                done = read_summary(self.run_dir)
+                if done is not None and done.get("status") == "diverged":  # the summary says so: the point is finished
+                    return self._result(done)
                 raise RuntimeError(f"{self.run_dir}: {exc}") from None
             return self._result(summary)
 

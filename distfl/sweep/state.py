@@ -95,12 +95,20 @@ def runs_text(sweep) -> str:  # sweep: a plan.Sweep
     return text
 
 
+def _how_far(run_dir: Path) -> str:
+    """" (stopped at round 26 of 200)": how far an unfinished point's summary.json says it got; "" without one."""
+    summary = read_summary(run_dir) or {}
+    if summary.get("status") not in ("stopped", "failed", "running") or summary.get("round_reached") is None:
+        return ""
+    return f" ({summary['status']} at round {summary['round_reached']} of {summary.get('train_rounds')})"
+
+
 def final_report(sweep, out=None, failed=()) -> int:  # sweep: a plan.Sweep
     out = out or sys.stdout
     states = {p.name: point_state(p.run_dir, p.config) for p in sweep.points}
     done = [n for n, s in states.items() if s == "completed"]
     diverged = [n for n, s in states.items() if s == "diverged"]
-    unfinished = [n for n, s in states.items() if s not in FINISHED]
+    unfinished = [p.name + _how_far(p.run_dir) for p in sweep.points if states[p.name] not in FINISHED]
     print(f"distfl sweep: {len(done)}/{len(states)} completed in {sweep.sweep_dir}"
           + (f"; diverged: {', '.join(diverged)}" if diverged else "")
           + (f"; unfinished: {', '.join(unfinished)}" if unfinished else ""), file=out, flush=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DistflError
 
 FEDSCALE_DEFAULT_CAPACITY = {"computation": 1.0, "communication": 1.0}
 
@@ -63,11 +63,12 @@ class PlainUnpickler(pickle.Unpickler):
         if (module, name) in _ALLOWED:
             return _ALLOWED[(module, name)]
         raise pickle.UnpicklingError(f"it names {module}.{name}, and only plain data (dicts, lists, strings, "
-                                     "numbers) is read from a trace")
+                                     "numbers) is read from a pickle here")
 
 
-def load_plain(path: str):
-    """A trace file's content: JSON, or a pickle of plain data. ConfigError naming the file otherwise."""
+def load_plain(path: str, what: str = "a FedScale trace"):
+    """A file's content: JSON, or a pickle of plain data (a FedScale trace; LEAF's Reddit vocabulary,
+    data/leaf_text.py). ConfigError naming the file and `what` it was read as otherwise."""
     raw = Path(path).read_bytes()
     if raw[:1] in (b"{", b"[") or raw[:1].isspace():
         try:
@@ -77,7 +78,7 @@ def load_plain(path: str):
     try:
         return PlainUnpickler(io.BytesIO(raw)).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{path} was refused as a FedScale trace: {exc}") from None
+        raise ConfigError(f"{path} was refused as {what}: {exc}") from None
 
 
 def _number(path, what, value) -> float:
@@ -176,17 +177,23 @@ def convert(source: str, target: str) -> int:
     return len(data)
 
 
-def main(argv: list[str]) -> int:
+def convert_command(argv: list[str], usage: str, convert_file, noun: str) -> int:
+    """`python -m MODULE convert IN OUT.json` of a plain-data pickle (this module's traces, LEAF's Reddit
+    vocabulary): exit status 0, or 2 with one line."""
     if len(argv) != 3 or argv[0] != "convert":
-        print("usage: python -m distfl.system.traces convert FEDSCALE_PICKLE OUT.json", file=sys.stderr)
+        print(f"usage: {usage}", file=sys.stderr)
         return 2
     try:
-        count = convert(argv[1], argv[2])
-    except (ConfigError, OSError) as exc:
+        count = convert_file(argv[1], argv[2])
+    except (DistflError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {count} entries to {argv[2]}")
+    print(f"wrote {count} {noun} to {argv[2]}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return convert_command(argv, "python -m distfl.system.traces convert FEDSCALE_PICKLE OUT.json", convert, "entries")
 
 
 if __name__ == "__main__":

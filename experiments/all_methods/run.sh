@@ -7,7 +7,10 @@
 #   python experiments/all_methods/table.py        # the table (experiments/all_methods/results.md)
 # Runs land in experiments/all_methods/runs/<split>_<method>_s<seed>/ (summary.json, metrics.jsonl,
 # config.yaml; the command in <dir>.cmd.txt). A finished run is skipped; METHODS="a b" picks some.
+# ccvr and ffc calibrate one FedAvg training (<split>_calibrated_fedavg_s<seed>, its checkpoint kept until
+# both are done): each a copy of it given to `distfl calibrate --method ccvr|ffc`.
 set -u
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 split=$1; seeds=${2:-"0 1"}
 case $split in
@@ -18,8 +21,10 @@ esac
 # The method's keys on top of the protocol. Choices (results.md says why): FedProx mu 0.01 (NIID-Bench's
 # default); GMA tau 0.4 (its FMNIST value); SphereFed at lr 0.2 (its MSE loss needs a larger step:
 # configs/paper/spherefed/fmnist_sphere.yaml) with FFC; MOON on the network with its 256-d projection head;
-# TCT: 20 rounds of FedAvg, then stage 2 at the reduced p = 4,096 of experiments/tct; pFedMe at the paper's
-# eta 0.005 (its w step diverges at lr x lam >= ~1.5: docs/algorithms/pfedme.md).
+# TCT: 20 rounds of FedAvg, then stage 2 at the reduced p = 4,096 of experiments/tct; pFedMe at personal lr
+# 0.03 and the protocol's lr 0.05 as eta (the paper's 0.09 and 0.005 diverged: results.md, "pFedMe's
+# setting"; experiments/all_methods/pfedme_search.sh); FedAvg + CCVR and
+# FedAvg + FFC at their defaults (CCVR: 100 virtual features a class, 10 passes; FFC: lambda 0).
 declare -A KEYS=(
   [fedavg]="algorithm.name=fedavg"
   [fedavg_ft]="algorithm.name=fedavg eval.finetune_epochs=5"
@@ -45,19 +50,39 @@ declare -A KEYS=(
   [fedlc]="algorithm.name=fedlc"
   [fedntd]="algorithm.name=fedntd"
   [perfedavg]="algorithm.name=perfedavg"
-  [pfedme]="algorithm.name=pfedme train.lr=0.005"
+  [pfedme]="algorithm.name=pfedme algorithm.options.personal_lr=0.03"
   [fedrod]="algorithm.name=fedrod"
   [fedproto]="algorithm.name=fedproto"
   [fedala]="algorithm.name=fedala"
   [fedpac]="algorithm.name=fedpac"
 )
-ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft local lgfedavg fedlc fedntd perfedavg pfedme fedrod fedproto fedala fedpac"
+ORDER="fedavg fedprox scaffold feddyn fednova fedadc slowmo fedfor gma spherefed moon fedexp tct fedper fedrep fedbabu ditto apfl fedavg_ft local lgfedavg fedlc fedntd ccvr ffc perfedavg pfedme fedrod fedproto fedala fedpac"
 OUT=experiments/all_methods/runs
 PROTOCOL="train.rounds=100 eval.every=10"
+PY=${PYTHON:-python}
+calibrated() {  # FedAvg + CCVR or FFC: distfl calibrate on a copy of one FedAvg training per split and seed
+  local method=$1 seed=$2 out=$3 base=$OUT/${split}_calibrated_fedavg_s$2
+  mkdir -p "$OUT"
+  if ! ended "$base"; then
+    # shellcheck disable=SC2086
+    echo "python -m distfl train experiments/personal/fmnist.yaml $PROTOCOL algorithm.name=fedavg $part seed=$seed output.dir=$base" > "$base.cmd.txt"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 $PY -m distfl train experiments/personal/fmnist.yaml $PROTOCOL algorithm.name=fedavg $part \
+      seed="$seed" output.dir="$base" --overwrite > "$base.log" 2>&1 || { echo "FAILED $base (see $base.log)"; return; }
+  fi
+  rm -rf "$out"; cp -r "$base" "$out"
+  echo "cp -r $base $out; python -m distfl calibrate $out --method $method" > "$out.cmd.txt"
+  OMP_NUM_THREADS=1 $PY -m distfl calibrate "$out" --method "$method" > "$out.log" 2>&1 || echo "FAILED $out (see $out.log)"
+  rm -rf "$out/checkpoints"
+  ended "$OUT/${split}_ccvr_s$seed" && ended "$OUT/${split}_ffc_s$seed" && rm -rf "$base/checkpoints"
+}
 for method in ${METHODS:-$ORDER}; do
   for seed in $seeds; do
     out=$OUT/${split}_${method}_s${seed}
-    [ -f "$out/summary.json" ] && continue
+    ended "$out" && continue
+    if [ "$method" = ccvr ] || [ "$method" = ffc ]; then
+      echo ">> $method on $OUT/${split}_calibrated_fedavg_s$seed"; calibrated "$method" "$seed" "$out"; continue
+    fi
     # shellcheck disable=SC2086
     cmd="python -m distfl train experiments/personal/fmnist.yaml $PROTOCOL ${KEYS[$method]} $part seed=$seed output.dir=$out"
     mkdir -p "$OUT"; echo "$cmd" > "$out.cmd.txt"

@@ -22,7 +22,7 @@ GROUPS = [
     ("FedAvg family", ["fedavg", "fedprox", "scaffold", "feddyn", "fednova"]),
     ("the five papers", ["fedadc", "slowmo", "fedfor", "gma", "spherefed", "tct"]),
     ("global-model baselines", ["moon", "fedexp"]),
-    ("label skew", ["fedlc", "fedntd"]),
+    ("label skew", ["fedlc", "fedntd", "ccvr", "ffc"]),
     ("personalised", ["local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "perfedavg",
                       "pfedme", "fedrod", "fedproto", "fedala", "fedpac"]),
 ]
@@ -30,7 +30,7 @@ PERSONALISED = {"local", "fedavg_ft", "fedper", "lgfedavg", "fedrep", "fedbabu",
                 "fedrod", "fedproto", "fedala", "fedpac"}
 LABELS = {"slowmo": "slowmo (FedADC's baseline)", "gma": "fedavg + GMA", "spherefed": "SphereFed + FFC",
           "tct": "TCT (p = 4,096)", "fedavg_ft": "FedAvg + FT (5 epochs)",
-          "local": "local only"}
+          "local": "local only", "ccvr": "FedAvg + CCVR", "ffc": "FedAvg + FFC"}
 SPLITS = {"dir01": "Dir(0.1)", "c2": "#C=2"}
 # Local work of a sampled client in a round at the protocol's 1 local epoch (docs/algorithms/*.md, "Cost"), and
 # what scoring adds: the compute a row's accuracy was bought with.
@@ -40,7 +40,8 @@ WORK = {"fedrep": "11 epochs (10 head, 1 body)", "fedbabu": "1 epoch; 5 fine-tun
         "perfedavg": "1 epoch, 2 half-batch passes a step (FO); 1 step at scoring",
         "pfedme": "1 epoch, 6 passes a step (K = 5)", "fedala": "1 epoch + 0.8 epoch of ALA (up to 50 x 0.8 the first time)",
         "fedpac": "2 epochs (1 head, 1 body) + 2 forward-only passes", "tct": "1 epoch; then stage 2",
-        "spherefed": "1 epoch; then FFC"}
+        "spherefed": "1 epoch; then FFC", "ccvr": "1 epoch; then CCVR", "ffc": "1 epoch; then FFC"}
+CALIBRATED = ("ccvr", "ffc")  # distfl calibrate on a copy of one FedAvg training (run.sh: <split>_calibrated_fedavg_s<seed>)
 
 
 def cell(values: list[float]) -> str:
@@ -59,6 +60,34 @@ def finished(root: Path, split: str, method: str) -> list[tuple[int, dict]]:
 def client(s: dict, key: str) -> float | None:
     c = s.get("final_client_acc")
     return None if c is None else c[key]
+
+
+def training_rows(run: Path) -> list[dict]:
+    """The evaluations of a run's training rounds (not those of a calibration phase after them)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: r[k] for k in ("round", "test_acc", "client_acc_mean") if k in r}
+            for r in rows if "test_acc" in r and "phase" not in r]
+
+
+def same_training(root: Path) -> list[str]:
+    """For FedAvg + CCVR and FedAvg + FFC: is the model they calibrate FedAvg's (the training run's model hash
+    against the fedavg row's) and are their training evaluations FedAvg's, every one?"""
+    lines = []
+    for split, label in SPLITS.items():
+        for base in sorted(root.glob(f"{split}_calibrated_fedavg_s*/summary.json")):
+            seed = base.parent.name.rsplit("_s", 1)[1]
+            fedavg = root / f"{split}_fedavg_s{seed}"
+            if not (fedavg / "summary.json").exists():
+                continue
+            trained = json.loads(base.read_text())["model_sha256"][:8]
+            reference = json.loads((fedavg / "summary.json").read_text())["model_sha256"][:8]
+            evaluations = {m: training_rows(root / f"{split}_{m}_s{seed}") == training_rows(fedavg)
+                           for m in CALIBRATED if (root / f"{split}_{m}_s{seed}" / "summary.json").exists()}
+            lines.append(f"- {label}, seed {seed}: the trained model {trained} "
+                         f"({'=' if trained == reference else '!='} fedavg's {reference}); training evaluations "
+                         + ", ".join(f"{LABELS[m]} {'equal to' if same else 'differ from'} FedAvg's"
+                                     for m, same in evaluations.items()))
+    return lines
 
 
 def main(root: Path) -> None:
@@ -101,6 +130,10 @@ def main(root: Path) -> None:
     print("| split | method | seed | global test acc | per-client mean | model hash | wall s |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(per_seed))
+    checks = same_training(root)
+    if checks:
+        print("\nFedAvg + CCVR and FedAvg + FFC calibrate the same trained model as the fedavg row:\n")
+        print("\n".join(checks))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,14 @@
 #   experiments/ccvr/run.sh 0.1 "0 1"       # Dir(0.1), seeds 0 and 1
 #   python experiments/ccvr/table.py 0.1    # the table (experiments/ccvr/results.md)
 set -euo pipefail
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 alpha=${1:-0.1}; seeds=${2:-"0 1"}
 OUT=experiments/ccvr/results
 PY=${PYTHON:-python}
 for seed in $seeds; do
   dir=$OUT/fedavg_${alpha}_s${seed}
-  if [ ! -f "$dir/summary.json" ]; then
+  if ! ended "$dir"; then
     cmd=(-m distfl train configs/paper/spherefed/fmnist_fedavg.yaml "partition.alpha=$alpha" "seed=$seed"
          calibration.method=ccvr "output.dir=$dir" output.progress=log output.tensorboard=false)
     mkdir -p "$OUT"; echo "python ${cmd[*]}" > "$dir.command.txt"
@@ -20,7 +21,7 @@ for seed in $seeds; do
     OMP_NUM_THREADS=1 nice "$PY" "${cmd[@]}" --overwrite > "$dir.log" 2>&1 || { echo "FAILED $dir (see $dir.log)"; continue; }
   fi
   ffc=${dir}_ffc
-  if [ ! -f "$ffc/summary.json" ]; then
+  if ! ended "$ffc"; then
     rm -rf "$ffc"; cp -r "$dir" "$ffc"; rm -rf "$ffc"/checkpoints/ccvr_*
     ls "$ffc/checkpoints" | grep '^round_' | sort | tail -1 > "$ffc/checkpoints/latest"
     cmd=(-m distfl train --resume "$ffc" calibration.method=ffc calibration.ridge=0.0)

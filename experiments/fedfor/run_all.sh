@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every run behind experiments/fedfor/results.md, one at a time (the machine is shared: 2 cores, nice 10).
-# Skips a tag whose results/TAG/summary.json already exists (delete it to rerun).
+# Skips a tag whose results/TAG holds a run that ended (experiments/lib.sh; delete it to rerun).
 #   experiments/fedfor/run_all.sh
 set -uo pipefail
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 run() {  # TAG CONFIG overrides...
-  if [ -f "experiments/fedfor/results/$1/summary.json" ]; then echo "$1: done"; return; fi
+  if ended "experiments/fedfor/results/$1"; then echo "$1: done"; return; fi
   experiments/fedfor/run_one.sh "$@"
 }
 rounds() { case $1 in 1) echo 60;; 2) echo 40;; 4) echo 30;; esac; }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # FedFOR (normalised default) against FedAvg, FedProx and FedAvgM (server momentum 0.5) at E = 8, 30 rounds,
-# seeds 0 and 1 (evidence F4), two runs at a time. Skips a tag whose results/TAG/summary.json exists.
+# seeds 0 and 1 (evidence F4), two runs at a time. Skips a tag whose results/TAG holds a run that ended.
 # Then: python experiments/fedfor/table.py --upto 30
 #   PYTHON=.venv/bin/python experiments/fedfor/run_e8.sh
 set -uo pipefail
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 run() {  # TAG CONFIG overrides...
-  if [ -f "experiments/fedfor/results/$1/summary.json" ]; then echo "$1: done"; return; fi
+  if ended "experiments/fedfor/results/$1"; then echo "$1: done"; return; fi
   experiments/fedfor/run_one.sh "$@"
 }
 for seed in 0 1; do

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A second seed (new model init, new longtail clients, new batch orders) for the main comparisons.
 set -uo pipefail
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 run() {
-  if [ -f "experiments/fedfor/results/$1/summary.json" ]; then echo "$1: done"; return; fi
+  if ended "experiments/fedfor/results/$1"; then echo "$1: done"; return; fi
   experiments/fedfor/run_one.sh "$@"
 }
 run fedfor_E1_s1        fmnist_longtail_fedfor train.local_epochs=1 train.rounds=60 seed=1

@@ -4,6 +4,7 @@
 # round 20 only (eval.every=20): the global model is the plain FedAvg run's, bit for bit.
 #   experiments/finetune/run.sh         # runs land in runs/finetune/<split>_fedavgft_s<seed>/
 set -u
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 for spec in "dir01 0" "c2 0" "dir01 1" "c2 1"; do
   set -- $spec; split=$1; seed=$2
   case $split in
@@ -11,7 +12,7 @@ for spec in "dir01 0" "c2 0" "dir01 1" "c2 1"; do
     c2) part="partition.scheme=n_classes partition.classes_per_client=2" ;;
   esac
   out=runs/finetune/${split}_fedavgft_s${seed}
-  [ -f "$out/summary.json" ] && continue
+  ended "$out" && continue
   PYTHONPATH=. OMP_NUM_THREADS=1 ${PYTHON:-python} -m distfl train experiments/personal/fmnist.yaml \
     algorithm.name=fedavg eval.finetune_epochs=5 eval.every=20 $part seed=$seed output.dir=$out --overwrite
 done

@@ -4,6 +4,7 @@
 #   experiments/personal/run.sh c2 "0 1"        # #C=2 (NIID-Bench's n_classes draw)
 # Runs land in runs/personal/<split>_<method>_s<seed>/ (summary.json, metrics.jsonl, the command in cmd.txt).
 set -u
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 split=$1; seeds=${2:-"0 1"}
 case $split in
   dir01) part="partition.scheme=dirichlet partition.alpha=0.1" ;;
@@ -13,7 +14,7 @@ esac
 for method in fedavg fedper ditto apfl fedbabu fedrep; do
   for seed in $seeds; do
     out=runs/personal/${split}_${method}_s${seed}
-    [ -f "$out/summary.json" ] && continue
+    ended "$out" && continue
     cmd="python -m distfl train experiments/personal/fmnist.yaml algorithm.name=$method $part seed=$seed output.dir=$out --overwrite"
     mkdir -p "$out"; echo "$cmd" > "$out.cmd.txt"
     PYTHONPATH=. OMP_NUM_THREADS=1 ${PYTHON:-python} -m distfl train experiments/personal/fmnist.yaml \

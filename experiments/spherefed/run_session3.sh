@@ -9,6 +9,7 @@
 # summary.json, metrics.jsonl and command.txt are copied to experiments/spherefed/results_session3/NAME/.
 # Then: python experiments/spherefed/table_session3.py
 set -euo pipefail
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-/work/runs/sphere3}
 KEEP=experiments/spherefed/results_session3
@@ -22,7 +23,7 @@ for name in "$@"; do
     *) echo "unknown variant in $name" >&2; exit 2 ;;
   esac
   if [ "$skew" = iid ]; then part="partition.scheme=iid"; else part="partition.alpha=$skew"; fi
-  if [ -f "$KEEP/$name/summary.json" ]; then echo "$name: done"; continue; fi
+  if ended "$KEEP/$name"; then echo "$name: done"; continue; fi
   cmd=(python -m distfl train "configs/paper/spherefed/fmnist_${method}.yaml" "$part" "$opt" "seed=${seed#s}"
        "output.dir=$RUNS/$name" output.progress=log output.tensorboard=false --overwrite)
   echo ">> $(date -u +%H:%M:%S) ${cmd[*]}"

@@ -5,6 +5,7 @@
 # paper's: 100 rounds, M = 500, eta = 5e-5, SCAFFOLD, normalised features.
 # Usage: experiments/tct/run.sh [extra overrides]. Table: python experiments/tct/table.py
 set -euo pipefail
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 cd "$(dirname "$0")/../.."
 OUT=experiments/tct/results
 REDUCED=(train.rounds=10 tct.p=4096 tct.compute_dtype=float32 eval.every=5 checkpoint.every=20)
@@ -16,7 +17,7 @@ declare -A SETTINGS=(
 )
 for name in C1 C2 a0.1 a0.5; do
   dir="$OUT/$name"
-  if [ -f "$dir/summary.json" ]; then echo "$dir: done"; continue; fi
+  if ended "$dir"; then echo "$dir: done"; continue; fi
   if [ -f "$dir/checkpoints/latest" ]; then  # interrupted: continue from its last checkpoint
     echo ">> resume $dir"
     OMP_NUM_THREADS=1 nice torchrun --standalone --nproc_per_node=2 -m distfl train --resume "$dir" >> "$OUT/$name.log" 2>&1 \

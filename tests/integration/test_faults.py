@@ -395,6 +395,9 @@ def test_ranks_stop_with_a_checkpoint_when_their_launcher_dies(tmp_path, small_c
     assert "is gone: checkpointing after this round, then stopping" in err, err
     saved = [p.name for p in (run_dir / "checkpoints").glob("round_*")]
     assert len(saved) == 1 and saved[0] != "round_000006", err
+    stopped = summary(run_dir)  # not finished, and why
+    assert (stopped["status"], stopped["stopped_because"]) == ("stopped", "the death of its launcher (torchrun)")
+    assert f"round_{stopped['round_reached']:06d}" == saved[0]
     assert train_ok(None, resume=str(run_dir))["model_sha256"] == through["model_sha256"]
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, env_with_sitecustomize, run_cli, train_ok, write_config
 from test_faults import SITE_SLOW_ROUNDS  # rank 0 marks round 2's start; every round takes at least 0.5 s
 
@@ -39,3 +41,15 @@ def test_ctrl_c_under_distfl_train_nproc_checkpoints_and_exits_3_in_one_line(tmp
 def test_nproc_refuses_a_bad_config_before_torchrun_starts(tmp_path):
     proc = run_cli(["train", write_config(tmp_path / "c.yaml"), "--nproc", "2", "train.roundz=3"])
     assert proc.returncode == 2 and "did you mean 'train.rounds'" in proc.stderr and "torch.distributed" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, line", [
+    (["seed=1"], "distfl: error: distfl train needs a CONFIG file (or --resume RUN_DIR)"),
+    (["--resume", "{tmp}/no_run"], "distfl: error: --resume {tmp}/no_run: no config.yaml there"),
+    (["{tmp}/c.yaml", "--resume", "{tmp}/no_run"], "distfl: error: give either CONFIG or --resume RUN_DIR, not both"),
+])
+def test_nproc_refuses_a_missing_or_doubled_target_before_torchrun_starts(tmp_path, args, line):
+    write_config(tmp_path / "c.yaml")
+    proc = run_cli(["train", *[a.format(tmp=tmp_path) for a in args], "--nproc", "2"])
+    assert proc.returncode == 2 and proc.stderr.startswith(line.format(tmp=tmp_path)), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -76,9 +76,9 @@ if "CTRL_C_MARKS" in os.environ:
             time.sleep(60)
         return _run_round(self, round_idx)
 
-    def request_stop(self):
+    def request_stop(self, *reason):
         (marks / "stop").touch()
-        _request_stop(self)
+        _request_stop(self, *reason)
 
     runner.Trainer.run_round, runner.Trainer.request_stop = run_round, request_stop
 """

@@ -3,6 +3,7 @@ a run trains on it memory-mapped, its hash is checked on resume, bad folders are
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ def test_prepare_writes_what_the_loader_reads(tmp_path):
     for key in ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offsets"):
         np.testing.assert_array_equal(getattr(ours, key), getattr(fed, key))
         assert getattr(ours, key).dtype == getattr(fed, key).dtype
-    assert isinstance(ours.train_x, np.memmap) and ours.client_ids == fed.client_ids and ours.num_classes == 4
+    assert isinstance(ours.train_x, np.memmap) and ours.client_ids.tolist() == fed.client_ids and ours.num_classes == 4
     again = run_cli(["data", "prepare", "leaf", "--from", str(tmp_path / "leaf"), "--out", str(out)])
     assert again.returncode != 0 and "exists" in again.stderr
 
@@ -58,6 +59,18 @@ def test_run_on_prepared_equals_run_on_leaf_and_resume_checks_the_bytes(tmp_path
                         "train.rounds=2")
     resumed = train_ok(None, "train.rounds=4", resume=str(tmp_path / "b"))
     assert leaf["model_sha256"] == resumed["model_sha256"] and prepared["model_sha256"] != resumed["model_sha256"]
+    # One input byte changed in place, the file's size and modification time kept: the hash, taken in the
+    # background at start-up, still refuses it before any training.
+    inputs, original = out / "train_x.npy", (out / "train_x.npy").read_bytes()
+    stat = inputs.stat()
+    with open(inputs, "r+b") as f:
+        f.seek(len(original) - 3)
+        f.write(bytes([original[-3] ^ 1]))
+    os.utime(inputs, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert inputs.stat().st_size == stat.st_size and inputs.stat().st_mtime_ns == stat.st_mtime_ns
+    proc = run_cli(["train", "--resume", str(tmp_path / "b"), "train.rounds=6"])
+    assert proc.returncode != 0 and "data.path" in proc.stderr and "changed since the run started" in proc.stderr
+    inputs.write_bytes(original)
     labels = np.load(out / "train_y.npy")
     labels[0] = (labels[0] + 1) % 4
     np.save(out / "train_y.npy", labels)

@@ -295,7 +295,10 @@ def test_stop_signal_checkpoints_all_ranks_at_the_same_round_and_resume_is_exact
     stopped_at = len(metrics_file.read_text().splitlines())
     assert 3 <= stopped_at < 40, err
     assert (run / "checkpoints" / "latest").read_text().strip() == f"round_{stopped_at:06d}"
-    assert not (run / "summary.json").exists()  # unfinished
+    stopped = summary(run)  # not finished, and rank 0 names the signal that reached rank 1
+    assert (stopped["status"], stopped["finished"], stopped["round_reached"]) == ("stopped", False, stopped_at)
+    assert stopped["stopped_because"].startswith("SIGTERM") and stopped["stopped_because"] in err
+    assert proc.returncode != 0  # bare torchrun: its ranks exit 3
     resumed = train_ok(None, resume=str(run), nproc=2)
     assert resumed["model_sha256"] == through["model_sha256"]
     assert [r["round"] for r in metrics(run)] == list(range(1, 41))

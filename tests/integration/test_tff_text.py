@@ -273,7 +273,7 @@ def test_prepared_stackoverflow_keeps_its_tokens_and_trains_the_same_model(tmp_p
     proc = run_cli(["data", "prepare", "tff", "--from", str(tmp_path / "so"), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr
     source, ours = load_tff_folder(str(tmp_path / "so")), load_prepared(str(out))
-    assert ours.tokens == source.tokens and ours.num_classes == 10_004 and ours.client_ids == source.client_ids
+    assert ours.tokens == source.tokens and ours.num_classes == 10_004 and ours.client_ids.tolist() == source.client_ids
     for key in ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offsets"):
         np.testing.assert_array_equal(getattr(ours, key), getattr(source, key))
     cfg = _config(tmp_path, "so", "stackoverflow_lstm")

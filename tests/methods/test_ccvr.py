@@ -149,6 +149,43 @@ def test_calibrating_a_finished_run_equals_calibrating_in_it(tmp_path):
     assert untimed[0] == untimed[1]
 
 
+
+def test_distfl_calibrate_ccvr_equals_resuming_with_ccvr(tmp_path):
+    """`distfl calibrate RUN --method ccvr KEY=VALUE` is `distfl train --resume RUN calibration.method=ccvr
+    KEY=VALUE`, bit for bit: the calibrated model, the phase's result, its statistics file and every metrics row."""
+    config = write_config(tmp_path / "c.yaml", **CONFIG)
+    for name in ("resumed", "calibrated"):
+        train_ok(config, f"output.dir={tmp_path / name}", "calibration.method=none")
+    settings = ["calibration.virtual_samples=30", "calibration.retrain_lr=0.05"]
+    resumed = train_ok(config, "calibration.method=ccvr", *settings, resume=str(tmp_path / "resumed"))
+    proc = run_cli(["calibrate", tmp_path / "calibrated", "--method", "ccvr", *settings])
+    assert proc.returncode == 0, proc.stderr
+    calibrated = summary(tmp_path / "calibrated")
+    assert calibrated["model_sha256"] == resumed["model_sha256"]
+    assert calibrated["phases"]["ccvr"]["virtual_features"] == 300  # the setting reached the phase
+    untimed = [{k: v for k, v in run["phases"]["ccvr"].items() if not k.endswith("_s")} for run in (calibrated, resumed)]
+    assert untimed[0] == untimed[1]
+    assert (tmp_path / "calibrated" / STATS_FILE).read_bytes() == (tmp_path / "resumed" / STATS_FILE).read_bytes()
+    rows = [[{k: v for k, v in r.items() if not k.endswith("_s")} for r in metrics(tmp_path / name)]
+            for name in ("calibrated", "resumed")]
+    assert rows[0] == rows[1] and rows[0][-1]["phase"] == "ccvr"
+
+
+def test_distfl_calibrate_ccvr_takes_only_the_ccvr_settings(tmp_path):
+    run_dir = tmp_path / "run"
+    train_ok(write_config(tmp_path / "c.yaml", **CONFIG), f"output.dir={run_dir}", "calibration.method=none")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    for item in ("calibration.ridge=0.1", "calibration.method=ffc", "train.rounds=5"):
+        proc = run_cli(["calibrate", run_dir, "--method", "ccvr", "calibration.virtual_samples=30", item])
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == (
+            "distfl: error: distfl calibrate --method ccvr takes only the CCVR settings calibration.clients, "
+            "calibration.batch_size, calibration.virtual_samples, calibration.virtual_allocation, "
+            "calibration.retrain_epochs, calibration.retrain_lr, calibration.retrain_momentum, "
+            f"calibration.retrain_batch_size; got {item}. To change other keys, continue the run: `distfl train "
+            f"--resume {run_dir} calibration.method=ccvr KEY=VALUE`")
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
 @pytest.mark.parametrize("override,message", [
     ("model.head=sphere", "calibration.method=ccvr retrains a learnable linear head"),
     ("calibration.virtual_allocation=balanced", "calibration.virtual_allocation"),

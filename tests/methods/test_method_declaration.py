@@ -175,7 +175,7 @@ def test_every_built_in_model_has_batchnorm_exactly_when_validation_says():
         for norm in KEYS["model.norm"].choices:
             cfg = load_config(None, [f"model.name={name}", f"model.norm={norm}"]).model
             shape = (80,) if name in SEQUENCE_MODELS else {"femnist_cnn": (1, 28, 28)}.get(name, (3, 32, 32))
-            model = build_model(cfg, shape, 10)
+            model = build_model(cfg, shape, 10, torch.zeros(6, 4))  # word vectors: sent140_lstm's (others ignore them)
             built = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
             assert built == has_batchnorm(name, norm), (name, norm)
 

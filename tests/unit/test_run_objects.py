@@ -19,17 +19,17 @@ from distfl.federation.run_state import StopFlags
 def test_ctrl_c_asks_for_a_checkpoint_and_a_second_one_stops_at_once(tmp_path):
     stop, asked = StopFlags(), []
 
-    def request():
-        asked.append(True)
+    def request(reason):
+        asked.append(stopping.REASONS[reason])
         stop.requested = True
 
     previous = stopping.catch_stop_signals(stop, request, tmp_path)
     try:
         os.kill(os.getpid(), signal.SIGINT)
-        assert asked == [True] and stop.interrupts == 1 and stop.launcher is None
+        assert asked == ["Ctrl-C (SIGINT)"] and stop.interrupts == 1 and stop.launcher is None
         with pytest.raises(stopping.StoppedAtOnce) as second:
             os.kill(os.getpid(), signal.SIGINT)
-        assert second.value.run_dir == tmp_path and asked == [True]
+        assert second.value.run_dir == tmp_path and asked == ["Ctrl-C (SIGINT)"]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
