@@ -6,6 +6,7 @@
 # Each run writes runs/fedprox_synthetic/NAME_METHOD_sSEED and copies its metrics.jsonl and summary.json
 # to experiments/fedprox_synthetic/results/, beside its log and the command that ran it (NAME.cmd).
 set -euo pipefail
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 here=experiments/fedprox_synthetic
 seeds=${*:-0 1}
 mkdir -p "$here/results"
@@ -13,7 +14,7 @@ for seed in $seeds; do
   for data in ${DATA:-synthetic_1_1 synthetic_iid synthetic_0_0 synthetic_0.5_0.5}; do
     for method in fedavg fedprox_mu1; do
       name=${data}_${method}_s${seed}
-      [ -f "$here/results/$name/summary.json" ] && continue
+      ended "$here/results/$name" && continue
       args=(seed="$seed" train.rounds="${ROUNDS:-200}" output.dir="runs/fedprox_synthetic/$name")
       [ "$method" = fedprox_mu1 ] && args+=(algorithm.name=fedprox algorithm.mu=1.0)
       echo "$(date -u +%H:%M:%S) $name: python -m distfl train $here/configs/$data.yaml ${args[*]}"

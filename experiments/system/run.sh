@@ -8,12 +8,13 @@
 #       federation and models), so LEVELS=0 was not run here
 #   experiments/system/run.sh stragglers_fmnist SEED   # the same comparison transferred to FMNIST (deadline, speeds)
 set -e
+. "$(dirname "$0")/../lib.sh"  # ended DIR
 what=$1; seed=${2:-0}
 out=experiments/system/runs
 mkdir -p "$out"
 run() {  # name, config, overrides...
   local name=$1 config=$2; shift 2
-  [ -f "$out/$name/summary.json" ] && return
+  ended "$out/$name" && return
   echo "python -m distfl train $config seed=$seed output.dir=$out/$name $*" > "$out/$name.cmd"
   python -m distfl train "$config" seed=$seed output.dir="$out/$name" --overwrite "$@" > "$out/$name.log" 2>&1
 }
