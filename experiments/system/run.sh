@@ -3,9 +3,9 @@
 #   experiments/system/run.sh buff SEED         # sync FedAvg vs FedBuff under heterogeneous speeds
 #   [LEVELS="90 50 0"] [ROUNDS=200] experiments/system/run.sh stragglers SEED
 #       FedProx's Synthetic(1,1): FedAvg (drops stragglers) vs FedProx mu 0 and mu 1 (partial work). The committed
-#       runs (runs/synthetic_*): seeds 0 and 1 `ROUNDS=200 LEVELS="90 50"` (the paper's 200 rounds), seed 2
-#       `ROUNDS=100 LEVELS="90 50"`; the 0% rows are X1's 200-round runs (experiments/fedprox_synthetic: the same
-#       federation and models), so LEVELS=0 was not run here
+#       runs (runs/synthetic_*): seeds 0, 1 and 2 `ROUNDS=200 LEVELS="90 50"` (the paper's 200 rounds); the 0%
+#       rows are X1's 200-round runs (experiments/fedprox_synthetic: the same federation and models, seeds 0
+#       and 1), so LEVELS=0 was not run here
 #   experiments/system/run.sh stragglers_fmnist SEED   # the same comparison transferred to FMNIST (deadline, speeds)
 set -e
 . "$(dirname "$0")/../lib.sh"  # ended DIR

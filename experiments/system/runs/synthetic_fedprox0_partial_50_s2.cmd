@@ -1,1 +1,1 @@
-python -m distfl train experiments/system/synthetic_stragglers.yaml seed=2 output.dir=experiments/system/runs/synthetic_fedprox0_partial_50_s2 system.stragglers=0.5 train.rounds=100 algorithm.name=fedprox algorithm.options.mu=0 system.partial_work=true
+python -m distfl train experiments/system/synthetic_stragglers.yaml seed=2 output.dir=experiments/system/runs/synthetic_fedprox0_partial_50_s2 system.stragglers=0.5 train.rounds=200 algorithm.name=fedprox algorithm.options.mu=0 system.partial_work=true
