@@ -209,8 +209,10 @@ def test_report_of_all_methods_reproduces_its_table_ranking(tmp_path):
     got = {}
     for row in _csv(tmp_path / "r" / "report.csv"):
         method = row["algorithm.name"]
+        calibrated = row["calibration.method"] in ("ffc", "ccvr")
         method = ("fedavg_ft" if row["eval.finetune_epochs"] == "5" else "gma" if row["aggregation.mask"] == "gma"
-                  else "spherefed" if row["calibration.method"] == "ffc" else method)
+                  else "spherefed" if calibrated and row["model.head"] == "sphere"
+                  else row["calibration.method"] if calibrated else method)
         split = {"dirichlet": "Dir(0.1)", "n_classes": "#C=2"}[row["partition.scheme"]]
         metric = "client_acc_mean" if method in table.PERSONALISED else "test_acc"
         if not row[f"{metric}.mean"]:
