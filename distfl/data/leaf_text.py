@@ -16,7 +16,7 @@ and `y`: a dict per comment whose `target_tokens` are the same chunks shifted by
 "<EOS>") and `count_tokens` 1 at the input's real tokens, 0 at padding. The vocabulary is
 data/reddit/build_vocab.py's reddit_vocab.pck: a pickled dict {"vocab": word -> id, "size": 10000,
 "unk_symbol": 1, "pad_symbol": 0}; a word not in it is unk_symbol (models/reddit/stacked_lstm.py's
-defaultdict). It is read by distfl/system/traces.py's unpickler, which builds plain containers, strings and
+defaultdict). It is read by distfl/plain_pickle.py's unpickler, which builds plain containers, strings and
 numbers only and refuses any other object before it exists, or from the JSON file that
 `python -m distfl.data.leaf_text convert reddit_vocab.pck OUT.json` writes. Each chunk is one sample (the
 comments of a user flattened, as LEAF's batch_data does): x the input ids, y the target ids, scored per token
@@ -120,7 +120,7 @@ class Vocabulary:
         if not path:
             raise DataError("data.vocabulary is not set, but data.path holds Reddit's token chunks: give LEAF's "
                             "reddit_vocab.pck (data/reddit/build_vocab.py writes it; docs/datasets.md)")
-        from distfl.system.traces import load_plain
+        from distfl.plain_pickle import load_plain
 
         try:
             data = load_plain(path, "LEAF's Reddit vocabulary")
@@ -183,7 +183,7 @@ def convert(source: str, target: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from distfl.system.traces import convert_command
+    from distfl.plain_pickle import convert_command
 
     return convert_command(argv, "python -m distfl.data.leaf_text convert reddit_vocab.pck OUT.json", convert, "words")
 
