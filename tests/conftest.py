@@ -115,6 +115,15 @@ def assert_refused(config: Path, run: Path, overrides, says: str) -> None:
     assert not run.exists()
 
 
+def build_trainer(config: Path, out_dir: Path, *overrides: str):
+    """A one-rank CPU Trainer of CONFIG with OVERRIDES, writing to OUT_DIR; nothing trained yet."""
+    from distfl import dist
+    from distfl.config import load_config
+    from distfl.federation.runner import Trainer
+
+    return Trainer(load_config(str(config), [*overrides, f"output.dir={out_dir}"]), dist.init("cpu", 1))
+
+
 def record_client_models(trainer) -> list:
     """Wrap the algorithm's client_statistics to record (client model after local training, aggregation
     weight) of every client of a round, in the order the clients ran."""

@@ -17,13 +17,9 @@ OPTIMIZER = ["train.momentum=0.5", "train.weight_decay=0.001", "train.lr_schedul
 
 
 def _trainer(tmp_path, name, *overrides):
-    from conftest import write_config
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
+    from conftest import build_trainer, write_config
 
-    cfg = load_config(str(write_config(tmp_path / "small.yaml")), [*overrides, f"output.dir={tmp_path / name}"])
-    return Trainer(cfg, dist.init("cpu", 1))
+    return build_trainer(write_config(tmp_path / "small.yaml"), tmp_path / name, *overrides)
 
 
 class _Counts:

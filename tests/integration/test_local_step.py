@@ -5,11 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import train_ok, write_config
-from distfl import dist
+from conftest import build_trainer, train_ok, write_config
 from distfl.algorithms.base import Algorithm
-from distfl.config import load_config
-from distfl.federation.runner import Trainer
 
 # pfl_cnn on 3-channel 8x8 synthetic images: the convolutions and max-pool channels_last changes.
 CONV = {"model": {"name": "pfl_cnn"}, "data": {"synthetic_channels": 3},
@@ -18,7 +15,7 @@ CONV = {"model": {"name": "pfl_cnn"}, "data": {"synthetic_channels": 3},
 
 def trainer(tmp_path, name, *overrides, base=None):
     cfg_path = write_config(tmp_path / f"{name}.yaml", **(base or CONV))
-    return Trainer(load_config(str(cfg_path), [*overrides, f"output.dir={tmp_path / name}"]), dist.init("cpu", 1))
+    return build_trainer(cfg_path, tmp_path / name, *overrides)
 
 
 def batch_formats(tr) -> set:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import write_config
+from conftest import build_trainer, write_config
 from distfl.algorithms import ALGORITHMS
 from distfl.federation.local import ClientRun
 
@@ -19,16 +19,11 @@ VARIANTS["moon"].append("model.projection_dim=16")  # MOON needs a projection he
 
 
 def _trainer(tmp_path, name, overrides):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     config = write_config(tmp_path / "bn.yaml", model={"name": "resnet20"},
                           data={"synthetic_channels": 3, "synthetic_train": 240, "synthetic_test": 60},
                           partition={"num_clients": 4}, train={"rounds": 2, "clients_per_round": 4},
                           aggregation={"fedbn": True})
-    cfg = load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"])
-    return Trainer(cfg, dist.init("cpu", 1))
+    return build_trainer(config, tmp_path / name, *overrides)
 
 
 def _record_clients(trainer) -> dict:

@@ -5,17 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import metrics, one_two_resumed, record_client_models, run_cli, train_ok
+from conftest import build_trainer, metrics, one_two_resumed, record_client_models, run_cli, train_ok
 
 EPS = 1e-3
 
 
 def _trainer(config, out, *overrides):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    return Trainer(load_config(str(config), [*overrides, f"output.dir={out}"]), dist.init("cpu", 1))
+    return build_trainer(config, out, *overrides)
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "samples"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import metrics, run_cli, train_ok, write_config
+from conftest import build_trainer, metrics, run_cli, train_ok, write_config
 from distfl.checkpoint import load_tensors
 
 PERSONALISED = ["fedper", "fedrep", "fedbabu", "ditto", "apfl"]
@@ -17,13 +17,7 @@ FAST = {"fedrep": ["algorithm.head_epochs=2"]}
 
 
 def _trainer(tmp_path, name, *overrides, config=None):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    config = config or write_config(tmp_path / "small.yaml")
-    cfg = load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"])
-    return Trainer(cfg, dist.init("cpu", 1))
+    return build_trainer(config or write_config(tmp_path / "small.yaml"), tmp_path / name, *overrides)
 
 
 def _record(trainer) -> dict:
