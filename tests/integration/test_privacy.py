@@ -304,7 +304,7 @@ def _subtraction_attack(released, cfg):
     """What anyone with config.yaml can do to a released update: regenerate the noise from its seed (the
     mechanism's own keyed draw, std z C / m) and subtract it."""
     p = cfg.privacy
-    noise = mechanism.standard_normal(cfg.seed, 1, 0, released.numel(), torch.device("cpu"))
+    noise = mechanism.standard_normal(secret.NoiseKey(False, cfg.seed), 1, 0, released.numel(), torch.device("cpu"))
     return released - noise * (p.noise_multiplier * p.clip_norm / cfg.train.clients_per_round)
 
 
@@ -467,7 +467,7 @@ def test_tree_noise_on_each_prefix_sum_has_the_variance_of_the_tree_theorem():
     """The noise on the prefix sum of rounds 1..j of a tree is the sum of the popcount(j) nodes of its
     dyadic decomposition: variance popcount(j) sigma^2 <= ceil(log2(j + 1)) sigma^2 (Kairouz et al., Sec. 3);
     the rounds' released noises add up to it exactly; a restart starts a fresh tree."""
-    agg, n, key = tree.TreeAggregation(16), 100_000, 5
+    agg, n, key = tree.TreeAggregation(16), 100_000, secret.NoiseKey(False, 5)
     running = torch.zeros(n, dtype=torch.float64)
     for j in range(1, 17):
         running += agg.round_noise(key, j, n, torch.device("cpu"))
@@ -558,14 +558,14 @@ def test_dp_ftrl_run_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path, smal
 # ---- banded matrix factorisation (Choquette-Choo et al. 2023) -----------------------------------------
 
 def test_banded_noise_is_c_inverse_of_keyed_normals_with_the_factorisations_prefix_variance():
-    n, b, numel, key = 24, 6, 100_000, 9
+    n, b, numel, key = 24, 6, 100_000, secret.NoiseKey(False, 9)
     mf = banded.BandedFactorisation(n, b)
     c = mf.c
     assert len(c) == b and np.linalg.norm(c) == pytest.approx(1, rel=1e-12)
     w = [mf.round_noise(key, t, numel, torch.device("cpu")) for t in range(1, n + 1)]
     # C w = Z: the released noises are C^-1 applied to one keyed normal per round.
     for t in range(n):
-        z = secret.keyed_normal([key, banded._MF_STREAM, t + 1], numel, torch.device("cpu"))
+        z = secret.keyed_normal([key.value, banded._MF_STREAM, t + 1], numel, torch.device("cpu"))
         cw = sum(c[i] * w[t - i] for i in range(min(b, t + 1)))
         assert float((cw - z).abs().max()) < 1e-9
     # The prefix noise of round j has variance ||(A C^-1)[j, :]||^2 = sum_{s<j} U_s^2.
