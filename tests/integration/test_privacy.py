@@ -22,7 +22,7 @@ from distfl.config import load_config
 from distfl.federation import runner
 from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
-from distfl.privacy import accountant, banded, mechanism, secret, tree
+from distfl.privacy import accountant, banded, csprng, mechanism, secret, tree
 from distfl.privacy.adaptive import update_noise_multiplier
 from distfl.privacy.mechanism import GaussianMechanism
 
@@ -363,6 +363,36 @@ def test_secret_noise_is_the_same_on_one_and_two_ranks_and_resumed_and_never_wri
         assert not any(s in data for s in spellings), path
     assert not any(s.decode("latin-1") in proc.stdout + proc.stderr for s in spellings)
     assert "noise secret" in proc.stderr and "noise secret" in proc.stdout
+
+
+def test_secret_noise_of_a_two_rank_run_is_the_aes_stream_of_its_key(tmp_path, small_config):
+    """A 2-rank run whose clients contribute nothing (train.lr 1e-30 rounds every update to 0 in the
+    fixed-point sum), server sgd at lr 1 without momentum: round t moves the model by exactly
+    z C / m times the Gaussians of the CSPRNG's stream (noise, update, t) under the key in its checkpoint."""
+    z, clip, m, rounds = 0.8, 0.3, 5, 4
+    train_ok(small_config, f"output.dir={tmp_path / 'run'}", *SECRET, "train.cohort=poisson", "train.lr=1e-30",
+             "server.momentum=0", f"privacy.noise_multiplier={z}", f"privacy.clip_norm={clip}",
+             f"train.rounds={rounds}", "checkpoint.every=1", "checkpoint.keep=10", nproc=2)
+    ckpts = [tmp_path / "run" / "checkpoints" / checkpoint.checkpoint_name("round", t) for t in range(1, rounds + 1)]
+    key = secret.read(ckpts[0])
+    params = [torch.load(c / "state.pt", weights_only=True)["params"].double() for c in ckpts]
+    for t in range(2, rounds + 1):
+        noise = csprng.normal(key, mechanism._NOISE_STREAM, 0, t, params[0].numel(), torch.device("cpu"))
+        assert float((params[t - 1] - params[t - 2] - z * clip / m * noise).abs().max()) < 1e-6  # float32 model
+
+
+def test_secret_dp_ftrl_and_banded_runs_are_the_same_on_two_ranks_and_resumed_on_one(tmp_path, small_config):
+    """The tree's and the banded factorisation's secret streams (keyed by the run's round): a resume from
+    round 2 on one rank continues a 2-rank run's noise exactly."""
+    for name in ("dp_ftrl", "banded_mf"):
+        private = [*SECRET, f"privacy.mechanism={name}", "train.cohort=sequential", "train.clients_per_round=3",
+                   "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3", "server.momentum=0.5"]
+        two = train_ok(small_config, f"output.dir={tmp_path / name}", *private, nproc=2)
+        _resume_copy(tmp_path / name, tmp_path / f"{name}_resumed", checkpoint.checkpoint_name("round", 2))
+        proc = run_cli(["train", "--resume", tmp_path / f"{name}_resumed"])
+        assert proc.returncode == 0, proc.stderr
+        resumed = json.loads((tmp_path / f"{name}_resumed" / "summary.json").read_text())
+        assert two["privacy"]["noise"] == "secret" and resumed["model_sha256"] == two["model_sha256"]
 
 
 def test_keyed_mode_says_it_is_a_simulation_where_epsilon_is_printed(tmp_path, small_config):
