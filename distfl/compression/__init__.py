@@ -6,6 +6,10 @@ update, or the whole update) and a generator keyed by (seed, round, client, segm
 fixed-point sum adds it like any other update) and the exact size in bits of the message the client
 would send, from the closed form documented beside the compressor.
 
+PowerSGD (powersgd.py) compresses weight-shaped segments with a state of its own (the warm-start Q), and
+FetchSGD's count sketch (sketch.py) is summed as a sketch by the server, so both have their own
+interfaces beside `Compressor`.
+
 The decoded vector is what the simulation needs: a compressor changes what is summed and what travels,
 never how the sum is taken, so a compressed run keeps the exact sum's guarantees (bit-identical on 1 or
 N ranks, in packs and across a stop and resume), because every random choice comes from the keyed
@@ -18,8 +22,10 @@ from .drive import Drive
 from .eden import Eden
 from .error_feedback import ErrorFeedback
 from .floats import HalfPrecision
+from .powersgd import PowerSGD
 from .qsgd import QSGD
 from .signsgd import ScaledSign
+from .sketch import CountSketch
 from .sparse import RandK, TopK
 
 COMPRESSORS = {
@@ -44,5 +50,5 @@ def build(name: str, **options) -> Compressor:
     return factory(**options)
 
 
-__all__ = ["COMPRESSORS", "Compressed", "Compressor", "Drive", "Eden", "ErrorFeedback", "HalfPrecision", "QSGD",
+__all__ = ["COMPRESSORS", "Compressed", "Compressor", "CountSketch", "Drive", "Eden", "ErrorFeedback", "HalfPrecision", "PowerSGD", "QSGD",
            "RandK", "ScaledSign", "TopK", "build", "keyed_generator"]

@@ -163,3 +163,43 @@ def test_build_names_the_valid_compressors():
         build("zip")
     with pytest.raises(ValueError, match="exactly one of density"):
         TopK()
+
+
+def test_powersgd_is_exact_at_full_rank_and_low_rank_otherwise():
+    from distfl.compression import PowerSGD
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(16, 3, 3, 3, generator=g)  # a conv weight: 16 x 27
+    full, q = PowerSGD(rank=16).compress_matrix(weight, None, keyed_generator(1))
+    assert full.bits == 16 * 27 * 32 and torch.allclose(full.decoded, weight, atol=1e-5)  # factors cost more: sent as is
+    low, q = PowerSGD(rank=2).compress_matrix(weight, None, keyed_generator(1))
+    assert low.bits == 32 * 2 * (16 + 27) and q.shape == (27, 2)
+    assert torch.linalg.matrix_rank(low.decoded.reshape(16, 27).double(), atol=1e-4) == 2
+    # warm start: repeated compression of a matrix converges to its best rank-2 approximation (a spectrum
+    # with a gap, so that subspace iteration converges in a few steps)
+    u, _, vh = torch.linalg.svd(weight.reshape(16, 27).double(), full_matrices=False)
+    spectrum = torch.tensor([10.0, 5.0] + [0.5] * 14, dtype=torch.float64)
+    weight = ((u * spectrum) @ vh).float().reshape(16, 3, 3, 3)
+    for _ in range(30):
+        low, q = PowerSGD(rank=2).compress_matrix(weight, q)
+    u, s, vh = torch.linalg.svd(weight.reshape(16, 27).double())
+    best = (u[:, :2] * s[:2]) @ vh[:2]
+    assert torch.allclose(low.decoded.reshape(16, 27).double(), best, atol=1e-4)
+    bias, state = PowerSGD(rank=2).compress_matrix(torch.ones(16), None)
+    assert state is None and bias.bits == 16 * 32 and torch.equal(bias.decoded, torch.ones(16))
+
+
+def test_count_sketch_is_linear_and_recovers_heavy_hitters():
+    from distfl.compression import CountSketch
+    d = 10_000
+    sketch = CountSketch(d, rows=5, columns=500, generator=keyed_generator(3))
+    assert sketch.bits() == 5 * 500 * 32
+    g = torch.Generator().manual_seed(9)
+    a = torch.randint(-8, 9, (d,), generator=g).double()
+    b = torch.randint(-8, 9, (d,), generator=g).double()
+    assert torch.equal(sketch.sketch(a) + sketch.sketch(b), sketch.sketch(a + b))  # exact on integers
+    heavy = torch.zeros(d, dtype=torch.float64)
+    heavy[torch.tensor([5, 77, 4000, 9999])] = torch.tensor([100.0, -80.0, 60.0, 120.0], dtype=torch.float64)
+    noisy = heavy + torch.randn(d, generator=g, dtype=torch.float64) * 0.01
+    recovered = sketch.unsketch(sketch.sketch(noisy), k=4)
+    assert set(recovered.nonzero().flatten().tolist()) == {5, 77, 4000, 9999}
+    assert torch.allclose(recovered[heavy != 0], heavy[heavy != 0], atol=1.0)
