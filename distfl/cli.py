@@ -19,7 +19,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N] [--sequence-length L]
                            [--oov-buckets B]
-       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|privacy|whole-run] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
+       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|privacy|whole-run|compression] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FL rounds per measurement (default 10; whole-run suite: each run's own, at most this)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
-    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup", "system", "privacy", "whole-run"],
+    p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup", "system", "privacy", "whole-run",
+                                       "compression"],
                    default="runtime",
                    help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
                         "extra phases against a training round; cross-device: seconds per round one client "

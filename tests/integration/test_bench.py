@@ -381,3 +381,19 @@ def test_privacy_suite_records_the_seconds_per_million_noise_draws(tmp_path, cap
     printed = capsys.readouterr().out
     assert "secret noise: 10^6 normals" in printed and printed.count("|") > 20
     assert out.with_suffix(".md").read_text() in printed
+
+
+def test_compression_suite_times_every_compressor(tmp_path):
+    """`--suite compression`: a median per compressor per million parameters, with the copy floor."""
+    from distfl.compression import COMPRESSORS
+
+    out = tmp_path / "compression.json"
+    args = argparse.Namespace(out=str(out), rounds=None, repeats=1, quick=True, suite="compression", overrides=[])
+    import distfl.bench
+
+    assert distfl.bench.main(args) == 0
+    res = json.loads(out.read_text())
+    medians = res["median_s_per_million"]
+    assert res["numel"] == 10**6 and "copy (floor)" in medians
+    assert all(any(name.split()[0] == compressor for name in medians) for compressor in COMPRESSORS if compressor != "fp16")
+    assert all(s > 0 for s in medians.values()) and out.with_suffix(".md").exists()
