@@ -263,6 +263,11 @@ def test_figures_of_a_2x2_sweep(tmp_path):
         assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
         assert "<svg" in (out / f"{stem}.svg").read_text()[:1000]
     assert "FedProx (lr 0.1) (n=2)" in (out / "acc_vs_round.svg").read_text()  # --label renames a line
+    for stem in ("acc_vs_round", "acc_vs_time", "acc_vs_virtual_time"):  # the caption is beside, not inside
+        svg = (out / f"{stem}.svg").read_text()
+        assert "seed" not in svg and "standard deviation" not in svg
+        assert "standard deviation" in (out / f"{stem}.txt").read_text()
+    assert "Test accuracy (%)" in svg and "Simulated time (s)" in svg
     md = (out / "report.md").read_text()
     assert "shaded band: ±1 standard deviation over the seeds" in md and "over 2 seed(s)" in md
 
@@ -340,3 +345,24 @@ def test_report_of_a_sweep_over_a_system_key(tmp_path):
     proc = run_cli(["report", sweep_dir, "--out", tmp_path / "r2", "--by", "system.async"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {r["system.async_mode"] for r in _csv(tmp_path / "r2" / "report.csv")} == {"none", "fedbuff"}
+
+
+def test_axis_units_follow_the_magnitude():
+    from distfl import figures
+
+    assert figures.x_axis("virtual_time_s", 90.0) == (1.0, "Simulated time (s)")
+    assert figures.x_axis("virtual_time_s", 1296.0) == (1 / 60, "Simulated time (min)")
+    assert figures.x_axis("virtual_time_s", 7.5 * 3600) == (1 / 3600, "Simulated time (h)")
+    assert figures.x_axis("wall_s", 3 * 86400) == (1 / 86400, "Wall time (d)")
+    assert figures.metric_axis("bytes_up", 3.2e6) == (1e-6, "Upload (MB)")
+    assert figures.metric_axis("client_acc_p10", 0.5) == (100.0, "Client accuracy, 10th percentile (%)")
+    assert figures.metric_axis("train_loss", 2.3) == (1.0, "Training loss")
+
+
+def test_report_options_are_never_config_overrides(tmp_path):
+    """A label that looks like `key=value` stays the label's (the run directory is checked first here)."""
+    proc = run_cli(["report", tmp_path / "missing", "--label", "dropout=0.0, round=wait_all:FedAvg sync"])
+    assert proc.returncode == 2 and "does not exist" in proc.stderr, proc.stderr
+    from distfl.report import parse_label
+
+    assert parse_label("dropout=0.0, round=wait_all:FedAvg sync") == ("dropout=0.0, round=wait_all", "FedAvg sync")
