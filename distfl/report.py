@@ -14,8 +14,13 @@ mean accuracy with its p10 and minimum across clients, and the global test accur
 evaluated clients (eval.clients); the global test accuracy otherwise. Per group, over its completed runs
 (one per seed): the mean and sample standard deviation (n-1; empty for a single run) of each metric.
 
+Where runs had a target accuracy (eval.target_acc), the time to reach it (summary.json's time_to_acc)
+is a metric too. Rows are ranked by the first metric (accuracies highest first, others lowest first), or
+by --sort KEY; --label renames a group in the table and the figures.
+
 Written to OUT/report.md, OUT/report.csv (fractions, not percent) and the figures of the first metric
-(distfl.figures): against round, wall time and, where the runs logged it, simulated time.
+(distfl.figures): against round, wall time and, where the runs logged it, simulated time; with
+--per-client, the CDF of per-client accuracy from each run's clients.csv.
 """
 from __future__ import annotations
 
@@ -234,7 +239,7 @@ def sort_rows(rows: list[dict], key: str, metrics: list[str]) -> list[dict]:
     return known + [r for r in rows if value(r) is None]
 
 
-def check_metrics(names: list[str], runs: list[Run]) -> None:
+def check_metrics(names: list[str], runs: list[Run], flag: str = "--metric") -> None:
     known = sorted({k for r in runs for row in r.rows for k, v in row.items() if _number(v) and k != "round"}
                    | {k for r in runs for k in r.summary_scalars()})
     unknown = [n for n in names if n not in known and not any(r.final(n) is not None for r in runs)]
@@ -243,7 +248,7 @@ def check_metrics(names: list[str], runs: list[Run]) -> None:
 
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise DistflError(f"--metric {unknown[0]}: no run logs this number; {hint}the runs have: {', '.join(known)}")
+        raise DistflError(f"{flag} {unknown[0]}: no run logs this number; {hint}the runs have: {', '.join(known)}")
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -527,6 +532,7 @@ def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, st
         if any(sort in r.config for r in runs):
             raise DistflError(f"--sort {sort}: not a grouping key of this report ({', '.join(keys) or 'none'}); "
                               "add it with --by, or sort by a metric")
+        check_metrics([sort], runs, "--sort")
         metrics.append(sort)
     check_metrics(metrics, runs)
     renames = dict(parse_label(t) for t in label or ())

@@ -54,6 +54,9 @@ def test_time_to_acc_is_the_first_evaluation_that_reached_the_target(tmp_path):
     first = next(r for r in rows if r.get("test_acc") is not None and r["test_acc"] >= target)
     assert s["time_to_acc"] == {"target": target, "metric": "test_acc", "round": first["round"],
                                 "virtual_time_s": first["virtual_time_s"], "wall_s": first["wall_s"]}
+    # The progress line shows the simulated clock.
+    proc = run_cli(["train", cfg, f"output.dir={tmp_path / 'log'}", *SPEEDS, "output.progress=log", "train.rounds=2"])
+    assert proc.returncode == 0 and "simulated 0m" in proc.stderr, proc.stderr
     # A target no evaluation reached: None, and the report says in how many runs it was reached.
     s = train_ok(cfg, f"output.dir={tmp_path / 'never'}", *SPEEDS, "eval.target_acc=1.0")
     assert s["time_to_acc"]["round"] is None and s["time_to_acc"]["virtual_time_s"] is None
