@@ -363,6 +363,8 @@ def test_report_options_are_never_config_overrides(tmp_path):
     """A label that looks like `key=value` stays the label's (the run directory is checked first here)."""
     proc = run_cli(["report", tmp_path / "missing", "--label", "dropout=0.0, round=wait_all:FedAvg sync"])
     assert proc.returncode == 2 and "does not exist" in proc.stderr, proc.stderr
+    proc = run_cli(["report", tmp_path / "missing", "--size", "3.4"])  # refused before anything is read
+    assert proc.returncode == 2 and "--size '3.4': expected WIDTH,HEIGHT in inches" in proc.stderr, proc.stderr
     from distfl.report import parse_label
 
     assert parse_label("dropout=0.0, round=wait_all:FedAvg sync") == ("dropout=0.0, round=wait_all", "FedAvg sync")
