@@ -93,9 +93,12 @@ def train(config=None, *, resume=None, overwrite: bool = False, **overrides) -> 
     return RunResult(summary, Path(cfg.output.dir))
 
 
-def report(*paths, out=None, metric=None, by=None, label=None) -> Path:
+def report(*paths, out=None, metric=None, by=None, label=None, sort=None, per_client=False, style="default",
+           size=None, logx=False, logy=False) -> Path:
     """`distfl report PATHS`: the table (printed, and OUT/report.md, OUT/report.csv) and the figures;
-    returns OUT. `metric`, `by`, `label`: a name or a list of them, as --metric, --by, --label."""
+    returns OUT. `metric`, `by`, `label`: a name or a list of them, as --metric, --by, --label; `sort`,
+    `per_client`, `style`, `size` ("W,H" in inches), `logx`, `logy` as --sort, --per-client, --style,
+    --size, --logx, --logy."""
     from .report import main
 
     def listed(value):
@@ -103,5 +106,6 @@ def report(*paths, out=None, metric=None, by=None, label=None) -> Path:
 
     paths = [str(p) for p in paths]
     out = Path(out) if out is not None else (Path(paths[0]) / "report" if len(paths) == 1 else Path("report"))
-    main(paths, out_dir=out, by=listed(by) or None, metrics=listed(metric), label=listed(label))
+    main(paths, out_dir=out, by=listed(by) or None, metrics=listed(metric), label=listed(label), sort=sort,
+         per_client=per_client, style=style, size=size, logx=logx, logy=logy)
     return out

@@ -22,7 +22,8 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|privacy|whole-run|compression] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
-       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT']
+       distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT'] [--sort KEY]
+                     [--per-client] [--style default|paper|slide] [--size W,H] [--logx] [--logy]
        distfl --version
 Run under torchrun for several ranks:  torchrun --nproc_per_node=2 -m distfl train CONFIG"""
 
@@ -220,7 +221,8 @@ def cmd_report(args) -> int:
 
     by = [k for k in args.by.split(",") if k] if args.by else None
     metrics = [m.strip() for item in args.metric for m in item.split(",") if m.strip()]
-    return report_main(args.paths, out_dir=args.out, by=by, metrics=metrics, label=args.label)
+    return report_main(args.paths, out_dir=args.out, by=by, metrics=metrics, label=args.label, sort=args.sort,
+                       per_client=args.per_client, style=args.style, size=args.size, logx=args.logx, logy=args.logy)
 
 
 def _command_usage(command: str) -> str:
@@ -244,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"distfl {__version__}")
     # prog: a command's own --help shows `distfl COMMAND`, not the whole USAGE glued in front.
     sub = parser.add_subparsers(dest="command", required=True, prog="distfl")
+    parser.commands = sub.choices  # name -> its parser
     p = sub.add_parser("train", help="train (or resume) one run")
     p.add_argument("config", nargs="?", help="YAML config file; then dotted overrides, e.g. train.rounds=50")
     p.set_defaults(overrides=[])
@@ -355,7 +358,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "plotted); default: client_acc_mean, client_acc_p10, client_acc_min and test_acc when "
                         "the runs evaluated clients, else test_acc")
     p.add_argument("--label", action="append", default=[], metavar="'AUTO:TEXT'",
-                   help="rename a group in the figures, e.g. --label 'fedavg, finetune_epochs=5:FedAvg + FT'")
+                   help="rename a group in the table and the figures, e.g. --label 'fedavg, finetune_epochs=5:FedAvg + FT'")
+    p.add_argument("--sort", metavar="KEY",
+                   help="order the rows by this metric (accuracies highest first, others lowest first) or grouping "
+                        "key; default: the first metric; none: the order the runs were found in")
+    p.add_argument("--per-client", action="store_true",
+                   help="also draw the CDF of per-client accuracy from each run's clients.csv (eval.clients)")
+    p.add_argument("--style", default="default", choices=["default", "paper", "slide"],
+                   help="figure size and fonts: default, paper (one column of a two-column paper), slide")
+    p.add_argument("--size", metavar="W,H", help="figure size in inches, e.g. 3.4,2.5 (default: the style's)")
+    p.add_argument("--logx", action="store_true", help="logarithmic x axis")
+    p.add_argument("--logy", action="store_true", help="logarithmic y axis")
     p.set_defaults(func=cmd_report)
     for command, p in sub.choices.items():
         p.usage = _command_usage(command)
@@ -393,9 +406,44 @@ def _plain_config_warnings() -> None:
     warnings.showwarning = showwarning
 
 
+class PipeSafe:
+    """sys.stdout or sys.stderr of the `distfl` command, whose reader may leave before the run ends
+    (`distfl train ... | head`): from the first write to a closed pipe on, the stream writes to os.devnull,
+    and the run goes on to its end."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())  # the descriptor itself: also what is still buffered, and subprocesses
+        os.close(devnull)
+        try:
+            self.stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def main(argv=None) -> int:
     """`distfl ARGV` (the command line when `argv` is None)."""
     if argv is None:
+        sys.stdout, sys.stderr = PipeSafe(sys.stdout), PipeSafe(sys.stderr)
         # The `distfl` console script, like `python -m distfl`, imports a plugin (algorithm.name=mine:Method)
         # from the current directory: Python puts it on sys.path for -m, but puts the script's folder there
         # for a console script.
@@ -403,15 +451,20 @@ def main(argv=None) -> int:
         if cwd not in sys.path and "" not in sys.path:
             sys.path.insert(0, cwd)
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     # `key=value` overrides may stand anywhere after the command, also after flags: take them out first.
+    # Only a command that takes overrides has them: `distfl report --label 'round=wait_all:Sync'` keeps its
+    # label, whatever it looks like.
+    command = parser.commands.get(argv[0]) if argv else None
+    takes_overrides = command is not None and command.get_default("overrides") is not None
     overrides, rest = [], argv[:1]
     for i, a in enumerate(argv[1:], 1):
         # `distfl sweep --grid k=v1,v2`: the flag's value is not an override.
-        if OVERRIDE.match(a) and not (argv[0] == "sweep" and argv[i - 1] in SWEEP_VALUE_FLAGS):
+        if takes_overrides and OVERRIDE.match(a) and not (argv[0] == "sweep" and argv[i - 1] in SWEEP_VALUE_FLAGS):
             overrides.append(a)
         else:
             rest.append(a)
-    args = build_parser().parse_args(rest)
+    args = parser.parse_args(rest)
     if hasattr(args, "overrides"):
         args.overrides = args.overrides + overrides
     debug = getattr(args, "debug", False) or debug_enabled()

@@ -1,24 +1,44 @@
 """The figures of `distfl report`: one metric of each group of runs against round, wall time and (where
-the runs logged `virtual_time_s`) simulated time, as PNG, PDF and SVG.
+the runs logged `virtual_time_s`) simulated time, as PNG, PDF and SVG, meant to go into a paper or a
+slide as they are.
 
 A line is a group's mean over its seeds at the rounds that all its runs logged; its shaded band is ±1
 sample standard deviation over those seeds (the caption says so, and the legend gives each line's
 number of seeds). Round axes have integer ticks; markers sit only on evaluation rounds (rows with
 test_acc), so a metric logged every round (train_loss) is a plain line with its evaluations marked.
-The legend sits outside the axes, to their right, where it cannot hide a curve. PDFs embed TrueType
-fonts; SVGs keep their text as text.
+Axes are named in words with their unit, the unit chosen by the data's magnitude (Simulated time (h),
+Upload (MB)); accuracies are in percent. The legend sits outside the axes (to their right; above them in
+the paper style), where it cannot hide a curve. No caption is drawn in the image: it is written beside
+each figure (STEM.txt) and into report.md. PDFs embed TrueType fonts; SVGs keep their text as text.
+
+Styles (--style): default (6.4 x 4.0 in), paper (3.4 x 2.5 in: one column of a two-column paper, 8 pt
+text), slide (10 x 5.6 in, 16 pt text); --size W,H (inches) overrides the size.
 """
 from __future__ import annotations
 
 import statistics
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMATS = ("png", "pdf", "svg")
-# (metrics.jsonl key, axis label, file name part)
-X_AXES = (("round", "round", "round"), ("wall_s", "wall time (s)", "time"),
-          ("virtual_time_s", "simulated time (s)", "virtual_time"))
+# (metrics.jsonl key, axis name, file name part); the time axes get their unit by magnitude
+X_AXES = (("round", "Round", "round"), ("wall_s", "Wall time", "time"),
+          ("virtual_time_s", "Simulated time", "virtual_time"))
+# --style: figure size (inches), font size (pt), where the legend goes
+STYLES = {"default": {"size": (6.4, 4.0), "font": 10, "legend": "right"},
+          "paper": {"size": (3.4, 2.5), "font": 8, "legend": "above"},
+          "slide": {"size": (10.0, 5.6), "font": 16, "legend": "right"}}
+# Metric names in words (a name not here: its words, capitalised)
+METRIC_NAMES = {
+    "test_acc": "Test accuracy", "test_loss": "Test loss", "train_loss": "Training loss",
+    "client_acc_mean": "Mean client accuracy", "client_acc_p10": "Client accuracy, 10th percentile",
+    "client_acc_min": "Lowest client accuracy", "client_acc_std": "Client accuracy, std",
+    "client_acc_weighted_mean": "Client accuracy, sample-weighted", "global_train_acc": "Training accuracy",
+    "global_train_loss": "Training loss of the global model", "bytes_up": "Upload", "bytes_down": "Download",
+    "bytes_reduced": "Bytes reduced", "round_s": "Wall time a round", "round_virtual_s": "Simulated time a round",
+}
+TIME_UNITS = ((1.0, "s"), (60.0, "min"), (3600.0, "h"), (86400.0, "d"))
+BYTE_UNITS = ((1.0, "B"), (1e3, "KB"), (1e6, "MB"), (1e9, "GB"), (1e12, "TB"))
 
 
 @dataclass
@@ -28,9 +48,50 @@ class Figure:
     files: list[Path] = field(default_factory=list)
 
 
+@dataclass
+class Look:
+    """How figures are drawn: --style, --size (inches, or None for the style's), --logx, --logy."""
+    style: str = "default"
+    size: tuple[float, float] | None = None
+    logx: bool = False
+    logy: bool = False
+
+
 def is_fraction(metric: str) -> bool:
-    """Accuracies are fractions, shown in percent."""
-    return "acc" in metric
+    """Accuracies are fractions, shown in percent (the time to a target accuracy is not one)."""
+    return "acc" in metric and not metric.startswith("time_to_acc")
+
+
+def unit_of(largest: float, units) -> tuple[float, str]:
+    """(scale, unit) of `units` ((scale, name), ascending) that shows `largest` as a number of at least 1."""
+    chosen = units[0]
+    for scale, name in units:
+        if largest >= 2 * scale if name in ("min", "h", "d") else largest >= scale:
+            chosen = (scale, name)
+    return chosen
+
+
+def metric_axis(metric: str, largest: float) -> tuple[float, str]:
+    """(factor the values are multiplied by, axis name with unit) of `metric`."""
+    name = METRIC_NAMES.get(metric, metric.replace("_", " ").capitalize())
+    if is_fraction(metric):
+        return 100.0, f"{name} (%)"
+    if "bytes" in metric:
+        scale, unit = unit_of(largest, BYTE_UNITS)
+        return 1.0 / scale, f"{name} ({unit})"
+    if metric.endswith("_s"):
+        scale, unit = unit_of(largest, TIME_UNITS)
+        return 1.0 / scale, f"{name} ({unit})"
+    return 1.0, name
+
+
+def x_axis(x_key: str, largest: float) -> tuple[float, str]:
+    """(factor, axis name with unit) of the x axis `x_key`."""
+    name = next(label for key, label, _ in X_AXES if key == x_key)
+    if x_key == "round":
+        return 1.0, name
+    scale, unit = unit_of(largest, TIME_UNITS)
+    return 1.0 / scale, f"{name} ({unit})"
 
 
 def curves(row: dict, metric: str, x_key: str = "round") -> dict | None:
@@ -57,71 +118,117 @@ def curves(row: dict, metric: str, x_key: str = "round") -> dict | None:
     }
 
 
-def caption(metric: str, x_label: str, ns: list[int]) -> str:
+def caption(y_label: str, x_label: str, ns: list[int]) -> str:
     seeds = f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)} to {max(ns)}"
     band = ("shaded band: ±1 standard deviation over the seeds" if max(ns) > 1
             else "one seed per line, so no band")
-    return (f"{metric} against {x_label}. Line: mean over {seeds} seed(s) per group (n in the legend); "
-            f"{band}; markers at evaluation rounds.")
+    return (f"{y_label} against {x_label[0].lower() + x_label[1:]}. Line: mean over {seeds} seed(s) per group "
+            f"(n in the legend); {band}; markers at evaluation rounds.")
 
 
-def draw(rows: list[dict], names: list[str], metric: str, x_key: str = "round"):
-    """(matplotlib Figure, caption) of `metric` against `x_key` for each row, or None where no row
-    has a curve (no run logged virtual_time_s)."""
+def _new_figure(look: Look):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    style = STYLES[look.style]
+    # Fonts embedded as TrueType in PDFs (publishers refuse Type 3) and text kept as text in SVGs.
+    plt.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"})
+    fig, ax = plt.subplots(figsize=look.size or style["size"], dpi=300 if look.style == "paper" else 150)
+    return fig, ax
+
+
+def _finish(fig, ax, look: Look, x_label: str, y_label: str, count: int) -> None:
+    font = STYLES[look.style]["font"]
+    ax.set_xlabel(x_label, fontsize=font)
+    ax.set_ylabel(y_label, fontsize=font)
+    ax.tick_params(labelsize=font * 0.9)
+    if look.logx:
+        ax.set_xscale("log")
+    if look.logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    if STYLES[look.style]["legend"] == "above":
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02, 1.0, 0.2), mode="expand", borderaxespad=0.0,
+                  ncol=min(2, count), fontsize=font * 0.85, frameon=False)
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=font * 0.85,
+                  frameon=False)
+
+
+def draw(rows: list[dict], names: list[str], metric: str, x_key: str = "round", look: Look | None = None):
+    """(matplotlib Figure, caption) of `metric` against `x_key` for each row, or None where no row
+    has a curve (no run logged virtual_time_s)."""
     from matplotlib.ticker import MaxNLocator
 
-    x_label = next(label for key, label, _ in X_AXES if key == x_key)
+    look = look or Look()
     found = [(name, c) for name, c in ((n, curves(row, metric, x_key)) for n, row in zip(names, rows)) if c]
     if not found:
         return None
-    scale = 100 if is_fraction(metric) else 1
-    # Fonts embedded as TrueType in PDFs (publishers refuse Type 3) and text kept as text in SVGs.
-    plt.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"})
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=150)
+    y_scale, y_label = metric_axis(metric, max(abs(v) for _, c in found for v in c["mean"]))
+    x_scale, x_label = x_axis(x_key, max(abs(v) for _, c in found for v in c["x"]))
+    fig, ax = _new_figure(look)
     for name, c in found:
-        y = [scale * v for v in c["mean"]]
-        line, = ax.plot(c["x"], y, marker="o" if c["evals"] else None, markersize=3.5, markevery=c["evals"] or None,
-                        linewidth=1.4, label=f"{name} (n={c['n']})")
+        x = [x_scale * v for v in c["x"]]
+        y = [y_scale * v for v in c["mean"]]
+        line, = ax.plot(x, y, marker="o" if c["evals"] else None, markersize=3.5 if look.style != "paper" else 2.5,
+                        markevery=c["evals"] or None, linewidth=1.4 if look.style != "paper" else 1.0,
+                        label=f"{name} (n={c['n']})")
         if c["n"] > 1:
-            ax.fill_between(c["x"], [v - scale * s for v, s in zip(y, c["std"])],
-                            [v + scale * s for v, s in zip(y, c["std"])], color=line.get_color(), alpha=0.18,
+            ax.fill_between(x, [v - y_scale * s for v, s in zip(y, c["std"])],
+                            [v + y_scale * s for v, s in zip(y, c["std"])], color=line.get_color(), alpha=0.18,
                             linewidth=0)
     if x_key == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(f"{metric} (%)" if scale == 100 else metric)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, frameon=False)
-    text = caption(metric, x_label, [c["n"] for _, c in found])
-    ax.annotate("\n".join(textwrap.wrap(text, 95)), xy=(0.0, -0.16), xycoords="axes fraction", va="top",
-                fontsize=7)
+    _finish(fig, ax, look, x_label, y_label, len(found))
+    return fig, caption(y_label, x_label, [c["n"] for _, c in found])
+
+
+def draw_client_cdf(groups: list[tuple[str, list[float], int]], look: Look | None = None):
+    """(Figure, caption) of the empirical CDF of per-client accuracy, one line per group: (name, the
+    accuracies of its clients pooled over its runs, its number of runs); None where no group has any."""
+    look = look or Look()
+    groups = [g for g in groups if g[1]]
+    if not groups:
+        return None
+    fig, ax = _new_figure(look)
+    for name, accs, n in groups:
+        xs = sorted(100 * a for a in accs)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step([xs[0], *xs], [0.0, *ys], where="post", linewidth=1.4 if look.style != "paper" else 1.0,
+                label=f"{name} (n={n})")
+    ax.set_ylim(0.0, 1.0)
+    _finish(fig, ax, look, "Client accuracy (%)", "Fraction of clients", len(groups))
+    text = ("Empirical CDF of the clients' accuracy at each run's last evaluation (RUN_DIR/clients.csv): the "
+            "fraction of clients at or below each accuracy, the clients of a group's runs pooled (n: runs).")
     return fig, text
 
 
-def plot_all(rows: list[dict], names: list[str], metric: str, out_dir: Path) -> list[Figure]:
-    """Every figure of `metric`, each written as PNG, PDF and SVG; `acc_vs_round.png` and friends for
-    test_acc, `METRIC_vs_round.png` for another metric."""
+def save(fig, stem: Path, text: str) -> Figure:
+    """`fig` as STEM.png, .pdf and .svg, and its caption as STEM.txt."""
     import matplotlib.pyplot as plt
 
+    figure = Figure(stem.with_suffix(".png"), text)
+    for fmt in FORMATS:
+        path = stem.with_suffix(f".{fmt}")
+        # SVG and PDF without a creation date: the same report writes the same files.
+        fig.savefig(path, bbox_inches="tight", metadata={"Date": None} if fmt in ("svg", "pdf") else None)
+        figure.files.append(path)
+    plt.close(fig)
+    caption_path = stem.with_suffix(".txt")
+    caption_path.write_text(text + "\n")
+    figure.files.append(caption_path)
+    return figure
+
+
+def plot_all(rows: list[dict], names: list[str], metric: str, out_dir: Path, look: Look | None = None) -> list[Figure]:
+    """Every figure of `metric`, each written as PNG, PDF and SVG with its caption in a .txt;
+    `acc_vs_round.png` and friends for test_acc, `METRIC_vs_round.png` for another metric."""
     prefix = "acc" if metric == "test_acc" else metric
     written = []
     for x_key, _, part in X_AXES:
-        drawn = draw(rows, names, metric, x_key)
-        if drawn is None:
-            continue
-        fig, text = drawn
-        stem = out_dir / f"{prefix}_vs_{part}"
-        figure = Figure(stem.with_suffix(".png"), text)
-        for fmt in FORMATS:
-            path = stem.with_suffix(f".{fmt}")
-            # SVG and PDF without a creation date: the same report writes the same files.
-            fig.savefig(path, bbox_inches="tight", metadata={"Date": None} if fmt in ("svg", "pdf") else None)
-            figure.files.append(path)
-        plt.close(fig)
-        written.append(figure)
+        drawn = draw(rows, names, metric, x_key, look)
+        if drawn is not None:
+            written.append(save(drawn[0], out_dir / f"{prefix}_vs_{part}", drawn[1]))
     return written
-

@@ -162,7 +162,9 @@ class RunLogger:
         elapsed = time.time() - self.t0
         eta = elapsed / done * (self.total - t)
         loss = f"train loss {row['train_loss']:.4f}  " if "train_loss" in row else ""  # withheld under DP
-        text = (f"round {t}/{self.total}  {loss}{self.last_eval}  "
+        # With a system model, the simulated clock at the round's end.
+        simulated = f"simulated {clock(row['virtual_time_s'])}  " if "virtual_time_s" in row else ""
+        text = (f"round {t}/{self.total}  {loss}{self.last_eval}  {simulated}"
                 f"{row['round_s']:.2f}s/round  eta {clock(eta)}")
         if self.mode == "bar":
             width = 24
@@ -200,7 +202,10 @@ class RunLogger:
 
 
 def clock(seconds: float) -> str:
+    """12m05s; 3h02m05s from an hour on."""
     seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 

@@ -14,8 +14,13 @@ mean accuracy with its p10 and minimum across clients, and the global test accur
 evaluated clients (eval.clients); the global test accuracy otherwise. Per group, over its completed runs
 (one per seed): the mean and sample standard deviation (n-1; empty for a single run) of each metric.
 
+Where runs had a target accuracy (eval.target_acc), the time to reach it (summary.json's time_to_acc)
+is a metric too. Rows are ranked by the first metric (accuracies highest first, others lowest first), or
+by --sort KEY; --label renames a group in the table and the figures.
+
 Written to OUT/report.md, OUT/report.csv (fractions, not percent) and the figures of the first metric
-(distfl.figures): against round, wall time and, where the runs logged it, simulated time.
+(distfl.figures): against round, wall time and, where the runs logged it, simulated time; with
+--per-client, the CDF of per-client accuracy from each run's clients.csv.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import OPTIONS_KEY, flatten_dict, key_applies
-from .config.renamed import current_key
+from .config.renamed import current_key, respelled
 from .config.resume import saved_values
 from .errors import DistflError
 from .figures import is_fraction, plot_all
@@ -51,7 +56,9 @@ class Run:
         "completed" that covers fewer rounds than the run's config: a summary written before distfl
         marked resumed sessions, kept by a resume to more rounds that did not end."""
         status = (self.summary or {}).get("status") or "unfinished"
-        if status == "completed" and (self.summary.get("rounds") or 0) < (self.config.get("train.rounds") or 0):
+        spent = (self.summary or {}).get("time_budget") or {}  # train.virtual_time_s ended it before train.rounds
+        if status == "completed" and not spent.get("round") and \
+                (self.summary.get("rounds") or 0) < (self.config.get("train.rounds") or 0):
             return "unfinished"
         return status
 
@@ -137,7 +144,8 @@ def load_run(run_dir: Path) -> Run:
 
     try:
         # Keys the run predates at the values it ran with, so runs of older and newer distfl group together.
-        config = saved_values(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        config = saved_values(respelled(yaml.safe_load((run_dir / "config.yaml").read_text()) or {},
+                                        str(run_dir / "config.yaml")))
     except (OSError, yaml.YAMLError) as exc:
         raise DistflError(f"cannot read {run_dir / 'config.yaml'}: {exc}") from None
     summary = None
@@ -195,13 +203,43 @@ def swept_keys(runs: list[Run], roots) -> list[str]:
 
 def default_metrics(runs: list[Run]) -> list[str]:
     """Per-client accuracy (mean, p10, min) and global test accuracy where a run evaluated its clients;
-    global test accuracy otherwise."""
+    global test accuracy otherwise. Then, where runs had a target (eval.target_acc), the time to reach it:
+    simulated where they had a system model, else in rounds."""
     if any(r.logged("client_acc_mean") or (r.summary or {}).get("final_client_acc") for r in runs):
-        return [*CLIENT_METRICS, "test_acc"]
-    return ["test_acc"]
+        metrics = [*CLIENT_METRICS, "test_acc"]
+    else:
+        metrics = ["test_acc"]
+    targets = [r.summary["time_to_acc"] for r in runs if (r.summary or {}).get("time_to_acc")]
+    if targets:
+        simulated = any("virtual_time_s" in (r.summary or {}) for r in runs)
+        metrics.append(TIME_TO_ACC + (".virtual_time_s" if simulated else ".round"))
+    return metrics
 
 
-def check_metrics(names: list[str], runs: list[Run]) -> None:
+TIME_TO_ACC = "time_to_acc"  # summary.json's: round, virtual_time_s and wall_s of the first evaluation at the target
+TIME_NAMES = {"round": "rounds", "virtual_time_s": "simulated s", "wall_s": "wall s"}
+
+
+def higher_is_better(metric: str) -> bool:
+    """How --sort orders a metric: accuracies highest first; losses, times and the rest lowest first."""
+    return is_fraction(metric)
+
+
+def sort_rows(rows: list[dict], key: str, metrics: list[str]) -> list[dict]:
+    """`rows` ordered by `key`: a metric (its mean over the group's runs; accuracies highest first, others
+    lowest first) or a grouping key (its values in order); groups without a value last."""
+    def value(row):
+        return row["metrics"][key]["final"][0] if key in metrics else row.get(key)
+
+    known = [r for r in rows if value(r) is not None]
+    try:
+        known.sort(key=value, reverse=key in metrics and higher_is_better(key))
+    except TypeError:  # values of several types (a key that is a number in some runs, a string in others)
+        known.sort(key=lambda r: str(value(r)))
+    return known + [r for r in rows if value(r) is None]
+
+
+def check_metrics(names: list[str], runs: list[Run], flag: str = "--metric") -> None:
     known = sorted({k for r in runs for row in r.rows for k, v in row.items() if _number(v) and k != "round"}
                    | {k for r in runs for k in r.summary_scalars()})
     unknown = [n for n in names if n not in known and not any(r.final(n) is not None for r in runs)]
@@ -210,7 +248,7 @@ def check_metrics(names: list[str], runs: list[Run]) -> None:
 
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise DistflError(f"--metric {unknown[0]}: no run logs this number; {hint}the runs have: {', '.join(known)}")
+        raise DistflError(f"{flag} {unknown[0]}: no run logs this number; {hint}the runs have: {', '.join(known)}")
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -338,6 +376,8 @@ def _common_values(rows: list[dict], keys: list[str]) -> dict:
 
 def labels(rows: list[dict], keys: list[str], renames: dict | None = None) -> list[str]:
     """Each row's label; `renames` (automatic label -> text, from --label) overrides some."""
+    if len(rows) > 1:  # only the keys whose values differ between the groups name them
+        keys = [k for k in keys if len({json.dumps(row[k]) for row in rows}) > 1] or keys
     common = _common_values(rows, keys) if len(rows) > 2 else {}
     auto = [_label(row, keys, common=common) for row in rows]
     unknown = [a for a in (renames or {}) if a not in auto]
@@ -368,22 +408,35 @@ def _n_cell(stat: dict, completed: int) -> str:
     return "" if stat["n"] == completed else f" (n={stat['n']})"
 
 
-def to_markdown(rows: list[dict], keys: list[str], runs: list[Run], metrics: list[str] | None = None) -> str:
+def _head(name: str) -> str:
+    """A metric's column: "final NAME" for a logged metric, the time to the target in its unit for time_to_acc."""
+    if name.startswith(TIME_TO_ACC + "."):
+        return f"time to target ({TIME_NAMES.get(name.partition('.')[2], name.partition('.')[2])}, mean ± std)"
+    unit = " %" if is_fraction(name) else ""
+    return f"{name}{unit} (mean ± std)" if "." in name else f"final {name}{unit} (mean ± std)"
+
+
+def to_markdown(rows: list[dict], keys: list[str], runs: list[Run], metrics: list[str] | None = None,
+                names: list[str] | None = None) -> str:
+    """The table; `names`: a first column naming each group (--label)."""
     metrics = metrics or ["test_acc"]
     private = any(row["epsilon"] for row in rows)
-    head = [*keys, "seeds"]
+    head = [*(["group"] if names else []), *keys, "seeds"]
     for name in metrics:
-        unit = " %" if is_fraction(name) else ""
-        head.append(f"final {name}{unit} (mean ± std)")
+        head.append(_head(name))
         if name == "test_acc":
-            head.append(f"best test_acc{unit} (mean ± std)")
+            head.append("best test_acc % (mean ± std)")
     head += ["rounds", "wall s (mean)"] + (["user-level epsilon (delta)"] if private else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        cells = [_cell(row, k) for k in keys]
+    for i, row in enumerate(rows):
+        cells = [*([names[i]] if names else []), *(_cell(row, k) for k in keys)]
         cells.append(f"{row['completed']}" + (f" of {row['runs']}" if row["completed"] != row["runs"] else ""))
         for name in metrics:
             stat = row["metrics"][name]
+            if name.startswith(TIME_TO_ACC + ".") and stat["n"] != row["completed"]:  # some runs never reached it
+                cells.append(f"not reached in {row['completed']} run(s)" if not stat["n"] else
+                             _pct(*stat["final"], name) + f" (reached in {stat['n']} of {row['completed']})")
+                continue
             cells.append(_pct(*stat["final"], name) + _n_cell(stat, row["completed"]))
             if name == "test_acc":
                 cells.append(_pct(*stat["best"], name))
@@ -402,22 +455,67 @@ CSV_COLUMNS = ["runs", "completed", "diverged", "seeds", "final_acc_mean", "fina
                "best_acc_std", "rounds", "wall_s_mean"]
 
 
-def to_csv(rows: list[dict], keys: list[str], metrics: list[str] | None = None) -> str:
+def to_csv(rows: list[dict], keys: list[str], metrics: list[str] | None = None, names: list[str] | None = None) -> str:
     """The legacy columns (final_acc_* and best_acc_*: global test accuracy), then per metric NAME
-    NAME.mean, NAME.std (over completed runs) and NAME.n (how many of them logged it)."""
+    NAME.mean, NAME.std (over completed runs) and NAME.n (how many of them logged it). `names`: a first
+    column, group, naming each row (--label)."""
     metrics = metrics or []
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     columns = CSV_COLUMNS + (["epsilon"] if any(row["epsilon"] for row in rows) else [])
-    writer.writerow([*keys, *columns, *(f"{m}.{s}" for m in metrics for s in ("mean", "std", "n"))])
-    for row in rows:
+    writer.writerow([*(["group"] if names else []), *keys, *columns,
+                     *(f"{m}.{s}" for m in metrics for s in ("mean", "std", "n"))])
+    for i, row in enumerate(rows):
         stats = [v for m in metrics for v in (*row["metrics"][m]["final"], row["metrics"][m]["n"])]
-        writer.writerow(["" if v is None else v for v in [*(row[k] for k in keys), *(row[c] for c in columns), *stats]])
+        writer.writerow(["" if v is None else v for v in [*([names[i]] if names else []), *(row[k] for k in keys),
+                                                          *(row[c] for c in columns), *stats]])
     return buf.getvalue()
 
 
-def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, stderr=None) -> int:
+def client_accuracies(run: Run) -> list[float] | None:
+    """The clients' accuracies at the run's last per-client evaluation (RUN_DIR/clients.csv; clients
+    without test samples left out), or None where it has no such file."""
+    path = run.dir / "clients.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        return [float(row["accuracy"]) for row in csv.DictReader(f) if row.get("accuracy")]
+
+
+def plot_clients(rows: list[dict], names: list[str], out_dir: Path, look) -> list:
+    """--per-client: the CDF of per-client accuracy of each group (its completed runs' clients pooled)."""
+    from .figures import draw_client_cdf, save
+
+    groups = []
+    for name, row in zip(names, rows):
+        found = [a for a in (client_accuracies(r) for r in row["_runs"] if r.status == "completed") if a is not None]
+        groups.append((name, [v for accs in found for v in accs], len(found)))
+    drawn = draw_client_cdf(groups, look)
+    if drawn is None:
+        raise DistflError("--per-client: no completed run has clients.csv; runs write it when they evaluate their "
+                          "clients (eval.clients=true)")
+    return [save(drawn[0], out_dir / "client_acc_cdf", drawn[1])]
+
+
+def parse_size(text: str) -> tuple[float, float]:
+    """--size W,H (inches)."""
+    try:
+        width, height = (float(v) for v in text.replace("x", ",").split(","))
+    except ValueError:
+        width = height = 0.0
+    if not (width > 0 and height > 0):
+        raise DistflError(f"--size {text!r}: expected WIDTH,HEIGHT in inches, e.g. --size 3.4,2.5")
+    return width, height
+
+
+def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, stderr=None, sort=None,
+         per_client=False, style="default", size=None, logx=False, logy=False) -> int:
+    from .figures import STYLES, Look
+
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    if style not in STYLES:
+        raise DistflError(f"--style {style}: expected one of {', '.join(STYLES)}")
+    look = Look(style, parse_size(size) if size else None, logx, logy)
     run_dirs = find_runs(paths)
     runs = [load_run(d) for d in run_dirs]
     if by:
@@ -427,15 +525,27 @@ def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, st
             raise DistflError(f"--by {', '.join(unknown)}: no run's config.yaml has this key "
                               "(keys are dotted, e.g. algorithm.name)")
     metrics = list(dict.fromkeys(metrics)) if metrics else default_metrics(runs)
+    keys = list(by) if by else grouping_keys(runs, list(dict.fromkeys(map(current_key, swept_keys(runs, paths)))))
+    # --sort: a metric (added to the table if not there) or a grouping key; by default the first metric.
+    sort = current_key(sort) if sort else metrics[0]
+    if sort != "none" and sort not in keys and sort not in metrics:
+        if any(sort in r.config for r in runs):
+            raise DistflError(f"--sort {sort}: not a grouping key of this report ({', '.join(keys) or 'none'}); "
+                              "add it with --by, or sort by a metric")
+        check_metrics([sort], runs, "--sort")
+        metrics.append(sort)
     check_metrics(metrics, runs)
     renames = dict(parse_label(t) for t in label or ())
-    keys = list(by) if by else grouping_keys(runs, list(dict.fromkeys(map(current_key, swept_keys(runs, paths)))))
 
     def warn(message):
         print(f"distfl report: warning: {message}", file=stderr, flush=True)
 
     rows = summarise(runs, keys, metrics, warn)
     names = labels(rows, keys, renames)
+    if sort != "none":
+        position = {id(row): i for i, row in enumerate(rows)}
+        rows = sort_rows(rows, sort, metrics)
+        names = [names[position[id(row)]] for row in rows]
     if out_dir is None:
         out_dir = Path(paths[0]) / "report" if len(paths) == 1 else Path("report")
     out_dir = Path(out_dir)
@@ -444,13 +554,16 @@ def main(paths, out_dir=None, stdout=None, by=None, metrics=None, label=None, st
     except ImportError:
         raise DistflError("distfl report draws its plots with matplotlib: pip install matplotlib") from None
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = to_markdown(rows, keys, runs, metrics)
+    markdown = to_markdown(rows, keys, runs, metrics, names if renames else None)
     plotted = next((m for m in metrics if any(r.logged(m) for r in runs)), None)
-    figs = plot_all(rows, names, plotted, out_dir) if plotted else []
-    images = "".join(f"\n![{f.caption}]({f.path.name})\n\n{f.caption}\n" for f in figs)
+    figs = plot_all(rows, names, plotted, out_dir, look) if plotted else []
+    if per_client:
+        figs += plot_clients(rows, names, out_dir, look)
+    images = "".join(f"\n![{f.path.stem}]({f.path.name})\n\n{f.caption}\n" for f in figs)
+    order = f"; rows sorted by {sort}" if sort != "none" else ""
     (out_dir / "report.md").write_text(f"# Report: {', '.join(map(str, paths))}\n\n{len(runs)} runs, grouped by "
-                                       f"{', '.join(keys) or '(nothing swept)'}.\n\n" + markdown + images)
-    (out_dir / "report.csv").write_text(to_csv(rows, keys, metrics))
+                                       f"{', '.join(keys) or '(nothing swept)'}{order}.\n\n" + markdown + images)
+    (out_dir / "report.csv").write_text(to_csv(rows, keys, metrics, names if renames else None))
     print(markdown, file=stdout)
     written = [p for f in figs for p in f.files]
     print(f"distfl report: {len(runs)} runs in {len(rows)} groups; wrote {out_dir / 'report.md'}, "

@@ -599,7 +599,7 @@ class TCTPhase(Phase):
         reduced = stats.reduce(context.ctx, name="tct_eval")
         metrics = {"test_acc": int(reduced["correct"][0]) / len(context.data.test_y)}
         if clients:
-            metrics.update(reduced_client_statistics(reduced))
+            metrics.update(reduced_client_statistics(reduced, context))
         return metrics
 
 

@@ -72,8 +72,9 @@ def new_name(old: str) -> str:
 
 
 def current_key(key: str) -> str:
-    """The dotted key `key` names today (`algorithm.moon_mu` -> `algorithm.options.mu`)."""
-    return f"algorithm.options.{RENAMED[key][0]}" if key in RENAMED else key
+    """The dotted key `key` names today (`algorithm.moon_mu` -> `algorithm.options.mu`, `system.async` ->
+    `system.async_mode`)."""
+    return f"algorithm.options.{RENAMED[key][0]}" if key in RENAMED else SPELLINGS.get(key, key)
 
 
 def renamed_hint(message: str, renamed: dict) -> str:

@@ -176,6 +176,7 @@ class TrainConfig:
     lr_gamma: float = key(0.1, range="> 0", applies=("train.lr_schedule", ["step"]))  # local lr, step: factor applied at each decay
     weight_decay: float = key(0.0, range=">= 0")  # local SGD weight decay (L2, coupled as in torch.optim.SGD)
     momentum: float = key(0.0, range="[0, 1)")  # local SGD momentum, reset for every client and round
+    virtual_time_s: float = key(0.0, range=">= 0", resumable=True)  # with a system model (system.*): stop at the first round (FedBuff, FedAsync: server step) that ends at or past this many simulated seconds, so synchronous and asynchronous runs compare at equal simulated time; train.rounds stays the most rounds run. The run counts as completed; summary.json's rounds and time_budget say where it stopped. 0: off
 
 
 @dataclass
@@ -194,6 +195,7 @@ class EvalConfig:
     test_samples: int = key(0, range=">= 0", resumable=True)  # score test_acc and test_loss on a fixed sample of this many test samples (sequences of a next-token dataset), drawn once from the data seed: the same rows in every evaluation, on every rank and after a resume (TFF's StackOverflow baseline: 10,000 of 16.6 M test sentences). 0, or at least the test split's size: the whole test split. Per-client evaluation (eval.clients) is not sampled. The start line and summary.json (eval_samples) say what was scored; a resume with the same value scores the same rows; refused with tct (its stage 2 scores the whole test split)
     train_samples: int = key(0, range=">= 0", resumable=True)  # eval.train_metrics: score global_train_loss and global_train_acc on a fixed sample of this many training samples, drawn as eval.test_samples draws its sample (another stream of the data seed). 0, or at least the training split's size: every training sample
     client_holdout: float = key(0.1, range="(0, 1)", applies=("eval.client_split", ["holdout"]))  # eval.client_split=holdout: fraction of each client's training samples held out, round(f * n_k) but at least 1 and at most n_k - 1 (none for a client with fewer than 2)
+    target_acc: float = key(0.0, range="[0, 1]")  # time to accuracy: summary.json's time_to_acc gives the round, the simulated time (with a system model) and the wall time of the first evaluation whose accuracy (client_acc_mean with eval.clients, else test_acc) reaches this fraction; None there if none did. 0: off
 
 
 @dataclass

@@ -72,6 +72,8 @@ class Dataset:
     # Word vectors V x D (float32) that the int64 token ids of x index (Sent140's embs.json), else None: a model
     # that embeds with them (sent140_lstm) receives them at build; they are data, hashed in `sources`.
     embeddings: torch.Tensor | None = None
+    # A natural federation's names of its clients, in order (LEAF's users, TFF's client ids), else None
+    client_ids: object = None
 
     @property
     def input_shape(self) -> tuple:
@@ -182,7 +184,8 @@ def from_federated(fed: Federated) -> Dataset:
     return Dataset(torch.from_numpy(fed.train_x), torch.from_numpy(fed.train_y), torch.from_numpy(fed.test_x),
                    torch.from_numpy(fed.test_y), fed.num_classes, name=fed.name, augment=None, sources=fed.sources,
                    train_offsets=fed.train_offsets, test_offsets=fed.test_offsets, tokens=fed.tokens,
-                   embeddings=None if fed.embeddings is None else torch.from_numpy(np.asarray(fed.embeddings)))
+                   embeddings=None if fed.embeddings is None else torch.from_numpy(np.asarray(fed.embeddings)),
+                   client_ids=fed.client_ids if len(fed.client_ids) else None)
 
 
 # ---------------------------------------------------------------- Fashion-MNIST

@@ -79,7 +79,7 @@ def evaluate_clients(context, model) -> dict:
     stats = StatBuffer(client_segments(len(context.population)), context.device, 1)
     add_client_counts(context, stats, model)
     reduced = stats.reduce(context.ctx, name="eval_clients")
-    return {**reduced_client_statistics(reduced), "clients_never_sampled": clients_never_sampled(context)}
+    return {**reduced_client_statistics(reduced, context), "clients_never_sampled": clients_never_sampled(context)}
 
 
 def best_round_scores(context, best, improved: bool) -> dict:
@@ -167,9 +167,42 @@ def client_finetune_epochs(cfg, algorithm) -> int | None:
     return algorithm.evaluated_finetune_epochs() if algorithm.personalised else cfg.eval.finetune_epochs
 
 
-def reduced_client_statistics(reduced) -> dict:
-    """`accuracy_statistics` of the summed `client_segments` of a reduced eval buffer."""
-    return accuracy_statistics(reduced["client_correct"].cpu().numpy(), reduced["client_total"].cpu().numpy())
+def reduced_client_statistics(reduced, context=None) -> dict:
+    """`accuracy_statistics` of the summed `client_segments` of a reduced eval buffer; given the run's
+    `context`, each client's result also goes to RUN_DIR/clients.csv (`write_client_results`)."""
+    correct, total = reduced["client_correct"].cpu().numpy(), reduced["client_total"].cpu().numpy()
+    if context is not None:
+        write_client_results(context, correct, total)
+    return accuracy_statistics(correct, total)
+
+
+CLIENTS_CSV = "clients.csv"
+CLIENTS_COLUMNS = ("client", "client_id", "round", "train_samples", "test_samples", "correct", "accuracy")
+
+
+def write_client_results(context, correct: np.ndarray, total: np.ndarray) -> None:
+    """Rank 0: RUN_DIR/clients.csv, one row a client, replaced at every per-client evaluation: its index,
+    its id (the source's name of the client, a LEAF or TFF user, under partition.scheme=natural; else the
+    index), the round evaluated, its training samples, its local test samples (target tokens for a
+    next-token dataset), how many it scored right and its accuracy (empty for a client without test samples)."""
+    if not context.ctx.is_main:
+        return
+    import csv
+    import io
+
+    from ..checkpoint import atomic_write_text
+
+    names = getattr(context.data, "client_ids", None)
+    named = context.cfg.partition.scheme == "natural" and names is not None and len(names) == len(correct)
+    sizes = context.population.sizes
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CLIENTS_COLUMNS)
+    for k in range(len(correct)):
+        right, of = int(correct[k]), int(total[k])
+        writer.writerow([k, str(names[k]) if named else k, context.state.last_round, int(sizes[k]), of, right,
+                         repr(right / of) if of else ""])
+    atomic_write_text(buf.getvalue(), context.run_dir / CLIENTS_CSV)
 
 
 def clients_never_sampled(context) -> int:

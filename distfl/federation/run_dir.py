@@ -56,7 +56,8 @@ class RunDirectory:
         clear = self.claim(resume)
         if self.ctx.is_main:
             if clear:  # --overwrite was given
-                for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state", "trackers.json", "wandb"):
+                for name in ("summary.json", "metrics.jsonl", "checkpoints", "tb", "client_state", "trackers.json", "wandb",
+                             "clients.csv"):
                     path = self.path / name
                     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
             faults.remove_leftovers(self.path)

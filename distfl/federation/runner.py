@@ -467,8 +467,14 @@ class Trainer:
         wall_before = self.state.progress["wall_s"]
         status, error, stopped = "completed", None, None
         previous_handlers = stopping.catch_stop_signals(self.stop, self.request_stop, self.run_dir)
+        # train.virtual_time_s: the simulated-time budget (a system model keeps the clock), 0 for none.
+        budget = cfg.train.virtual_time_s if self.system is not None else 0.0
+        if budget and self.system.now_s < budget:  # resumed with a larger budget: not spent yet
+            self.state.progress.pop("time_budget_round", None)
         try:
             for t in range(self.state.start_round, cfg.train.rounds + 1):
+                if budget and self.system.now_s >= budget:  # resumed after its budget was spent
+                    break
                 t0 = time.perf_counter()
                 stopping.check_launcher(self.stop, self.request_stop, logger)
                 self.where = f"round {t}"
@@ -478,7 +484,8 @@ class Trainer:
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
                 for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic
                     metrics.pop(key, None)
-                if t % cfg.eval.every == 0 or t == cfg.train.rounds:
+                out_of_time = bool(budget) and self.system.now_s >= budget
+                if t % cfg.eval.every == 0 or t == cfg.train.rounds or out_of_time:
                     t1 = time.perf_counter()
                     self.where = f"round {t}, evaluation"
                     evaluated = self.evaluate_round(clients=cfg.eval.clients and self.best is None)
@@ -489,11 +496,18 @@ class Trainer:
                     self.state.progress["last_eval"] = {"round": t, **evaluated}
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
                 metrics["wall_s"] = self.state.progress["wall_s"]
+                self._time_to_acc(metrics)
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
                 self.state.step = t
+                if out_of_time:
+                    self.state.progress["time_budget_round"] = t
+                    logger.info(f"simulated-time budget reached: round {t} ends at {self.system.now_s:.6g} s of "
+                                f"train.virtual_time_s={budget:g}; training ends here")
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
-                        or self.stop.agreed:
+                        or self.stop.agreed or out_of_time:
                     self._save_checkpoint("round", t)
+                if out_of_time:
+                    break
                 if self.stop.agreed and t < cfg.train.rounds:
                     # Rank 0 commits the checkpoint after the others are done with it; no rank exits
                     # before, since a launcher (torchrun) may end the other ranks when one exits.
@@ -557,6 +571,17 @@ class Trainer:
         if status != "completed":
             raise DivergenceError(error)
         return result
+
+    def _time_to_acc(self, metrics: dict) -> None:
+        """eval.target_acc: the first evaluation whose accuracy (client_acc_mean with eval.clients, else
+        test_acc) reaches the target, kept for summary.json's time_to_acc: its round, simulated and wall time."""
+        target = self.cfg.eval.target_acc
+        if not target or self.state.progress.get("time_to_acc") is not None:
+            return
+        metric = "client_acc_mean" if self.cfg.eval.clients else "test_acc"
+        if metrics.get(metric) is not None and metrics[metric] >= target:
+            self.state.progress["time_to_acc"] = {"round": metrics["round"], "virtual_time_s": metrics.get("virtual_time_s"),
+                                                  "wall_s": metrics["wall_s"]}
 
     def _run_phases(self, logger) -> None:
         """Each pending phase runs to its end and is checkpointed; a crash inside one resumes it (from

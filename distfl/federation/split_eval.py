@@ -37,7 +37,7 @@ def evaluate(context, clients: bool) -> dict:
     reduced = stats.reduce(context.ctx, name="eval")
     metrics = split_metrics(reduced, splits)
     if clients:
-        metrics.update(reduced_client_statistics(reduced), clients_never_sampled=clients_never_sampled(context))
+        metrics.update(reduced_client_statistics(reduced, context), clients_never_sampled=clients_never_sampled(context))
     return metrics
 
 

@@ -48,6 +48,9 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
     when the run stopped at once, mid-round (no hash of a half-updated model)."""
     context.worker.load(context.global_params, context.global_buffers)
     last = context.state.progress["last_eval"] or {}
+    cfg = context.cfg
+    # The last round of a completed run: train.rounds, or the round that spent train.virtual_time_s.
+    last_round = context.state.progress.get("time_budget_round") or cfg.train.rounds
     result = {
         "status": status,
         # true only for a completed run: every round of train.rounds trained and every phase after them run
@@ -55,7 +58,7 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         # stopped: what stopped it (a signal, its launcher's death, a second Ctrl-C); None otherwise
         "stopped_because": stopped_because,
         # the last training round trained (and logged); train.rounds: the configured last round
-        "round_reached": min(context.state.step, context.cfg.train.rounds),
+        "round_reached": min(context.state.step, last_round),
         "train_rounds": context.cfg.train.rounds,
         # not finished (stopped, failed): the command that continues it from its last checkpoint; else None
         "resume_command": (resume_command(context.run_dir, context.ctx.world_size)
@@ -80,7 +83,7 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "eval_samples": context.eval_sample.to_json(),
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
-        "rounds": last.get("round") if status != "completed" else context.cfg.train.rounds,
+        "rounds": last.get("round") if status != "completed" else last_round,
         "wall_s": round(context.state.progress["wall_s"], 3),
         "model_sha256": context.worker.state_sha256() if model else None,
         "world_size": context.ctx.world_size,
@@ -92,7 +95,7 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "cuda_graphs": graphs_status(context.pack_step),
         "num_params": context.worker.num_params,
         "algorithm": context.cfg.algorithm.name,
-        "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else context.cfg.train.rounds),
+        "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else last_round),
         "dataset": context.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
         # (withheld under DP, None: a hash of the clients' data is an un-noised statistic of it; the checkpoints keep it)
@@ -106,6 +109,17 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "runtime_changes": context.state.runtime_changes,
         # system.*: the virtual clock's time at the end of the last round, in seconds
         **({"virtual_time_s": context.system.now_s} if context.system is not None else {}),
+        # train.virtual_time_s: the simulated-time budget and the round that spent it (None: train.rounds came first)
+        **({"time_budget": {"virtual_time_s": cfg.train.virtual_time_s,
+                            "round": context.state.progress.get("time_budget_round")}}
+           if cfg.train.virtual_time_s else {}),
+        # eval.target_acc: the first evaluation whose accuracy reached it (round, virtual_time_s with a system
+        # model, wall_s); each None if none did
+        **({"time_to_acc": {"target": cfg.eval.target_acc,
+                            "metric": "client_acc_mean" if cfg.eval.clients else "test_acc",
+                            **(context.state.progress.get("time_to_acc")
+                               or {"round": None, "virtual_time_s": None, "wall_s": None})}}
+           if cfg.eval.target_acc else {}),
     }
     return unfinished(result) if status == "stopped" else result
 

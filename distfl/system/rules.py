@@ -14,6 +14,10 @@ def check(v: dict) -> None:
 
     defaults = SystemConfig()
     if all(v[k] == getattr(defaults, k.removeprefix("system.")) for k in keys):
+        if v["train.virtual_time_s"] > 0:
+            raise ConfigError(f"train.virtual_time_s={v['train.virtual_time_s']:g} is a budget of simulated time, which "
+                              "only a system model keeps: set some system.* key (docs/system.md), or "
+                              "train.virtual_time_s=0")
         return
     if not v["system.capacity_file"]:
         for key, inf in (("system.speed", False), ("system.bandwidth", True)):

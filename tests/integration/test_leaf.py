@@ -276,3 +276,30 @@ def test_lstm_trains_in_packs_as_one_at_a_time(tmp_path):
         "model": {"name": "char_lstm"}, "train": {"rounds": 1, "clients_per_round": 4, "batch_size": 4, "lr": 0.5},
         "output": {"progress": "none", "tensorboard": False}})
     assert_packs_train_as_one_at_a_time(cfg, tmp_path, 2)
+
+
+def test_clients_csv_names_each_client_by_its_leaf_user(tmp_path):
+    """eval.clients writes RUN_DIR/clients.csv: each client's LEAF user name, samples and accuracy at the
+    last evaluation, equal to the statistics that evaluation logged."""
+    import csv
+
+    from conftest import metrics
+    from distfl.federation.client_eval import accuracy_statistics
+
+    _shakespeare_all_data(tmp_path / "leaf", length=12)
+    cfg = write_config(tmp_path / "c.yaml", {
+        "data": {"dataset": "leaf", "path": str(tmp_path / "leaf")}, "partition": {"scheme": "natural", "num_clients": 4},
+        "model": {"name": "char_lstm"}, "train": {"rounds": 2, "clients_per_round": 2, "batch_size": 4},
+        "eval": {"every": 1, "clients": True},
+        "output": {"dir": str(tmp_path / "run"), "progress": "none", "tensorboard": False}})
+    proc = run_cli(["train", str(cfg)])
+    assert proc.returncode == 0, proc.stderr
+    fed = load_leaf(str(tmp_path / "leaf"), "sample", 3)
+    with open(tmp_path / "run" / "clients.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["client_id"] for r in rows] == list(fed.client_ids) and len(rows) == 4
+    assert [int(r["train_samples"]) for r in rows] == list(np.diff(fed.train_offsets))
+    assert [int(r["test_samples"]) for r in rows] == list(np.diff(fed.test_offsets))
+    last = metrics(tmp_path / "run")[-1]
+    found = accuracy_statistics([int(r["correct"]) for r in rows], [int(r["test_samples"]) for r in rows])
+    assert found == {k: last[k] for k in found} and {r["round"] for r in rows} == {"2"}

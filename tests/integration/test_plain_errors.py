@@ -174,3 +174,23 @@ def test_the_memory_check_counts_every_rank_on_the_host(tmp_path, monkeypatch):
     assert ("per-client state would take 20.00 GiB of host memory (10.00 GiB for 10 clients on each of the 2 ranks "
             "on this host), more than half the 30.00 GiB of available memory; use runtime.client_state=disk") \
         in str(refused.value)
+
+
+def test_output_to_a_closed_pipe_does_not_stop_training(tmp_path, small_config):
+    """`distfl train ... | head -1`: once the reader is gone, the run still trains to its end, completed."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # Every line (the start line on stderr, a progress line each round, the result on stdout) into a pipe
+    # that `head -1` closes after the first.
+    command = (f"{sys.executable} -m distfl train {small_config} output.dir={run} output.progress=log "
+               f"eval.every=1 2>&1 | head -1; echo \"status ${{PIPESTATUS[0]}}\"")
+    proc = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip().endswith("status 0"), proc.stdout + proc.stderr
+    s = summary(run)
+    assert s["status"] == "completed" and s["rounds"] == 6 and not (run / "error.log").exists()

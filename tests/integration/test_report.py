@@ -27,7 +27,13 @@ def test_report_of_a_finished_sweep(tmp_path):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     rows = _csv(out / "report.csv")
-    assert [r["algorithm.name"] for r in rows] == ["fedavg", "fedprox"]
+    # Ranked: the highest mean final test accuracy first (table and CSV); --sort KEY orders by a key.
+    means = [float(r["final_acc_mean"]) for r in rows]
+    assert sorted(r["algorithm.name"] for r in rows) == ["fedavg", "fedprox"] and means == sorted(means, reverse=True)
+    table = [line.split(" | ")[0].lstrip("| ") for line in (out / "report.md").read_text().splitlines()[6:8]]
+    assert table == [r["algorithm.name"] for r in rows]
+    assert run_cli(["report", sweep_dir, "--sort", "algorithm.name", "--out", tmp_path / "r1"]).returncode == 0
+    assert [r["algorithm.name"] for r in _csv(tmp_path / "r1" / "report.csv")] == ["fedavg", "fedprox"]
     for row in rows:
         runs = [summary(sweep_dir / f"algorithm.name={row['algorithm.name']}" / f"seed={s}") for s in (0, 1)]
         final = [r["final_test_acc"] for r in runs]
@@ -257,6 +263,11 @@ def test_figures_of_a_2x2_sweep(tmp_path):
         assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
         assert "<svg" in (out / f"{stem}.svg").read_text()[:1000]
     assert "FedProx (lr 0.1) (n=2)" in (out / "acc_vs_round.svg").read_text()  # --label renames a line
+    for stem in ("acc_vs_round", "acc_vs_time", "acc_vs_virtual_time"):  # the caption is beside, not inside
+        svg = (out / f"{stem}.svg").read_text()
+        assert "seed" not in svg and "standard deviation" not in svg
+        assert "standard deviation" in (out / f"{stem}.txt").read_text()
+    assert "Test accuracy (%)" in svg and "Simulated time (s)" in svg
     md = (out / "report.md").read_text()
     assert "shaded band: ±1 standard deviation over the seeds" in md and "over 2 seed(s)" in md
 
@@ -287,3 +298,73 @@ def test_figures_of_a_2x2_sweep(tmp_path):
     fig, _ = figures.draw(rows, names, "train_loss")
     line = fig.axes[0].lines[0]
     assert list(line.get_xdata()) == [1, 2, 3, 4, 5, 6] and list(line.get_markevery()) == [1, 3, 5]
+
+
+def test_report_of_a_sweep_over_a_system_key(tmp_path):
+    """A sync-vs-async study as a paper needs it: grouped by the canonical key whatever its spelling, rows
+    ranked by per-client accuracy, a `key=value:Label` label naming table rows and lines, figures with
+    readable axes and no caption drawn in them (it is in a .txt beside each and in report.md), each
+    run's per-client results in clients.csv (equal to its evaluation's statistics) and their CDF."""
+    from distfl.federation.client_eval import accuracy_statistics
+
+    sweep_dir = tmp_path / "sw"
+    cfg = write_config(tmp_path / "c.yaml", output={"dir": str(sweep_dir)}, eval={"every": 2, "clients": True},
+                       system={"speed": "lognormal:0,1", "bandwidth": "uniform:100,1000", "buffer_size": 2})
+    proc = run_cli(["sweep", cfg, "--grid", "system.async=none,fedbuff", "--seeds", "0,1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for run in sweep_dir.glob("*/seed=*"):
+        last = [r for r in metrics(run) if "client_acc_mean" in r][-1]
+        with open(run / "clients.csv") as f:
+            clients = list(csv.DictReader(f))
+        correct = [int(c["correct"]) for c in clients]
+        total = [int(c["test_samples"]) for c in clients]
+        assert len(clients) == 12 and {c["round"] for c in clients} == {str(last["round"])}
+        assert accuracy_statistics(correct, total) == {k: last[k] for k in accuracy_statistics(correct, total)}
+        assert [float(c["accuracy"]) for c in clients if c["accuracy"]] == [a / b for a, b in zip(correct, total) if b]
+
+    out = tmp_path / "r"
+    proc = run_cli(["report", sweep_dir, "--out", out, "--label", "async_mode=none:FedAvg sync", "--per-client",
+                    "--style", "paper"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _csv(out / "report.csv")
+    assert "system.async" not in rows[0] and {r["system.async_mode"] for r in rows} == {"none", "fedbuff"}
+    assert {r["group"] for r in rows} == {"FedAvg sync", "async_mode=fedbuff"}
+    means = [float(r["client_acc_mean.mean"]) for r in rows]
+    assert means == sorted(means, reverse=True)
+    md = (out / "report.md").read_text()
+    assert "| FedAvg sync | none |" in md and "rows sorted by client_acc_mean" in md
+    for stem in ("client_acc_mean_vs_round", "client_acc_mean_vs_virtual_time", "client_acc_cdf"):
+        svg = (out / f"{stem}.svg").read_text()
+        caption = (out / f"{stem}.txt").read_text().strip()
+        assert caption in md and "Line: mean" not in svg and "seed(s)" not in svg and "CDF" not in svg
+        assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
+    svg = (out / "client_acc_mean_vs_virtual_time.svg").read_text()
+    assert "Mean client accuracy (%)" in svg and "Simulated time (" in svg and "FedAvg sync (n=2)" in svg
+    assert "Fraction of clients" in (out / "client_acc_cdf.svg").read_text()
+    # --by takes either spelling.
+    proc = run_cli(["report", sweep_dir, "--out", tmp_path / "r2", "--by", "system.async"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {r["system.async_mode"] for r in _csv(tmp_path / "r2" / "report.csv")} == {"none", "fedbuff"}
+
+
+def test_axis_units_follow_the_magnitude():
+    from distfl import figures
+
+    assert figures.x_axis("virtual_time_s", 90.0) == (1.0, "Simulated time (s)")
+    assert figures.x_axis("virtual_time_s", 1296.0) == (1 / 60, "Simulated time (min)")
+    assert figures.x_axis("virtual_time_s", 7.5 * 3600) == (1 / 3600, "Simulated time (h)")
+    assert figures.x_axis("wall_s", 3 * 86400) == (1 / 86400, "Wall time (d)")
+    assert figures.metric_axis("bytes_up", 3.2e6) == (1e-6, "Upload (MB)")
+    assert figures.metric_axis("client_acc_p10", 0.5) == (100.0, "Client accuracy, 10th percentile (%)")
+    assert figures.metric_axis("train_loss", 2.3) == (1.0, "Training loss")
+
+
+def test_report_options_are_never_config_overrides(tmp_path):
+    """A label that looks like `key=value` stays the label's (the run directory is checked first here)."""
+    proc = run_cli(["report", tmp_path / "missing", "--label", "dropout=0.0, round=wait_all:FedAvg sync"])
+    assert proc.returncode == 2 and "does not exist" in proc.stderr, proc.stderr
+    proc = run_cli(["report", tmp_path / "missing", "--size", "3.4"])  # refused before anything is read
+    assert proc.returncode == 2 and "--size '3.4': expected WIDTH,HEIGHT in inches" in proc.stderr, proc.stderr
+    from distfl.report import parse_label
+
+    assert parse_label("dropout=0.0, round=wait_all:FedAvg sync") == ("dropout=0.0, round=wait_all", "FedAvg sync")
