@@ -106,7 +106,7 @@ def time_privacy_ops(private: InProcess, repeats: int = 200) -> dict:
         return 1e3 * statistics.median(times)
 
     norm = median_ms(lambda: float(torch.linalg.vector_norm(delta, dtype=torch.float64)))
-    noise = median_ms(lambda: float(standard_normal(0, 1, 0, numel, tr.device)[0]))
+    noise = median_ms(lambda: float(standard_normal(tr.privacy.key, 1, 0, numel, tr.device)[0]))
     eps = median_ms(lambda: tr.ledger.epsilon_after(private.rounds))
     clients = private.cfg.train.clients_per_round
     return {"norm_ms_per_client": norm, "noise_ms_per_round": noise, "accountant_ms_per_round": eps,
