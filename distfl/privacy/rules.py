@@ -71,6 +71,9 @@ def check(v: dict, algorithm_class) -> None:
     if v["eval.clients"]:
         raise ConfigError(f"{prefix}: eval.clients releases each client's own accuracy (and its label histogram "
                           "through its test split) unnoised; set eval.clients=false")
+    if v["eval.train_metrics"]:
+        raise ConfigError(f"{prefix}: eval.train_metrics releases global_train_loss and global_train_acc, the model "
+                          "scored on every client's training data, unnoised; set eval.train_metrics=false")
     model = v["model.name"]
     if has_batchnorm(model, v["model.norm"]):
         raise ConfigError(f"{prefix}: model.name={model} has BatchNorm, whose running statistics are averaged over "

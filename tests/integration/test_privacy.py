@@ -718,6 +718,7 @@ REFUSED = [
     (["aggregation.fedbn=true"], "fedbn"),
     (["calibration.method=ffc"], "Z^T Z"),
     (["eval.clients=true"], "eval.clients"),
+    (["eval.train_metrics=true"], "eval.train_metrics releases global_train_loss"),
     (["train.cohort=sequential"], "no sampling accountant"),
     (["privacy.mechanism=dp_ftrl"], "accounted for train.cohort=sequential"),
     (["privacy.mechanism=dp_ftrl", "train.cohort=sequential", "privacy.accountant=pld"], "rdp accountant only"),
