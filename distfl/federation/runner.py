@@ -319,6 +319,7 @@ class Trainer:
         reduced = self._reduce(round_idx, stats)
         if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
             self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
+        self.state.model_round = round_idx  # under DP: its noise is in the model from here on
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
@@ -503,7 +504,7 @@ class Trainer:
             final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
                      "best_test_acc": self.state.progress["best_test_acc"]}
             if self.privacy is not None:
-                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.step, cfg.train.rounds))
+                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.model_round, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.state.step)
         except Interrupted as exc:  # checkpointed after the round (or TCT stage-2 round) the ranks agreed on
             status, stopped, stopped_because = "stopped", exc, " and ".join(self.stop.reasons) or "a stop signal"

@@ -13,12 +13,13 @@ from .client_eval import STATISTICS as CLIENT_STATISTICS, client_finetune_epochs
 from .stopping import resume_command
 
 
-def privacy_guarantee(context, rounds) -> dict | None:
-    """The guarantee the released models carry: (epsilon, delta) at user level after `rounds` rounds."""
+def privacy_guarantee(context) -> dict | None:
+    """The guarantee the released models carry: (epsilon, delta) at user level after the rounds whose noised
+    sums the global model holds (its last server step's round, however the run ended: not its last evaluation)."""
     if context.privacy is None:
         return None
     p = context.cfg.privacy
-    trained = min(context.state.step, context.cfg.train.rounds) if rounds is None else rounds
+    trained = min(context.state.model_round, context.cfg.train.rounds)
     eps = context.ledger.epsilon_after(trained)
     return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
             "rounds": trained, "noise_multiplier": context.noise_multiplier,
@@ -92,7 +93,7 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "cuda_graphs": graphs_status(context.pack_step),
         "num_params": context.worker.num_params,
         "algorithm": context.cfg.algorithm.name,
-        "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else context.cfg.train.rounds),
+        "privacy": privacy_guarantee(context),
         "dataset": context.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
         # (withheld under DP, None: a hash of the clients' data is an un-noised statistic of it; the checkpoints keep it)

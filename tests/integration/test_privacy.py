@@ -131,6 +131,18 @@ class DoubleAdd(Algorithm):
         super().client_statistics(run, worker, stats)
         self.add_update(stats, worker.params - run.global_params, run.weight)  # the update a second time
 
+class DivergesAtRound5(Algorithm):
+    private_release = True
+
+    def begin_round(self, round_idx):
+        super().begin_round(round_idx)
+        self.round_idx = round_idx
+
+    def server_update(self, params, buffers, reduced):
+        super().server_update(params, buffers, reduced)
+        if self.round_idx == 5:  # the server step blows the model up, as a far too large server.lr would
+            params.mul_(float("inf"))
+
 class WrongWeight(Algorithm):
     private_release = True
 
@@ -661,6 +673,62 @@ def test_logged_epsilon_is_the_library_called_directly(tmp_path, small_config):
             acc.compose(dp_accounting.SelfComposedDpEvent(event, row["round"]))
             assert row["privacy_epsilon"] == acc.get_epsilon(1e-3)
         assert summary["privacy"]["epsilon"] == metrics(run)[-1]["privacy_epsilon"]
+
+
+def _poisson_epsilon(z: float, q: float, rounds: int, delta: float) -> float:
+    """A fresh dp-accounting RDP accountant, `rounds` Poisson-sampled Gaussian rounds."""
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), rounds))
+    return acc.get_epsilon(delta)
+
+
+def _stop_at_round_5(monkeypatch):
+    run_round = runner.Trainer.run_round
+
+    def stopping(self, t):
+        if t == 5:
+            self.request_stop()  # as SIGTERM would: checkpointed after round 5, then stopped
+        return run_round(self, t)
+
+    monkeypatch.setattr(runner.Trainer, "run_round", stopping)
+
+
+def _fail_in_round_6s_evaluation(monkeypatch):
+    evaluate_round = runner.Trainer.evaluate_round
+
+    def failing(self, clients):
+        if self.state.last_round == 6:
+            raise RuntimeError("an evaluation that fails")
+        return evaluate_round(self, clients)
+
+    monkeypatch.setattr(runner.Trainer, "evaluate_round", failing)
+
+
+@pytest.mark.parametrize("ending,status,rounds", [("diverged", "diverged", 5), ("stopped", "stopped", 5),
+                                                  ("failed", "failed", 6)])
+def test_an_unfinished_run_accounts_the_rounds_of_its_model_not_its_last_evaluation(
+        tmp_path, small_config, dp_plugins, monkeypatch, ending, status, rounds):
+    """8 rounds evaluated every 3: a run that diverges in round 5's server step, stops after round 5, or
+    fails in round 6's evaluation (after its server step) holds a model with 5, 5 and 6 rounds of noised
+    sums; summary.json accounts those rounds (its last evaluation was round 3), as a fresh accountant does."""
+    run = tmp_path / "run"
+    args = ["train", str(small_config), f"output.dir={run}", *DP, "train.cohort=poisson", "privacy.noise_multiplier=1.1",
+            "train.rounds=8", "eval.every=3", "checkpoint.every=4"]
+    if ending == "diverged":
+        args.append("algorithm.name=dpplugins:DivergesAtRound5")
+    elif ending == "stopped":
+        _stop_at_round_5(monkeypatch)
+    else:
+        _fail_in_round_6s_evaluation(monkeypatch)
+    proc = run_cli(args)
+    assert proc.returncode != 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == status and s["privacy"]["rounds"] == rounds
+    assert s["privacy"]["epsilon"] == _poisson_epsilon(1.1, 5 / 12, rounds, 1e-3)
+    assert s["privacy"]["epsilon"] > _poisson_epsilon(1.1, 5 / 12, 3, 1e-3)  # the last evaluation's rounds
+    for row in metrics(run):  # each round's row: the rounds up to it
+        assert row["privacy_epsilon"] == _poisson_epsilon(1.1, 5 / 12, row["round"], 1e-3)
 
 
 def test_epsilon_reproduces_abadi_et_al_2016():
