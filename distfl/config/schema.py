@@ -240,6 +240,7 @@ class PrivacyConfig:
     bands: int = key(0, range=">= 0", applies=("privacy.mechanism", ["banded_mf"]))  # banded_mf: b, the bands of the factor C (its noise is correlated over b rounds); at most floor(num_clients / clients_per_round), the rounds between a client's participations; 0: that many (capped at train.rounds)
     secure_noise: bool = key(True, applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]), previous=False)  # gaussian: true: the noise and the cohorts come from a 128-bit key drawn from the operating system's secure source at start, kept only in the checkpoints (owner-only noise_key file), so nobody with the config can regenerate and subtract the noise (for models you release) | false: from seed, reproducible from the config (simulation studies; the noise offers no protection against whoever has the config)
     count_noise_multiplier: float = key(0.0, range=">= 0")  # adaptive_clip: std sigma_b of the noise on the count of unclipped clients; 0: expected cohort / 20 (the paper's choice); must exceed noise_multiplier / 2
+    release_timings: bool = key(False, applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]), resumable=True)  # false: a private run logs no wall-clock time (round_s and wall_s in metrics.jsonl, the trackers and summary.json; the progress line's s/round and eta): a round's time grows with its cohort's size and its clients' sample counts, which the guarantee covers only through the noised model | true: log them, for timing studies (outside the guarantee; docs/privacy.md)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from ..data.tokens import client_token_counts
 from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
-from ..privacy import mechanism as dp, rules as dp_rules
+from ..privacy import release, rules as dp_rules
 from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
 from .client_eval import best_round_scores
@@ -369,8 +369,12 @@ class Trainer:
         stopping.agree(self.stop, int(reduced["stop"][0]))
         bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
         if bad or problems:
-            found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
-            found += [f"statistic {name} out of range ({what})" for name, what in problems.items()]
+            if self.privacy is None:
+                found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
+                found += [f"statistic {name} out of range ({what})" for name, what in problems.items()]
+            else:  # no count of clients: it would tell the size of a hidden cohort
+                found = [f"{NONFINITE_PARAMS} in the cohort"] if bad else []
+                found += [f"statistic {name} out of range" for name in problems]
             text = "; ".join(found)
             if not bad and not any(name in MODEL_STATISTICS for name in problems):
                 raise PluginError(
@@ -443,7 +447,8 @@ class Trainer:
     def run(self) -> dict:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.state.start_round, cfg.train.rounds,
-                           resume_step=self.state.step, params=self.global_params)
+                           resume_step=self.state.step, params=self.global_params,
+                           timings=release.timings_released(cfg))
         for name, why in self.skipped:
             logger.info(f"skipped checkpoint {name}: {why}")
         if self.skipped:
@@ -474,7 +479,7 @@ class Trainer:
                     else self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
-                for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic
+                for key in ("samples", *release.withheld(cfg)):  # DP: no un-noised client statistic, no timing
                     metrics.pop(key, None)
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds:
                     t1 = time.perf_counter()
@@ -486,7 +491,8 @@ class Trainer:
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
                     self.state.progress["last_eval"] = {"round": t, **evaluated}
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
-                metrics["wall_s"] = self.state.progress["wall_s"]
+                if release.timings_released(cfg):
+                    metrics["wall_s"] = self.state.progress["wall_s"]
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
                 self.state.step = t
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \

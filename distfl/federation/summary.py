@@ -9,6 +9,7 @@ import torch
 
 from .. import __version__, dist
 from ..checkpoint import atomic_write_text
+from ..privacy.release import timings_released
 from .client_eval import STATISTICS as CLIENT_STATISTICS, client_finetune_epochs
 from .stopping import resume_command
 
@@ -82,7 +83,8 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else context.cfg.train.rounds,
-        "wall_s": round(context.state.progress["wall_s"], 3),
+        # None in a private run without privacy.release_timings (the time grows with the cohorts' sizes)
+        "wall_s": round(context.state.progress["wall_s"], 3) if timings_released(context.cfg) else None,
         "model_sha256": context.worker.state_sha256() if model else None,
         "world_size": context.ctx.world_size,
         "phases": context.state.phase_results,

@@ -16,7 +16,7 @@ import yaml
 import dp_accounting
 from dp_accounting import pld, rdp
 
-from conftest import metrics, run_cli, train_ok
+from conftest import assert_refused, metrics, run_cli, train_ok
 from distfl import checkpoint, dist, trackers as tracking
 from distfl.config import load_config
 from distfl.federation import runner
@@ -422,7 +422,9 @@ def test_a_run_keeps_its_noise_mode_on_resume(tmp_path, small_config):
 # the wall-clock times (documented as not covered).
 COVERED = {"model_sha256", "final_test_acc", "final_test_loss", "best_test_acc", "best_round", "test_acc", "test_loss",
            "privacy_clip_norm", "privacy_unclipped_fraction", "privacy.final_clip_norm", "update_norm"}
-TIMING = {"wall_s", "round_s", "eval_s"}
+# The evaluation's time: the model scored on the server's test set (no per-round time of the clients' training:
+# round_s and wall_s are withheld, privacy.release_timings).
+TIMING = {"eval_s"}
 
 
 def _flat(value, prefix=""):
@@ -447,7 +449,7 @@ def _tensorboard(run):
 def test_a_private_run_releases_no_unnoised_statistic_of_the_clients_data(tmp_path, small_config):
     """Two private runs with the same seed (so the same keyed noise and cohorts) on different client data
     (partition.seed): every value in summary.json, metrics.jsonl and TensorBoard that differs between them
-    depends on the clients' data, and must be the noised model's (COVERED) or a wall-clock time."""
+    depends on the clients' data, and must be the noised model's (COVERED) or the evaluation's time."""
     private = [*DP, "privacy.noise_multiplier=1", "privacy.clip_norm=0.3", "train.cohort=poisson",
                "privacy.adaptive_clip=true", "privacy.count_noise_multiplier=2", "output.tensorboard=true"]
     runs = [tmp_path / "a", tmp_path / "b"]
@@ -468,6 +470,45 @@ def test_a_private_run_releases_no_unnoised_statistic_of_the_clients_data(tmp_pa
     # The data differed, and the covered values show it (the walk compared something).
     assert summaries[0]["model_sha256"] != summaries[1]["model_sha256"]
     assert not any(key in row for row in rows[0] for key in mechanism.WITHHELD)
+
+
+def test_a_private_run_logs_no_wall_clock_time_unless_asked_and_names_no_client_count(tmp_path, small_config):
+    """A private Poisson run: a round's time counts its hidden cohort, so metrics.jsonl, TensorBoard (its
+    scalars and the times stamped on them), summary.json and the progress line carry none, unless
+    privacy.release_timings asks for them; a divergence's line names no count of clients."""
+    private = [*DP, "privacy.noise_multiplier=1", "train.cohort=poisson", "output.tensorboard=true",
+               "output.progress=log"]
+    timings = {"round_s", "wall_s", "samples_per_s"}
+    for opt_in in (False, True):
+        run = tmp_path / f"timings_{opt_in}"
+        proc = run_cli(["train", str(small_config), f"output.dir={run}", *private,
+                        f"privacy.release_timings={str(opt_in).lower()}"])
+        assert proc.returncode == 0, proc.stderr
+        rows, board = metrics(run), _tensorboard(run)
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(run / "tb"))
+        events.Reload()
+        stamps = {e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
+        summary = json.loads((run / "summary.json").read_text())
+        if opt_in:
+            assert all({"round_s", "wall_s"} <= row.keys() for row in rows)
+            assert "time/round_s" in board and summary["wall_s"] > 0 and "s/round" in proc.stderr
+            assert len(stamps) > 1
+        else:
+            assert not any(timings & row.keys() for row in rows) and len(rows) == 6
+            assert not any(tag.startswith("time/") and tag != "time/eval_s" for tag in board)
+            assert len(stamps) == 1  # every scalar stamped with the session's start
+            assert summary["wall_s"] is None and "s/round" not in proc.stderr and "eta" not in proc.stderr
+    # A divergence (every client's local model non-finite) says so without counting the clients.
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'diverged'}", *private, "train.lr=1e30"])
+    assert proc.returncode != 0 and "non-finite local model parameters in the cohort" in proc.stderr
+    assert "client(s)" not in proc.stderr and "term(s)" not in proc.stderr
+
+
+def test_wandb_is_refused_in_a_private_run_that_withholds_timings(tmp_path, small_config):
+    assert_refused(small_config, tmp_path / "run", [*DP, "privacy.noise_multiplier=1", "output.trackers=wandb"],
+                   "privacy.release_timings=true")
 
 
 # ---- DP-FTRL: tree aggregation with restarts (Kairouz et al. 2021) ------------------------------------
