@@ -466,6 +466,8 @@ class Trainer:
                     f"{self.eval_sample.describe()}")
         if self.privacy is not None:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
+            if not release.test_metrics_covered(cfg, self.data):
+                logger.info(release.TEST_SPLIT_WARNING)
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
         status, error, stopped = "completed", None, None

@@ -9,7 +9,7 @@ import torch
 
 from .. import __version__, dist
 from ..checkpoint import atomic_write_text
-from ..privacy.release import timings_released
+from ..privacy.release import test_metrics_covered, timings_released
 from .client_eval import STATISTICS as CLIENT_STATISTICS, client_finetune_epochs
 from .stopping import resume_command
 
@@ -35,7 +35,10 @@ def privacy_guarantee(context) -> dict | None:
             # dp_ftrl: the rounds of each tree (a restart after each), None for gaussian
             "rounds_per_tree": context.privacy.tree.rounds_per_tree if context.privacy.tree else None,
             # banded_mf: the bands of the factor C, None otherwise
-            "bands": context.privacy.banded.bands if context.privacy.banded else None}
+            "bands": context.privacy.banded.bands if context.privacy.banded else None,
+            # false: the test split is the clients' own samples (a natural federation), so the test metrics
+            # (final_test_acc, best_test_acc, ...) are computed from client data outside the guarantee
+            "test_metrics_covered": test_metrics_covered(context.cfg, context.data)}
 
 # summary.json's `status`: completed is the only finished one (every round of train.rounds and every
 # phase after them); stopped (a stop signal, checkpointed, or a second Ctrl-C), failed and running (a

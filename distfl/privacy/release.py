@@ -10,6 +10,11 @@ Withheld from metrics.jsonl, the trackers (TensorBoard, MLflow, W&B), the progre
     amplification by sampling assumes hidden, and moves with one client's data. `privacy.release_timings:
     true` logs them, for timing studies, outside the guarantee.
 Divergence messages name no count of clients.
+
+Marked, not withheld: in a natural federation whose clients own test samples (LEAF's sample split, TFF,
+FedProx's synthetic devices) the test split is made of the clients' own samples, so test_acc, test_loss
+and what is computed from them are not post-processing of the model alone. The start line warns, the
+final line says so and summary.json's `privacy.test_metrics_covered` is false.
 """
 from __future__ import annotations
 
@@ -28,3 +33,16 @@ def withheld(cfg) -> tuple[str, ...]:
     if cfg.privacy.mechanism == "none":
         return ()
     return CLIENT_AGGREGATES + (() if timings_released(cfg) else TIMINGS)
+
+
+def test_metrics_covered(cfg, data) -> bool:
+    """Whether the test metrics are computed from the model and data no client owns: False when the clients
+    of a natural federation hold test samples of their own (the test split is theirs)."""
+    offsets = data.test_offsets
+    return not (cfg.partition.scheme == "natural" and offsets is not None and int(offsets[-1]) > 0)
+
+
+TEST_SPLIT_WARNING = ("warning: the test split holds the clients' own test samples (partition.scheme=natural), so "
+                      "test_acc, test_loss and the accuracies computed from them are not covered by the guarantee "
+                      "(summary.json: privacy.test_metrics_covered false); release the model, not them, where "
+                      "the clients' test data must stay private")

@@ -16,7 +16,7 @@ import yaml
 import dp_accounting
 from dp_accounting import pld, rdp
 
-from conftest import assert_refused, metrics, run_cli, train_ok
+from conftest import assert_refused, metrics, run_cli, train_ok, write_config
 from distfl import checkpoint, dist, trackers as tracking
 from distfl.config import load_config
 from distfl.federation import runner
@@ -504,6 +504,26 @@ def test_a_private_run_logs_no_wall_clock_time_unless_asked_and_names_no_client_
     proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'diverged'}", *private, "train.lr=1e30"])
     assert proc.returncode != 0 and "non-finite local model parameters in the cohort" in proc.stderr
     assert "client(s)" not in proc.stderr and "term(s)" not in proc.stderr
+
+
+def test_test_metrics_of_a_natural_federation_are_marked_not_covered(tmp_path, small_config):
+    """FedProx's synthetic devices own their test samples (a natural federation's test split is the
+    clients'): a private run on them warns at start, says so on its final line and in summary.json. The
+    synthetic set's server-held test split is covered."""
+    natural = write_config(tmp_path / "natural.yaml", data={"dataset": "fedprox_synthetic"},
+                           partition={"scheme": "natural", "num_clients": 30}, model={"name": "mclr"},
+                           train={"rounds": 2, "clients_per_round": 5, "lr": 0.01, "batch_size": 10})
+    for config, covered in ((natural, False), (small_config, True)):
+        run = tmp_path / f"covered_{covered}"
+        proc = run_cli(["train", str(config), f"output.dir={run}", *DP, "privacy.noise_multiplier=1",
+                        "train.cohort=poisson", "train.rounds=2"])
+        assert proc.returncode == 0, proc.stderr
+        s = json.loads((run / "summary.json").read_text())
+        assert s["privacy"]["test_metrics_covered"] is covered and s["final_test_acc"] is not None
+        warned = [line for line in proc.stderr.splitlines() if "the test split holds the clients' own" in line]
+        assert len(warned) == (0 if covered else 1)
+        last = proc.stdout.strip().splitlines()[-1]
+        assert last.startswith("privacy: ") and ("test metrics not covered" in last) is not covered
 
 
 def test_wandb_is_refused_in_a_private_run_that_withholds_timings(tmp_path, small_config):
