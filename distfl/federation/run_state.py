@@ -19,6 +19,7 @@ import torch
 from .. import checkpoint, dist, faults
 from ..checkpoint import to_cpu
 from ..errors import RankDisagreement
+from ..privacy.secret import NOISE_KEY_FILE
 
 
 @dataclass
@@ -210,7 +211,8 @@ class Checkpoints:
                 "exactness guarantee asks of a method\"). The checkpoint was not written")
         if ctx.is_main:
             self.privacy.directory = checkpoint.staging_dir(self.run_dir, name)  # a secret key goes beside
-            checkpoint.commit(self.run_dir, name, checkpoint.state_of(self.parts), self.keep, self.protect, clients)
+            checkpoint.commit(self.run_dir, name, checkpoint.state_of(self.parts), self.keep, self.protect, clients,
+                              secret=(NOISE_KEY_FILE,))  # a secret noise key: named in the manifest, never hashed
 
     def _model_hashes(self) -> list[int]:
         """Two 24-bit hashes of the global model (parameters and buffers), for the check at checkpoints."""

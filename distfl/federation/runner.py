@@ -349,7 +349,8 @@ class Trainer:
         stats = StatBuffer(round_segments(self.algorithm.segments(), largest), self.device, len(cohort))
         whole_packs = pack_statistics(self.algorithm) and not (self.store is not None and self.algorithm.stateful)
         for pack in packs:
-            self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
+            who = "a sampled client" if self.privacy else f"client {', '.join(map(str, pack))}"  # DP: cohorts hidden
+            self.where = f"round {round_idx}, local training of {who}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
             if len(runs) > 1 and whole_packs:
                 rows = self.pack_step.train_rows(self.worker, self.data, [self.client_indices[c] for c in pack], runs,

@@ -8,6 +8,7 @@ docs/privacy.md.
   mechanism.py   per-client clipping of the summed contribution, the noise after the all_reduce
   secret.py      where the noise and cohorts come from: a secret key (default) or the config's seed
   tree.py        DP-FTRL's tree-aggregated noise, restarted every floor(N / m) rounds
-  banded.py      DP-FTRL's banded matrix factorisation noise
+  banded.py      DP-FTRL's banded matrix factorisation noise (the optimal banded Toeplitz factor)
+  release.py     what a private run logs and withholds (client aggregates, wall-clock times), test metrics marked
   adaptive.py    the clip norm that follows a quantile of the update norms, from a noised count
 """

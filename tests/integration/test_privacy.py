@@ -364,7 +364,7 @@ def test_secret_noise_is_the_same_on_one_and_two_ranks_and_resumed_and_never_wri
     assert one["model_sha256"] != two["model_sha256"]
     # The key appears nowhere but in its checkpoint files: not in config.yaml, metrics, summary, logs or
     # TensorBoard, in any spelling, nor in what the runs printed.
-    key = int(keys.pop(), 16)
+    key = int(keys.pop().split("\n")[0], 16)  # then its check line
     spellings = [f"{key:x}".encode(), f"{key:032x}".encode(), str(key).encode(),
                  key.to_bytes(16, "little"), key.to_bytes(16, "big")]
     files = [p for p in (tmp_path / "two").rglob("*") if p.is_file() and p.name != "noise_key"]
@@ -524,6 +524,23 @@ def test_test_metrics_of_a_natural_federation_are_marked_not_covered(tmp_path, s
         assert len(warned) == (0 if covered else 1)
         last = proc.stdout.strip().splitlines()[-1]
         assert last.startswith("privacy: ") and ("test metrics not covered" in last) is not covered
+
+
+def test_a_failure_in_local_training_names_no_client_of_a_hidden_cohort(tmp_path, small_config, monkeypatch):
+    """A crash's line (stderr, summary.json's error) says where the run was: under DP, not which client
+    trained, since the cohorts are secret."""
+    def failing(*args, **kwargs):
+        raise RuntimeError("a local step that fails")
+
+    monkeypatch.setattr(runner, "train_client", failing)
+    monkeypatch.setattr(runner, "pack_statistics", lambda algorithm: False)
+    run = tmp_path / "run"
+    proc = run_cli(["train", str(small_config), f"output.dir={run}", *DP, "privacy.noise_multiplier=1",
+                    "train.cohort=poisson"])
+    error = json.loads((run / "summary.json").read_text())["error"]
+    assert proc.returncode != 0 and "round 1, local training of a sampled client" in error
+    assert "client " not in error.replace("a sampled client", "") and "client " not in proc.stderr.replace(
+        "a sampled client", "")
 
 
 def test_wandb_is_refused_in_a_private_run_that_withholds_timings(tmp_path, small_config):
