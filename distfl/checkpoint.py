@@ -179,10 +179,27 @@ def begin(run_dir: Path, name: str) -> Path:
     return staging
 
 
+def secret_text(value: str) -> str:
+    """The text of a secret file in a checkpoint (privacy/secret.py's noise key): its value, then a check line
+    (the first 16 hex digits of the value's SHA-256). The manifest names a secret file without its hash (a
+    hash of a secret beside it is a way to test guesses of it); `verify` reads the check line instead."""
+    return f"{value}\n{hashlib.sha256(value.encode()).hexdigest()[:16]}\n"
+
+
+def secret_intact(path: Path) -> bool:
+    """Whether a secret file holds `secret_text` of its first line."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, ValueError):
+        return False
+    return text == secret_text(text.split("\n")[0])
+
+
 def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str, ...] = (),
-           clients: int = 0) -> Path:
+           clients: int = 0, secret: tuple[str, ...] = ()) -> Path:
     """Rank 0, after every rank wrote its clients (`clients` files in all): write state + manifest,
-    fsync, rename, update `latest`. Of older checkpoints, `keep` are kept, plus those named in `protect`."""
+    fsync, rename, update `latest`. Of older checkpoints, `keep` are kept, plus those named in `protect`.
+    `secret`: files the manifest lists by name only (each checked by its own check line: `secret_text`)."""
     staging = staging_dir(run_dir, name)
     found = len(list((staging / "clients").glob("*.pt")))
     if found != clients:
@@ -198,8 +215,11 @@ def commit(run_dir: Path, name: str, state: dict, keep: int, protect: tuple[str,
         with writing(staging / METRICS):
             shutil.copyfile(metrics, staging / METRICS)
     files = sorted(p for p in staging.rglob("*") if p.is_file())
+    secret = sorted(n for n in secret if (staging / n).is_file())
     manifest = {"name": name, "clients": clients,
-                "files": {str(p.relative_to(staging)): file_sha256(p) for p in files}}
+                "files": {str(p.relative_to(staging)): file_sha256(p) for p in files
+                          if str(p.relative_to(staging)) not in secret},
+                **({"secret": secret} if secret else {})}
     write_bytes(json.dumps(manifest, indent=1).encode(), staging / "manifest.json")
     for path in [*files, staging / "manifest.json", staging / "clients", staging]:
         fsync(path)
@@ -253,12 +273,21 @@ def verify(path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} has no readable manifest.json ({exc})") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     clients = manifest.get("clients", None) if isinstance(manifest, dict) else None  # absent in older manifests
+    # secret files, by name only (older manifests hash the noise key under `files` instead)
+    secret = manifest.get("secret", []) if isinstance(manifest, dict) else None
     if (not isinstance(files, dict) or "state.pt" not in files or not isinstance(clients, (int, type(None)))
-            or not all(isinstance(d, str) and re.fullmatch("[0-9a-f]{64}", d) for d in files.values())):
+            or not all(isinstance(d, str) and re.fullmatch("[0-9a-f]{64}", d) for d in files.values())
+            or not isinstance(secret, list) or not all(isinstance(n, str) and n not in files for n in secret)):
         raise CheckpointError(f"checkpoint {path}: manifest.json is malformed (expected a mapping with "
                               "'files' {name: sha256} including state.pt, and 'clients', a count)")
     present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {"manifest.json"}
-    for name in sorted(set(files) | present):
+    for name in secret:
+        if name not in present:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing")
+        if not secret_intact(path / name):
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} does not match its own check line "
+                                  "(truncated or modified)")
+    for name in sorted(set(files) | (present - set(secret))):
         if name not in present:
             raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing")
         if name not in files:

@@ -27,9 +27,10 @@ TB_TAGS = tracking.TAGS
 
 class RunLogger:
     def __init__(self, run_dir: Path, output_cfg, is_main: bool, start_round: int, total_rounds: int,
-                 resume_step: int | None = None, params=None):
+                 resume_step: int | None = None, params=None, timings: bool = True):
         """`resume_step`: rows after this step are dropped (default: start_round - 1). `params`: the
-        global model's flat parameters, for the update norm of the first round."""
+        global model's flat parameters, for the update norm of the first round. `timings`: False (a private
+        run, privacy/release.py) stamps every tracker scalar with this session's start time instead of the clock."""
         self.active = is_main
         self.total = total_rounds
         self.start = start_round
@@ -49,7 +50,8 @@ class RunLogger:
         resume_step = start_round - 1 if resume_step is None else resume_step
         self._truncate_after(resume_step)
         self.metrics_file = open(self.metrics_path, "a")
-        self.trackers = tracking.open_trackers(self.run_dir, output_cfg, resume_step + 1, self._params())
+        self.trackers = tracking.open_trackers(self.run_dir, output_cfg, resume_step + 1, self._params(),
+                                               walltime=None if timings else self.t0)
         self.previous = params.clone() if params is not None and self.trackers else None
 
     @property
@@ -163,9 +165,9 @@ class RunLogger:
         eta = elapsed / done * (self.total - t)
         loss = f"train loss {row['train_loss']:.4f}  " if "train_loss" in row else ""  # withheld under DP
         # With a system model, the simulated clock at the round's end.
-        simulated = f"simulated {clock(row['virtual_time_s'])}  " if "virtual_time_s" in row else ""
-        text = (f"round {t}/{self.total}  {loss}{self.last_eval}  {simulated}"
-                f"{row['round_s']:.2f}s/round  eta {clock(eta)}")
+        simulated = f"  simulated {clock(row['virtual_time_s'])}" if "virtual_time_s" in row else ""
+        timing = f"  {row['round_s']:.2f}s/round  eta {clock(eta)}" if "round_s" in row else ""  # private: withheld
+        text = f"round {t}/{self.total}  {loss}{self.last_eval}{simulated}{timing}"
         if self.mode == "bar":
             width = 24
             filled = int(width * t / self.total)
@@ -221,8 +223,9 @@ def result_lines(summary: dict, run_dir: Path) -> list[str]:
     where = (f"after {' + '.join(phases)}; best of the {summary['rounds']} training rounds {best}"
              if phases else f"best {best}")
     final = f"{100 * acc:.2f}%" if acc is not None else "none"
-    lines = [f"final test accuracy {final} ({where}), {summary['rounds']} rounds in "
-             f"{summary['wall_s']:.1f}s; summary: {Path(run_dir) / 'summary.json'}"]
+    took = f" in {summary['wall_s']:.1f}s" if summary.get("wall_s") is not None else ""  # private: withheld
+    lines = [f"final test accuracy {final} ({where}), {summary['rounds']} rounds{took}; "
+             f"summary: {Path(run_dir) / 'summary.json'}"]
     clients = summary.get("final_client_acc")
     if clients:
         tuned = summary.get("client_finetune_epochs")

@@ -90,6 +90,10 @@ def check_installed(names) -> None:
 class Tracker:
     """What RunLogger calls. Scalars arrive by tag; `params` are the HParams columns."""
 
+    # The time stamped on every scalar: None, the clock; a fixed time (a private run without
+    # privacy.release_timings) keeps the rounds' wall times out of the tracker's records.
+    walltime: float | None = None
+
     def scalars(self, values: dict, step: int) -> None:
         raise NotImplementedError
 
@@ -112,7 +116,7 @@ class TensorBoard(Tracker):
     def scalars(self, values: dict, step: int) -> None:
         with writing(self.dir):
             for name, value in values.items():
-                self.writer.add_scalar(name, value, step)
+                self.writer.add_scalar(name, value, step, walltime=self.walltime)
 
     def hparams(self, params: dict, metrics: dict, step: int) -> None:
         from torch.utils.tensorboard.summary import hparams
@@ -120,9 +124,9 @@ class TensorBoard(Tracker):
         metrics = {f"hparams/{k}": v for k, v in metrics.items()}
         with writing(self.dir):
             for summary in hparams(params, metrics):  # into the run's own event file
-                self.writer.file_writer.add_summary(summary)
+                self.writer.file_writer.add_summary(summary, walltime=self.walltime)
             for name, value in metrics.items():
-                self.writer.add_scalar(name, value, step)
+                self.writer.add_scalar(name, value, step, walltime=self.walltime)
 
     def close(self, status: str = "completed") -> None:
         with writing(self.dir):
@@ -198,7 +202,7 @@ class MLflow(Tracker):
 
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = int((time.time() if self.walltime is None else self.walltime) * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
 
     def hparams(self, params: dict, metrics: dict, step: int) -> None:
@@ -236,8 +240,10 @@ class Wandb(Tracker):
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 
-def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict) -> list[Tracker]:
-    """The trackers `output.trackers` lists (TensorBoard also needs output.tensorboard), opened."""
+def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict,
+                  walltime: float | None = None) -> list[Tracker]:
+    """The trackers `output.trackers` lists (TensorBoard also needs output.tensorboard), opened; `walltime`:
+    the fixed time they stamp on every scalar (None: the clock)."""
     names = [n for n in output_cfg.trackers if n != "tensorboard" or output_cfg.tensorboard]
     check_installed(names)
     name = run_name(run_dir)
@@ -249,4 +255,6 @@ def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict) -> l
             found.append(MLflow(run_dir, output_cfg, name, params))
         else:
             found.append(Wandb(run_dir, output_cfg, name, params))
+    for tracker in found:
+        tracker.walltime = walltime
     return found

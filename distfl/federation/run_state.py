@@ -19,6 +19,7 @@ import torch
 from .. import checkpoint, dist, faults
 from ..checkpoint import to_cpu
 from ..errors import RankDisagreement
+from ..privacy.secret import NOISE_KEY_FILE
 
 
 @dataclass
@@ -29,6 +30,9 @@ class RunProgress:
     step: int = 0
     start_round: int = 1  # the first round this session trains
     last_round: int = 0  # the round an evaluation after it belongs to (client fine-tuning's lr)
+    # The round of the global model's last server step: `step` until a round's server step has run and the
+    # round ended before its checkpoint (diverged, failed, a second Ctrl-C). Under DP, the rounds accounted.
+    model_round: int = 0
     phases_done: list = field(default_factory=list)
     phase_results: dict = field(default_factory=dict)
     phase_state: dict = field(default_factory=dict)  # the running phase's resumable state
@@ -59,6 +63,7 @@ class RunProgress:
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state.get("step", state["round"]))
         self.last_round = int(state["round"])
+        self.model_round = self.last_round
         self.start_round = self.last_round + 1
         self.phases_done = list(state.get("phases_done", []))
         self.phase_results = dict(state.get("phase_results", {}))
@@ -206,7 +211,8 @@ class Checkpoints:
                 "exactness guarantee asks of a method\"). The checkpoint was not written")
         if ctx.is_main:
             self.privacy.directory = checkpoint.staging_dir(self.run_dir, name)  # a secret key goes beside
-            checkpoint.commit(self.run_dir, name, checkpoint.state_of(self.parts), self.keep, self.protect, clients)
+            checkpoint.commit(self.run_dir, name, checkpoint.state_of(self.parts), self.keep, self.protect, clients,
+                              secret=(NOISE_KEY_FILE,))  # a secret noise key: named in the manifest, never hashed
 
     def _model_hashes(self) -> list[int]:
         """Two 24-bit hashes of the global model (parameters and buffers), for the check at checkpoints."""

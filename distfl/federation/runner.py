@@ -37,7 +37,7 @@ from ..data.tokens import client_token_counts
 from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
-from ..privacy import mechanism as dp, rules as dp_rules
+from ..privacy import release, rules as dp_rules
 from ..system import build as build_system
 from .aggregate import StatBuffer, round_segments
 from .client_eval import best_round_scores
@@ -319,6 +319,7 @@ class Trainer:
         reduced = self._reduce(round_idx, stats)
         if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
             self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
+        self.state.model_round = round_idx  # under DP: its noise is in the model from here on
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
@@ -351,7 +352,8 @@ class Trainer:
         stats = StatBuffer(round_segments(self.algorithm.segments(), largest), self.device, len(cohort))
         whole_packs = pack_statistics(self.algorithm) and not (self.store is not None and self.algorithm.stateful)
         for pack in packs:
-            self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
+            who = "a sampled client" if self.privacy else f"client {', '.join(map(str, pack))}"  # DP: cohorts hidden
+            self.where = f"round {round_idx}, local training of {who}"
             runs = [self._client_run(c, round_idx, cohort) for c in pack]
             if len(runs) > 1 and whole_packs:
                 rows = self.pack_step.train_rows(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
@@ -371,8 +373,12 @@ class Trainer:
         stopping.agree(self.stop, int(reduced["stop"][0]))
         bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
         if bad or problems:
-            found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
-            found += [f"statistic {name} out of range ({what})" for name, what in problems.items()]
+            if self.privacy is None:
+                found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
+                found += [f"statistic {name} out of range ({what})" for name, what in problems.items()]
+            else:  # no count of clients: it would tell the size of a hidden cohort
+                found = [f"{NONFINITE_PARAMS} in the cohort"] if bad else []
+                found += [f"statistic {name} out of range" for name in problems]
             text = "; ".join(found)
             if not bad and not any(name in MODEL_STATISTICS for name in problems):
                 raise PluginError(
@@ -445,7 +451,8 @@ class Trainer:
     def run(self) -> dict:
         cfg = self.cfg
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.state.start_round, cfg.train.rounds,
-                           resume_step=self.state.step, params=self.global_params)
+                           resume_step=self.state.step, params=self.global_params,
+                           timings=release.timings_released(cfg))
         for name, why in self.skipped:
             logger.info(f"skipped checkpoint {name}: {why}")
         if self.skipped:
@@ -463,6 +470,8 @@ class Trainer:
                     f"{self.eval_sample.describe()}")
         if self.privacy is not None:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
+            if not release.test_metrics_covered(cfg, self.data):
+                logger.info(release.TEST_SPLIT_WARNING)
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
         status, error, stopped = "completed", None, None
@@ -482,7 +491,7 @@ class Trainer:
                     else self.run_round(t)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
-                for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic
+                for key in ("samples", *release.withheld(cfg)):  # DP: no un-noised client statistic, no timing
                     metrics.pop(key, None)
                 out_of_time = bool(budget) and self.system.now_s >= budget
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds or out_of_time:
@@ -495,7 +504,8 @@ class Trainer:
                     metrics.update(evaluated, eval_s=time.perf_counter() - t1)
                     self.state.progress["last_eval"] = {"round": t, **evaluated}
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
-                metrics["wall_s"] = self.state.progress["wall_s"]
+                if release.timings_released(cfg):
+                    metrics["wall_s"] = self.state.progress["wall_s"]
                 self._time_to_acc(metrics)
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
                 self.state.step = t
@@ -520,7 +530,7 @@ class Trainer:
             final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
                      "best_test_acc": self.state.progress["best_test_acc"]}
             if self.privacy is not None:
-                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.step, cfg.train.rounds))
+                final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.model_round, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.state.step)
         except Interrupted as exc:  # checkpointed after the round (or TCT stage-2 round) the ranks agreed on
             status, stopped, stopped_because = "stopped", exc, " and ".join(self.stop.reasons) or "a stop signal"
@@ -581,7 +591,7 @@ class Trainer:
         metric = "client_acc_mean" if self.cfg.eval.clients else "test_acc"
         if metrics.get(metric) is not None and metrics[metric] >= target:
             self.state.progress["time_to_acc"] = {"round": metrics["round"], "virtual_time_s": metrics.get("virtual_time_s"),
-                                                  "wall_s": metrics["wall_s"]}
+                                                  "wall_s": metrics.get("wall_s")}
 
     def _run_phases(self, logger) -> None:
         """Each pending phase runs to its end and is checkpointed; a crash inside one resumes it (from

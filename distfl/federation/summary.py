@@ -9,16 +9,18 @@ import torch
 
 from .. import __version__, dist
 from ..checkpoint import atomic_write_text
+from ..privacy.release import test_metrics_covered, timings_released
 from .client_eval import STATISTICS as CLIENT_STATISTICS, client_finetune_epochs
 from .stopping import resume_command
 
 
-def privacy_guarantee(context, rounds) -> dict | None:
-    """The guarantee the released models carry: (epsilon, delta) at user level after `rounds` rounds."""
+def privacy_guarantee(context) -> dict | None:
+    """The guarantee the released models carry: (epsilon, delta) at user level after the rounds whose noised
+    sums the global model holds (its last server step's round, however the run ended: not its last evaluation)."""
     if context.privacy is None:
         return None
     p = context.cfg.privacy
-    trained = min(context.state.step, context.cfg.train.rounds) if rounds is None else rounds
+    trained = min(context.state.model_round, context.cfg.train.rounds)
     eps = context.ledger.epsilon_after(trained)
     return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
             "rounds": trained, "noise_multiplier": context.noise_multiplier,
@@ -33,7 +35,10 @@ def privacy_guarantee(context, rounds) -> dict | None:
             # dp_ftrl: the rounds of each tree (a restart after each), None for gaussian
             "rounds_per_tree": context.privacy.tree.rounds_per_tree if context.privacy.tree else None,
             # banded_mf: the bands of the factor C, None otherwise
-            "bands": context.privacy.banded.bands if context.privacy.banded else None}
+            "bands": context.privacy.banded.bands if context.privacy.banded else None,
+            # false: the test split is the clients' own samples (a natural federation), so the test metrics
+            # (final_test_acc, best_test_acc, ...) are computed from client data outside the guarantee
+            "test_metrics_covered": test_metrics_covered(context.cfg, context.data)}
 
 # summary.json's `status`: completed is the only finished one (every round of train.rounds and every
 # phase after them); stopped (a stop signal, checkpointed, or a second Ctrl-C), failed and running (a
@@ -84,7 +89,8 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else last_round,
-        "wall_s": round(context.state.progress["wall_s"], 3),
+        # None in a private run without privacy.release_timings (the time grows with the cohorts' sizes)
+        "wall_s": round(context.state.progress["wall_s"], 3) if timings_released(context.cfg) else None,
         "model_sha256": context.worker.state_sha256() if model else None,
         "world_size": context.ctx.world_size,
         "phases": context.state.phase_results,
@@ -95,7 +101,7 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         "cuda_graphs": graphs_status(context.pack_step),
         "num_params": context.worker.num_params,
         "algorithm": context.cfg.algorithm.name,
-        "privacy": privacy_guarantee(context, last.get("round") if status != "completed" else last_round),
+        "privacy": privacy_guarantee(context),
         "dataset": context.cfg.data.dataset,
         # SHA-256 of every data and partition file read (role -> path, sha256); a resume checks them
         # (withheld under DP, None: a hash of the clients' data is an un-noised statistic of it; the checkpoints keep it)

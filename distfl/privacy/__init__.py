@@ -9,6 +9,7 @@ docs/privacy.md.
   secret.py      where the noise and cohorts come from: a secret key (default) or the config's seed
   csprng.py      the secret key's generator: AES-128-CTR streams, their Gaussians and cohorts
   tree.py        DP-FTRL's tree-aggregated noise, restarted every floor(N / m) rounds
-  banded.py      DP-FTRL's banded matrix factorisation noise
+  banded.py      DP-FTRL's banded matrix factorisation noise (the optimal banded Toeplitz factor)
+  release.py     what a private run logs and withholds (client aggregates, wall-clock times), test metrics marked
   adaptive.py    the clip norm that follows a quantile of the update norms, from a noised count
 """

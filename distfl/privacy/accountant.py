@@ -247,7 +247,9 @@ def guarantee(privacy: dict) -> str:
                f"DP-FTRL, banded matrix factorisation of {privacy['bands']} bands" if privacy.get("bands") else
                f"{privacy['cohort']} cohorts at rate {privacy['sampling_rate']:.4g}")
             + f", noise multiplier {privacy['noise_multiplier']:.4g})"
-            f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}")
+            f"{'; ' + SIMULATION if privacy.get('noise', 'keyed') == 'keyed' else '; noise secret'}"
+            + ("; test metrics not covered (the test split is the clients' own samples)"
+               if privacy.get("test_metrics_covered") is False else ""))
 
 
 def noise_mode(secure: bool) -> str:

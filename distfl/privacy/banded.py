@@ -14,8 +14,9 @@ columns of rounds at least b apart are orthogonal. A client in at most k rounds,
 C_clip sqrt(k): the whole release is ONE Gaussian mechanism of multiplier z / sqrt(k) (accountant.py),
 k = ceil(rounds / floor(N / m)).
 
-c is chosen to minimise the total squared error of the prefix sums, ||A C^-1||_F^2 (their objective for
-the prefix-sum workload), over unit-norm b-banded Toeplitz c, by L-BFGS from the truncated coefficients of
+c is the optimal banded Toeplitz factor: it minimises the total squared error of the prefix sums,
+||A C^-1||_F^2 (their objective for the prefix-sum workload), over unit-norm b-banded Toeplitz c only (the
+paper optimises every entry of a banded C, which can do better: docs/privacy.md), by L-BFGS from the truncated coefficients of
 A^(1/2) (c_i = binom(2i, i) / 4^i, the optimal Toeplitz square root). With u the first column of C^-1
 (also Toeplitz) and U_s = u_0 + ... + u_s, (A C^-1)[t, s] = U_{t-s}, so the objective is
 sum_s (n - s) U_s^2, O(n b) to evaluate.
@@ -56,7 +57,8 @@ def prefix_error(c: np.ndarray, n: int) -> float:
 
 
 def optimise(n: int, bands: int) -> np.ndarray:
-    """The unit-norm b-banded Toeplitz c that minimises prefix_error (L-BFGS with numerical gradients)."""
+    """The optimal banded Toeplitz factor: the unit-norm b-banded Toeplitz c that minimises prefix_error (L-BFGS
+    with numerical gradients); not the optimal general banded C."""
     bands = min(bands, n)
     start = np.array([math.comb(2 * i, i) / 4.0 ** i for i in range(bands)])
     if bands > 1:

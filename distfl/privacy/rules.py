@@ -71,6 +71,13 @@ def check(v: dict, algorithm_class) -> None:
     if v["eval.clients"]:
         raise ConfigError(f"{prefix}: eval.clients releases each client's own accuracy (and its label histogram "
                           "through its test split) unnoised; set eval.clients=false")
+    if v["eval.train_metrics"]:
+        raise ConfigError(f"{prefix}: eval.train_metrics releases global_train_loss and global_train_acc, the model "
+                          "scored on every client's training data, unnoised; set eval.train_metrics=false")
+    if "wandb" in v["output.trackers"] and not v["privacy.release_timings"]:
+        raise ConfigError(f"{prefix}: output.trackers has wandb, which stamps every logged round with its own clock "
+                          "(_timestamp, _runtime): the rounds' wall times, which a private run withholds (they count "
+                          "its cohorts); use tensorboard or mlflow, or set privacy.release_timings=true")
     model = v["model.name"]
     if has_batchnorm(model, v["model.norm"]):
         raise ConfigError(f"{prefix}: model.name={model} has BatchNorm, whose running statistics are averaged over "

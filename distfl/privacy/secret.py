@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import dist
+from .. import checkpoint, dist
 from ..errors import CheckpointError
 from . import csprng
 
@@ -87,7 +87,7 @@ def write(key: NoiseKey, checkpoint_dir: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchmod(fd, 0o600)  # also when the file existed, and whatever the umask
-        os.write(fd, f"{key.value:032x}\n".encode())
+        os.write(fd, checkpoint.secret_text(f"{key.value:032x}").encode())  # the manifest holds no hash of it
     finally:
         os.close(fd)
 
@@ -107,7 +107,7 @@ def restored(secure: bool, saved_mode: str | None, checkpoint_dir: Path) -> Nois
 def read(checkpoint_dir: Path) -> int:
     path = Path(checkpoint_dir) / NOISE_KEY_FILE
     try:
-        return int(path.read_text().strip(), 16)
+        return int(path.read_text().split("\n")[0], 16)  # then a check line (older keys: none)
     except (OSError, ValueError):
         raise CheckpointError(
             f"cannot resume from {checkpoint_dir}: its secret noise key {path.name} is missing or unreadable, so "

@@ -4,6 +4,7 @@ metrics, row for row, as the run that never stopped). Each kept checkpoint holds
 client file, never a hard link shared with client_state/ or another checkpoint (docs/checkpoints.md)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 
@@ -101,9 +102,9 @@ def test_a_deleted_metrics_file_is_restored_from_the_checkpoint(runs, tmp_path):
 
 
 def test_a_byte_flipped_in_a_secret_noise_key_falls_back_to_the_older_checkpoint(tmp_path):
-    """privacy.secure_noise writes its key into each checkpoint (noise_key, listed in the manifest): one
-    flipped byte there leaves the older checkpoint, whose key is the same, and the run resumes exactly as an
-    undamaged copy of it does (another key would give other noise: another model)."""
+    """privacy.secure_noise writes its key into each checkpoint (noise_key, named in the manifest, checked by
+    its own check line): one flipped byte there leaves the older checkpoint, whose key is the same, and the
+    run resumes exactly as an undamaged copy of it does (another key would give other noise: another model)."""
     cfg = write_config(tmp_path / "small.yaml")
     private = ["privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform",
                "privacy.secure_noise=true", "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3",
@@ -112,10 +113,42 @@ def test_a_byte_flipped_in_a_secret_noise_key_falls_back_to_the_older_checkpoint
     clean, damaged = copy(tmp_path / "stopped", tmp_path / "clean"), copy(tmp_path / "stopped", tmp_path / "damaged")
     key = damaged / "checkpoints" / "round_000004" / "noise_key"
     data = bytearray(key.read_bytes())
-    data[5] = ord("0") if data[5] != ord("0") else ord("1")  # still a hex digit: only the manifest can tell
+    data[5] = ord("0") if data[5] != ord("0") else ord("1")  # still a hex digit: only the check line can tell
     key.write_bytes(bytes(data))
     for run in (clean, damaged):
         proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
         assert proc.returncode == 0, proc.stderr
     assert "round_000004" in proc.stderr and "noise_key" in proc.stderr
     assert summary(damaged)["model_sha256"] == summary(clean)["model_sha256"]
+
+
+def test_the_manifest_holds_no_hash_of_the_secret_noise_key_and_older_checkpoints_still_resume(tmp_path):
+    """A secret key's SHA-256 beside it would let anyone who reads the manifest test guesses of the key: the
+    manifest names noise_key without a hash. A checkpoint of an earlier distfl (the key file one line, its
+    SHA-256 under the manifest's files) resumes to the same model as today's."""
+    cfg = write_config(tmp_path / "small.yaml")
+    private = ["privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform",
+               "privacy.secure_noise=true", "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3",
+               "checkpoint.every=1", "checkpoint.keep=2"]
+    train_ok(cfg, f"output.dir={tmp_path / 'stopped'}", *private, "train.rounds=4")
+    ckpt = tmp_path / "stopped" / "checkpoints" / "round_000004"
+    text = (ckpt / "manifest.json").read_text()
+    key_file = (ckpt / "noise_key").read_bytes()
+    key = key_file.decode().split("\n")[0]
+    manifest = json.loads(text)
+    assert manifest["secret"] == ["noise_key"] and "noise_key" not in manifest["files"]
+    for digest in (hashlib.sha256(key_file).hexdigest(), hashlib.sha256(key.encode()).hexdigest(),
+                   hashlib.sha256(f"{key}\n".encode()).hexdigest()):
+        assert digest not in text and digest[:16] not in text
+    old, new = copy(tmp_path / "stopped", tmp_path / "old"), copy(tmp_path / "stopped", tmp_path / "new")
+    for path in (old / "checkpoints").glob("round_*"):  # as an earlier distfl wrote them
+        (path / "noise_key").write_text(f"{key}\n")
+        manifest = json.loads((path / "manifest.json").read_text())
+        del manifest["secret"]
+        manifest["files"]["noise_key"] = hashlib.sha256(f"{key}\n".encode()).hexdigest()
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    for run in (old, new):
+        proc = run_cli(["train", "--resume", str(run), "train.rounds=6"])
+        assert proc.returncode == 0, proc.stderr
+        assert "skipped" not in proc.stderr
+    assert summary(old)["model_sha256"] == summary(new)["model_sha256"]

@@ -16,7 +16,7 @@ import yaml
 import dp_accounting
 from dp_accounting import pld, rdp
 
-from conftest import metrics, run_cli, train_ok
+from conftest import assert_refused, metrics, run_cli, train_ok, write_config
 from distfl import checkpoint, dist, trackers as tracking
 from distfl.config import load_config
 from distfl.federation import runner
@@ -130,6 +130,18 @@ class DoubleAdd(Algorithm):
     def client_statistics(self, run, worker, stats):
         super().client_statistics(run, worker, stats)
         self.add_update(stats, worker.params - run.global_params, run.weight)  # the update a second time
+
+class DivergesAtRound5(Algorithm):
+    private_release = True
+
+    def begin_round(self, round_idx):
+        super().begin_round(round_idx)
+        self.round_idx = round_idx
+
+    def server_update(self, params, buffers, reduced):
+        super().server_update(params, buffers, reduced)
+        if self.round_idx == 5:  # the server step blows the model up, as a far too large server.lr would
+            params.mul_(float("inf"))
 
 class WrongWeight(Algorithm):
     private_release = True
@@ -352,7 +364,7 @@ def test_secret_noise_is_the_same_on_one_and_two_ranks_and_resumed_and_never_wri
     assert one["model_sha256"] != two["model_sha256"]
     # The key appears nowhere but in its checkpoint files: not in config.yaml, metrics, summary, logs or
     # TensorBoard, in any spelling, nor in what the runs printed.
-    key = int(keys.pop(), 16)
+    key = int(keys.pop().split("\n")[0], 16)  # then its check line
     spellings = [f"{key:x}".encode(), f"{key:032x}".encode(), str(key).encode(),
                  key.to_bytes(16, "little"), key.to_bytes(16, "big")]
     files = [p for p in (tmp_path / "two").rglob("*") if p.is_file() and p.name != "noise_key"]
@@ -440,7 +452,9 @@ def test_a_run_keeps_its_noise_mode_on_resume(tmp_path, small_config):
 # the wall-clock times (documented as not covered).
 COVERED = {"model_sha256", "final_test_acc", "final_test_loss", "best_test_acc", "best_round", "test_acc", "test_loss",
            "privacy_clip_norm", "privacy_unclipped_fraction", "privacy.final_clip_norm", "update_norm"}
-TIMING = {"wall_s", "round_s", "eval_s"}
+# The evaluation's time: the model scored on the server's test set (no per-round time of the clients' training:
+# round_s and wall_s are withheld, privacy.release_timings).
+TIMING = {"eval_s"}
 
 
 def _flat(value, prefix=""):
@@ -465,7 +479,7 @@ def _tensorboard(run):
 def test_a_private_run_releases_no_unnoised_statistic_of_the_clients_data(tmp_path, small_config):
     """Two private runs with the same seed (so the same keyed noise and cohorts) on different client data
     (partition.seed): every value in summary.json, metrics.jsonl and TensorBoard that differs between them
-    depends on the clients' data, and must be the noised model's (COVERED) or a wall-clock time."""
+    depends on the clients' data, and must be the noised model's (COVERED) or the evaluation's time."""
     private = [*DP, "privacy.noise_multiplier=1", "privacy.clip_norm=0.3", "train.cohort=poisson",
                "privacy.adaptive_clip=true", "privacy.count_noise_multiplier=2", "output.tensorboard=true"]
     runs = [tmp_path / "a", tmp_path / "b"]
@@ -486,6 +500,82 @@ def test_a_private_run_releases_no_unnoised_statistic_of_the_clients_data(tmp_pa
     # The data differed, and the covered values show it (the walk compared something).
     assert summaries[0]["model_sha256"] != summaries[1]["model_sha256"]
     assert not any(key in row for row in rows[0] for key in mechanism.WITHHELD)
+
+
+def test_a_private_run_logs_no_wall_clock_time_unless_asked_and_names_no_client_count(tmp_path, small_config):
+    """A private Poisson run: a round's time counts its hidden cohort, so metrics.jsonl, TensorBoard (its
+    scalars and the times stamped on them), summary.json and the progress line carry none, unless
+    privacy.release_timings asks for them; a divergence's line names no count of clients."""
+    private = [*DP, "privacy.noise_multiplier=1", "train.cohort=poisson", "output.tensorboard=true",
+               "output.progress=log"]
+    timings = {"round_s", "wall_s", "samples_per_s"}
+    for opt_in in (False, True):
+        run = tmp_path / f"timings_{opt_in}"
+        proc = run_cli(["train", str(small_config), f"output.dir={run}", *private,
+                        f"privacy.release_timings={str(opt_in).lower()}"])
+        assert proc.returncode == 0, proc.stderr
+        rows, board = metrics(run), _tensorboard(run)
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(run / "tb"))
+        events.Reload()
+        stamps = {e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
+        summary = json.loads((run / "summary.json").read_text())
+        if opt_in:
+            assert all({"round_s", "wall_s"} <= row.keys() for row in rows)
+            assert "time/round_s" in board and summary["wall_s"] > 0 and "s/round" in proc.stderr
+            assert len(stamps) > 1
+        else:
+            assert not any(timings & row.keys() for row in rows) and len(rows) == 6
+            assert not any(tag.startswith("time/") and tag != "time/eval_s" for tag in board)
+            assert len(stamps) == 1  # every scalar stamped with the session's start
+            assert summary["wall_s"] is None and "s/round" not in proc.stderr and "eta" not in proc.stderr
+    # A divergence (every client's local model non-finite) says so without counting the clients.
+    proc = run_cli(["train", str(small_config), f"output.dir={tmp_path / 'diverged'}", *private, "train.lr=1e30"])
+    assert proc.returncode != 0 and "non-finite local model parameters in the cohort" in proc.stderr
+    assert "client(s)" not in proc.stderr and "term(s)" not in proc.stderr
+
+
+def test_test_metrics_of_a_natural_federation_are_marked_not_covered(tmp_path, small_config):
+    """FedProx's synthetic devices own their test samples (a natural federation's test split is the
+    clients'): a private run on them warns at start, says so on its final line and in summary.json. The
+    synthetic set's server-held test split is covered."""
+    natural = write_config(tmp_path / "natural.yaml", data={"dataset": "fedprox_synthetic"},
+                           partition={"scheme": "natural", "num_clients": 30}, model={"name": "mclr"},
+                           train={"rounds": 2, "clients_per_round": 5, "lr": 0.01, "batch_size": 10})
+    for config, covered in ((natural, False), (small_config, True)):
+        run = tmp_path / f"covered_{covered}"
+        proc = run_cli(["train", str(config), f"output.dir={run}", *DP, "privacy.noise_multiplier=1",
+                        "train.cohort=poisson", "train.rounds=2"])
+        assert proc.returncode == 0, proc.stderr
+        s = json.loads((run / "summary.json").read_text())
+        assert s["privacy"]["test_metrics_covered"] is covered and s["final_test_acc"] is not None
+        warned = [line for line in proc.stderr.splitlines() if "the test split holds the clients' own" in line]
+        assert len(warned) == (0 if covered else 1)
+        last = proc.stdout.strip().splitlines()[-1]
+        assert last.startswith("privacy: ") and ("test metrics not covered" in last) is not covered
+
+
+def test_a_failure_in_local_training_names_no_client_of_a_hidden_cohort(tmp_path, small_config, monkeypatch):
+    """A crash's line (stderr, summary.json's error) says where the run was: under DP, not which client
+    trained, since the cohorts are secret."""
+    def failing(*args, **kwargs):
+        raise RuntimeError("a local step that fails")
+
+    monkeypatch.setattr(runner, "train_client", failing)
+    monkeypatch.setattr(runner, "pack_statistics", lambda algorithm: False)
+    run = tmp_path / "run"
+    proc = run_cli(["train", str(small_config), f"output.dir={run}", *DP, "privacy.noise_multiplier=1",
+                    "train.cohort=poisson"])
+    error = json.loads((run / "summary.json").read_text())["error"]
+    assert proc.returncode != 0 and "round 1, local training of a sampled client" in error
+    assert "client " not in error.replace("a sampled client", "") and "client " not in proc.stderr.replace(
+        "a sampled client", "")
+
+
+def test_wandb_is_refused_in_a_private_run_that_withholds_timings(tmp_path, small_config):
+    assert_refused(small_config, tmp_path / "run", [*DP, "privacy.noise_multiplier=1", "output.trackers=wandb"],
+                   "privacy.release_timings=true")
 
 
 # ---- DP-FTRL: tree aggregation with restarts (Kairouz et al. 2021) ------------------------------------
@@ -693,6 +783,62 @@ def test_logged_epsilon_is_the_library_called_directly(tmp_path, small_config):
         assert summary["privacy"]["epsilon"] == metrics(run)[-1]["privacy_epsilon"]
 
 
+def _poisson_epsilon(z: float, q: float, rounds: int, delta: float) -> float:
+    """A fresh dp-accounting RDP accountant, `rounds` Poisson-sampled Gaussian rounds."""
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), rounds))
+    return acc.get_epsilon(delta)
+
+
+def _stop_at_round_5(monkeypatch):
+    run_round = runner.Trainer.run_round
+
+    def stopping(self, t):
+        if t == 5:
+            self.request_stop()  # as SIGTERM would: checkpointed after round 5, then stopped
+        return run_round(self, t)
+
+    monkeypatch.setattr(runner.Trainer, "run_round", stopping)
+
+
+def _fail_in_round_6s_evaluation(monkeypatch):
+    evaluate_round = runner.Trainer.evaluate_round
+
+    def failing(self, clients):
+        if self.state.last_round == 6:
+            raise RuntimeError("an evaluation that fails")
+        return evaluate_round(self, clients)
+
+    monkeypatch.setattr(runner.Trainer, "evaluate_round", failing)
+
+
+@pytest.mark.parametrize("ending,status,rounds", [("diverged", "diverged", 5), ("stopped", "stopped", 5),
+                                                  ("failed", "failed", 6)])
+def test_an_unfinished_run_accounts_the_rounds_of_its_model_not_its_last_evaluation(
+        tmp_path, small_config, dp_plugins, monkeypatch, ending, status, rounds):
+    """8 rounds evaluated every 3: a run that diverges in round 5's server step, stops after round 5, or
+    fails in round 6's evaluation (after its server step) holds a model with 5, 5 and 6 rounds of noised
+    sums; summary.json accounts those rounds (its last evaluation was round 3), as a fresh accountant does."""
+    run = tmp_path / "run"
+    args = ["train", str(small_config), f"output.dir={run}", *DP, "train.cohort=poisson", "privacy.noise_multiplier=1.1",
+            "train.rounds=8", "eval.every=3", "checkpoint.every=4"]
+    if ending == "diverged":
+        args.append("algorithm.name=dpplugins:DivergesAtRound5")
+    elif ending == "stopped":
+        _stop_at_round_5(monkeypatch)
+    else:
+        _fail_in_round_6s_evaluation(monkeypatch)
+    proc = run_cli(args)
+    assert proc.returncode != 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == status and s["privacy"]["rounds"] == rounds
+    assert s["privacy"]["epsilon"] == _poisson_epsilon(1.1, 5 / 12, rounds, 1e-3)
+    assert s["privacy"]["epsilon"] > _poisson_epsilon(1.1, 5 / 12, 3, 1e-3)  # the last evaluation's rounds
+    for row in metrics(run):  # each round's row: the rounds up to it
+        assert row["privacy_epsilon"] == _poisson_epsilon(1.1, 5 / 12, row["round"], 1e-3)
+
+
 def test_epsilon_reproduces_abadi_et_al_2016():
     # Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, Sec. 3.1: sampling ratio
     # q = 0.01, sigma = 4, delta = 1e-5, T = 10000 steps give "epsilon ~ 1.26 using the moments
@@ -748,6 +894,7 @@ REFUSED = [
     (["aggregation.fedbn=true"], "fedbn"),
     (["calibration.method=ffc"], "Z^T Z"),
     (["eval.clients=true"], "eval.clients"),
+    (["eval.train_metrics=true"], "eval.train_metrics releases global_train_loss"),
     (["train.cohort=sequential"], "no sampling accountant"),
     (["privacy.mechanism=dp_ftrl"], "accounted for train.cohort=sequential"),
     (["privacy.mechanism=dp_ftrl", "train.cohort=sequential", "privacy.accountant=pld"], "rdp accountant only"),
