@@ -1,7 +1,8 @@
 """The rank's one reused model, and the local training loop every client runs.
 
-The model's parameters (and float buffers, e.g. BatchNorm running statistics) are views into one flat
-tensor each, and the parameter gradients are views into one flat gradient tensor. Loading the global
+The model's trainable parameters (and float buffers, e.g. BatchNorm running statistics) are views into one
+flat tensor each, and the parameter gradients are views into one flat gradient tensor. Frozen parameters
+(`requires_grad=False`) stay the module's own tensors: fixed data, like a fixed head's buffers. Loading the global
 model into the worker is then one copy, a client's update is one subtraction, and the SGD step is a
 handful of fused vector ops instead of a loop over parameter tensors.
 
