@@ -11,7 +11,7 @@ ways, to choose how distfl should drive many small clients on CUDA (runtime.pack
 - pack P graphed: that call captured in a CUDA graph;
 - pack P graphed unfold: the same, with each convolution computed as `unfold` and a batched matrix
   product (`unfold_conv2d`) instead of cuDNN's grouped convolution, which on an H200 ran one client at a
-  time (bench/cuda_round_profile_2026-11-27.txt): a candidate for the packs' convolutions, to measure.
+  time (bench/results/cuda_round_profile_2026-11-27.txt): a candidate for the packs' convolutions, to measure.
 `--numerics strict` (default) computes as a distfl run does (`distfl.dist.cuda_float32_numerics`: TF32
 off, deterministic cuDNN); `torch` keeps torch's defaults (TF32 convolutions), as the 2026-11-26 numbers did.
 Each: milliseconds per client step (wall time between two synchronisations, divided by steps x P),

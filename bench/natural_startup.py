@@ -10,7 +10,7 @@ clients (mclr, batch 4), and what the first checkpoint then still waits for the 
 `--tree DIR` (repeatable) measures the distfl source tree DIR (a `git worktree` of another commit, say)
 instead of this one, interleaved with the others, to compare two versions under the same load.
 
-    PYTHONPATH=. python bench/natural_startup.py [--repeats 3] [--tree DIR ...] [--out bench/natural_startup.txt]
+    PYTHONPATH=. python bench/natural_startup.py [--repeats 3] [--tree DIR ...] [--out bench/results/natural_startup.txt]
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _write(folder: str, clients: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="bench/natural_startup.txt")
+    parser.add_argument("--out", default="bench/results/natural_startup.txt")
     parser.add_argument("--tree", action="append", default=[], help="a distfl source tree to measure (repeatable)")
     args = parser.parse_args()
     trees = [os.path.abspath(t) for t in args.tree] or [os.getcwd()]

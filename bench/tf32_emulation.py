@@ -8,7 +8,7 @@ rounds the inputs and weights of every Conv2d and Linear forward to 10 mantissa 
 (the backward pass stays float32, so this is less rounding than TF32 does),
 and compares with the exact float32 features: if such rounding moves features by ~1e-1 (ReLU and
 max-pool decisions flip, routing gradients elsewhere), TF32 accounts for the GPU's difference.
-Run: PYTHONPATH=. python bench/tf32_emulation.py  (about a minute, 1 thread); output in bench/tf32_emulation.txt.
+Run: PYTHONPATH=. python bench/tf32_emulation.py  (about a minute, 1 thread); output in bench/results/tf32_emulation.txt.
 """
 from contextlib import contextmanager
 

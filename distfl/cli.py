@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tff, StackOverflow: out-of-vocabulary buckets (default 0: one, TFF's default)")
     p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
-    p.add_argument("--out", default="bench/results.json", help="where to write the JSON results")
+    p.add_argument("--out", default="bench/results/results.json", help="where to write the JSON results")
     p.add_argument("--rounds", type=int, default=None,
                    help="FL rounds per measurement (default 10; whole-run suite: each run's own, at most this)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "at a time versus packs (runtime.pack_size); startup: what a short 2-rank run spends outside training; "
                         "privacy: seconds to draw a million parameters' DP noise, secret and keyed; "
                         "whole-run: training seconds of pfl-research's CIFAR-10 benchmark run and of the quickstart "
-                        "(written to bench/<suite>.json)")
+                        "(written to bench/results/<suite>.json)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="runtime and cross-device suites: the device the runs train on (default: runtime cpu, "
                         "cross-device cuda when available); tct suite: where the eNTK features are computed "

@@ -91,14 +91,15 @@ def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None =
 
 
 def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ...] = (), stop_at: int = 4,
-                    rounds: int = 6) -> tuple[dict, dict, dict]:
+                    rounds: int = 6, paths=()) -> tuple[dict, dict, dict]:
     """Train `config` with `args` three ways: on 1 rank; on 2 ranks (with the extra overrides `two`); and
     on 1 rank stopped after `stop_at` rounds, then resumed on 2 ranks to `rounds`. Asserts that the three
-    give the same model, test accuracy and train loss every round; returns their summaries."""
+    give the same model, test accuracy and train loss every round; returns their summaries. `paths`: as
+    `run_cli`'s (an out-of-tree plugin package)."""
     one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args)
-    on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2)
+    on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2, paths=paths)
     train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}")
-    resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2)
+    resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2, paths=paths)
     assert one["model_sha256"] == on_two["model_sha256"] == resumed["model_sha256"]
     assert one["final_test_acc"] == on_two["final_test_acc"] == resumed["final_test_acc"]
     losses = [r["train_loss"] for r in metrics(tmp_path / "one")]
@@ -115,13 +116,15 @@ def assert_refused(config: Path, run: Path, overrides, says: str) -> None:
     assert not run.exists()
 
 
-def build_trainer(config: Path, out_dir: Path, *overrides: str):
-    """A one-rank CPU Trainer of CONFIG with OVERRIDES, writing to OUT_DIR; nothing trained yet."""
+def build_trainer(config: Path | None, out_dir: Path, *overrides: str):
+    """A one-rank CPU Trainer of CONFIG (None: every key's default) with OVERRIDES, writing to OUT_DIR;
+    nothing trained yet."""
     from distfl import dist
     from distfl.config import load_config
     from distfl.federation.runner import Trainer
 
-    return Trainer(load_config(str(config), [*overrides, f"output.dir={out_dir}"]), dist.init("cpu", 1))
+    return Trainer(load_config(None if config is None else str(config), [*overrides, f"output.dir={out_dir}"]),
+                   dist.init("cpu", 1))
 
 
 def record_client_models(trainer) -> list:
@@ -151,14 +154,9 @@ def assert_packs_train_as_one_at_a_time(config: Path, tmp_path: Path, pack: int,
     time does, up to float rounding."""
     import torch
 
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     params = {}
     for size in (1, pack):
-        trainer = Trainer(load_config(str(config), [f"runtime.pack_size={size}", *overrides,
-                                                    f"output.dir={tmp_path / f'pack{size}'}"]), dist.init("cpu", 1))
+        trainer = build_trainer(config, tmp_path / f"pack{size}", f"runtime.pack_size={size}", *overrides)
         try:
             assert trainer.pack_size == size
             start = trainer.global_params.clone()
@@ -222,11 +220,13 @@ def wait_for_marks(marks: Path, count: int, timeout_s: float = 240) -> None:
 
 
 class MethodFixture:
-    """A method built as a run builds it (wrapped in the features its config asks for), without data or a
-    run directory: a model of the config's architecture on CPU, and `clients` clients of `samples`
-    samples each (labels cycling through the classes)."""
+    """A method built as a run builds it (wrapped in the features its config asks for), without a run
+    directory: a model of the config's architecture on CPU, and `clients` clients of `samples` samples
+    each (labels cycling through the classes, inputs drawn from the seed), which can train."""
 
     def __init__(self, overrides, clients: int, samples: int, input_shape, num_classes: int):
+        import types
+
         import numpy as np
         import torch
 
@@ -239,21 +239,40 @@ class MethodFixture:
         self.cfg = load_config(None, ["data.dataset=synthetic", "model.name=mlp", *overrides])
         labels = np.arange(clients * samples) % num_classes
         self.population = Population(np.split(np.arange(clients * samples), clients), labels, num_classes)
+        inputs = torch.randn(clients * samples, *input_shape, generator=torch.Generator().manual_seed(self.cfg.seed))
+        self.data = types.SimpleNamespace(train_x=inputs, train_y=torch.from_numpy(labels), augment=None)
         torch.manual_seed(self.cfg.seed)
         self.worker = FlatModel(build_model(self.cfg.model, input_shape, num_classes))
         self.global_params = self.worker.params.detach().clone()
+        self.global_buffers = self.worker.buffers.detach().clone()
         noise = None if self.cfg.privacy.mechanism == "none" else self.cfg.privacy.noise_multiplier
         self.method = build_algorithm(self.cfg, self.population, self.worker, torch.device("cpu"),
                                       lambda: build_model(self.cfg.model, input_shape, num_classes), noise)
 
     def client_run(self, client: int, round_idx: int = 1, cohort=None):
-        """A ClientRun of `client` in `cohort` (default: every client), from the current global model."""
-        from distfl.federation.local import ClientRun
+        """A ClientRun of `client` in `cohort` (default: every client), from the current global model, bound
+        to the client's data and the method's hooks (`run.train()` takes its local SGD steps)."""
+        import torch
+
+        from distfl.federation.local import ClientRun, LocalSGD, local_steps
 
         cohort = list(range(len(self.population))) if cohort is None else cohort
-        return ClientRun(client_id=client, round_idx=round_idx, num_samples=int(self.population.sizes[client]),
-                         weight=self.method.client_weight(client, cohort), steps=1,
-                         global_params=self.global_params, state=self.method.init_client_state())
+        n, train = int(self.population.sizes[client]), self.cfg.train
+        indices = torch.as_tensor(self.population.indices[client])
+        return ClientRun(client_id=client, round_idx=round_idx, num_samples=n,
+                         weight=self.method.client_weight(client, cohort),
+                         steps=local_steps(n, train.batch_size, train.local_epochs, train.local_steps,
+                                           self.worker.fold_single),
+                         global_params=self.global_params, state=self.method.init_client_state(),
+                         sgd=LocalSGD(self.worker, self.data, indices, train, self.method))
+
+    def train(self, run):
+        """`run`'s local training as a round runs it (the global model loaded, the method's begin_client and
+        local_training, the client's keyed RNG): the worker then holds the client's model. Returns `run`."""
+        from distfl.federation.local import train_client
+
+        return next(train_client(self.worker, self.data, [run.sgd.indices], [run], self.cfg.train, self.method,
+                                 self.global_buffers))
 
 
 @pytest.fixture

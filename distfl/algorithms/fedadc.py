@@ -101,6 +101,7 @@ class FedADC(Algorithm):
             # stream that seeded the worker; it never trains.
             with torch.random.fork_rng(devices=[]):
                 self.teacher = FlatModel(self.model_factory())
+            self.teacher.copy_frozen(self.layout)  # a frozen backbone: the worker's weights, not a fresh draw
             for p in self.teacher.module.parameters():
                 p.requires_grad_(False)
             self.teacher.module.eval()

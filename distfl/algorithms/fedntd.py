@@ -49,6 +49,7 @@ class FedNTD(Algorithm):
         # without touching the RNG stream that seeded the worker.
         with torch.random.fork_rng(devices=[]):
             self.global_model = FlatModel(self.model_factory())
+        self.global_model.copy_frozen(worker)  # a frozen backbone: the worker's weights, not a fresh draw
         for p in self.global_model.module.parameters():
             p.requires_grad_(False)
         self.global_model.module.eval()

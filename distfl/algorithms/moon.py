@@ -58,6 +58,7 @@ class Moon(Algorithm):
             self.global_model = FlatModel(self.model_factory())
             self.previous_model = FlatModel(self.model_factory())
         for copy in (self.global_model, self.previous_model):
+            copy.copy_frozen(self.layout)  # a frozen backbone: the worker's weights, not a fresh draw
             for p in copy.module.parameters():
                 p.requires_grad_(False)
             copy.module.eval()

@@ -57,7 +57,7 @@ class PerFedAvg(Algorithm):
         if run.pass_name == "personalise":
             return model.loss(model(x), y) * self._personal_scale(run)
         parts = batch_parts(x, y, 3 if self.hf else 2)
-        names, params = zip(*model.named_parameters())
+        names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
         (xa, ya), (xb, yb) = parts[0], parts[1]
         grads = torch.autograd.grad(model.loss(model(xa), ya), params)
         if not self.hf:

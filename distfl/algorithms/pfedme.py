@@ -63,8 +63,8 @@ class PFedMe(Algorithm):
             self.theta = (theta - o.personal_lr * (grad + o.lam * (theta - w))).detach()
         with torch.no_grad():
             value = model.loss(call_at(model, self.views, self.theta, x), y)
-        pull = sum(((p - self.theta[where].view(shape)) ** 2).sum()
-                   for p, (_, where, shape) in zip(model.parameters(), self.views))
+        params = dict(model.named_parameters())
+        pull = sum(((params[name] - self.theta[where].view(shape)) ** 2).sum() for name, where, shape in self.views)
         pull = 0.5 * o.lam * pull
         return value + pull - pull.detach()
 

@@ -13,8 +13,8 @@ shared harness (harness.py):
   whole-run          training seconds of whole runs: pfl-research's CIFAR-10 benchmark config and the
                      quickstart (whole_run.py)
 
-Each writes JSON with every raw timing and a markdown table beside it (bench/<suite>.json and .md;
-the runtime suite: bench/results.json).
+Each writes JSON with every raw timing and a markdown table beside it (bench/results/<suite>.json and .md;
+the runtime suite: bench/results/results.json).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def main_suite(args) -> int:
         raise ConfigError(f"distfl bench: KEY=VALUE overrides ({' '.join(extra)}) apply to the cross-device "
                           f"and whole-run suites only, not --suite {suite}")
     repeats = 1 if quick else int(args.repeats)
-    out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
+    out = Path(args.out) if args.out != "bench/results/results.json" else Path(f"bench/results/{suite}.json")
     module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup, "system": system,
               "privacy": privacy, "whole-run": whole_run, "compression": compression}[suite]
     if suite == "startup":

@@ -1,7 +1,8 @@
 """The rank's one reused model, and the local training loop every client runs.
 
-The model's parameters (and float buffers, e.g. BatchNorm running statistics) are views into one flat
-tensor each, and the parameter gradients are views into one flat gradient tensor. Loading the global
+The model's trainable parameters (and float buffers, e.g. BatchNorm running statistics) are views into one
+flat tensor each, and the parameter gradients are views into one flat gradient tensor. Frozen parameters
+(`requires_grad=False`) stay the module's own tensors: fixed data, like a fixed head's buffers. Loading the global
 model into the worker is then one copy, a client's update is one subtraction, and the SGD step is a
 handful of fused vector ops instead of a loop over parameter tensors.
 
@@ -29,13 +30,17 @@ class FlatModel:
         # Training batches of images go to the model in channels_last memory format (runtime.channels_last):
         # the same values, faster CPU kernels for convolutions and max-pooling.
         self.channels_last = channels_last
-        named = list(module.named_parameters())
+        # Only the parameters that train (`requires_grad`) are flat: a frozen one (a pretrained backbone a
+        # plugin model freezes) stays the module's own tensor, fixed data like a fixed head's buffers below.
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        frozen_params = [p for p in module.parameters() if not p.requires_grad]
         params = [p for _, p in named]
         self.param_tensors = params
-        device = params[0].device
+        device = next(module.parameters()).device
         # name -> slice of the flat vector, for methods that treat some parameters differently (FedBN).
         self.param_slices: dict[str, slice] = {}
-        self.params = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float32)
+        self.params = torch.cat([p.detach().reshape(-1) for p in params] or [torch.zeros(0, device=device)]
+                                ).to(torch.float32)
         self.grads = torch.zeros_like(self.params)
         offset = 0
         for name, p in named:
@@ -48,10 +53,11 @@ class FlatModel:
 
         # Buffers of `frozen` modules (a fixed classifier head) stay out of the flat vectors: they are
         # identical everywhere, never aggregated and never trained. `frozen` lists the persistent ones (the
-        # checkpoint holds them); a non-persistent one is data (Sent140's word vectors, hashed as a data file).
+        # checkpoint holds them), then the frozen parameters; a non-persistent buffer is data (Sent140's
+        # word vectors, hashed as a data file).
         frozen_modules = [m for m in module.modules() if getattr(m, "frozen", False)]
         self.frozen = [b for m in frozen_modules for k, b in m._buffers.items()
-                       if b is not None and k not in m._non_persistent_buffers_set]
+                       if b is not None and k not in m._non_persistent_buffers_set] + frozen_params
         frozen_ids = {id(b) for m in frozen_modules for b in m.buffers()}
         float_buffers = [(f"{prefix}.{k}" if prefix else k, m, k, b) for prefix, m in module.named_modules()
                          for k, b in m._buffers.items()
@@ -75,7 +81,15 @@ class FlatModel:
 
     @property
     def num_params(self) -> int:
+        """The number of trained parameters (the flat vector's length; frozen ones are not counted)."""
         return self.params.numel()
+
+    def copy_frozen(self, source: FlatModel) -> None:
+        """Make this model's fixed tensors (a fixed head's buffers, frozen parameters) `source`'s: a copy of
+        the run's model built afresh (a method's teacher) then holds the worker's frozen weights."""
+        with torch.no_grad():
+            for tensor, value in zip(self.frozen, source.frozen, strict=True):
+                tensor.copy_(value)
 
     def load(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
         """Make the worker equal to a given model (integer buffers go back to the global values)."""

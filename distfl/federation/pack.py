@@ -35,8 +35,8 @@ from .schedule import round_lr
 
 # runtime.pack_size=0 (auto) by device type. CPU: a vmap pack measured 1.05-1.5x slower per client step
 # than one at a time (SimpleCNN, batch 10-32), and 3.3x slower for pfl_cnn at batch 10, pack 10
-# (bench/cross-device.md). CUDA (H200, pfl_cnn, batch 10, 50 clients a round, steps replayed as CUDA
-# graphs; bench/cross-device-cuda_2026-11-27_graphs.md): 0.646 s a round one at a time, 0.069 in packs of
+# (bench/results/cross-device.md). CUDA (H200, pfl_cnn, batch 10, 50 clients a round, steps replayed as CUDA
+# graphs; bench/results/cross-device-cuda_2026-11-27_graphs.md): 0.646 s a round one at a time, 0.069 in packs of
 # 10, 0.064 of 25, 0.055 of 50. Several ranks sharing the GPU were slower than one (docs/gpu.md).
 AUTO_PACK_SIZE = {"cpu": 1, "cuda": 50}
 

@@ -74,7 +74,7 @@ class RunProgress:
 
 class GlobalModel:
     """The global model as flat tensors (`params`, `buffers`), with what of it lives in the worker only:
-    its integer buffers (BatchNorm's counters) and a fixed head's buffers."""
+    its integer buffers (BatchNorm's counters), a fixed head's buffers and frozen parameters."""
 
     def __init__(self, worker):
         self.worker = worker

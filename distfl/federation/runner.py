@@ -141,10 +141,10 @@ class Trainer:
         dist.check_same_on_all_ranks(
             dist.fingerprint(self.global_params) ^ dist.fingerprint(self.global_buffers), ctx,
             f"the initial model (this rank: torch {torch.__version__} on {self.device.type})")
-        # A fixed head (model.head=sphere|fixed_random) is built from model.head_seed; prove every
-        # rank built the same one before any training relies on it.
+        # A fixed head (model.head=sphere|fixed_random) is built from model.head_seed, frozen parameters from
+        # the seed; prove every rank built the same ones before any training relies on them.
         for tensor in self.worker.frozen:
-            dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed classifier head")
+            dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed head and frozen parameters")
         if cfg.privacy.mechanism != "none":
             dp_rules.check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
         # The method, wrapped in the run's features (GMA, FedBN, DP: algorithms/__init__.py).

@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import metrics, one_two_resumed, train_ok, write_config
+from conftest import build_trainer, metrics, one_two_resumed, train_ok, write_config
 from test_system import killed_and_resumed
-from distfl import dist
 from distfl.config import ConfigWarning, load_config
 from distfl.errors import ConfigError
-from distfl.federation.runner import Trainer
 from distfl.system.staleness import staleness_weight
 
 SPEEDS = ("system.speed=lognormal:0,1", "system.bandwidth=uniform:100,1000")
@@ -43,11 +41,6 @@ def test_staleness_weights_are_the_papers(s):
     assert staleness_weight("hinge", s, a=10.0, b=4.0) == (1.0 if s <= 4 else pytest.approx(1 / (10.0 * (s - 4) + 1)))
 
 
-def _trainer(tmp_path, *overrides):
-    cfg = load_config(str(write_config(tmp_path / "c.yaml")), [*overrides, f"output.dir={tmp_path / 'run'}"])
-    return Trainer(cfg, dist.init("cpu", 1))
-
-
 def _record(trainer) -> list:
     """(step, the version's round the client started in, its model, start model, weight) of every update."""
     seen = []
@@ -63,7 +56,7 @@ def _record(trainer) -> list:
 
 
 def test_fedbuff_applies_staleness_weighted_updates(tmp_path):
-    trainer = _trainer(tmp_path, *SPEEDS, *BUFFERED)
+    trainer = build_trainer(write_config(tmp_path / "c.yaml"), tmp_path / "run", *SPEEDS, *BUFFERED)
     seen = _record(trainer)
     sizes = trainer.population.sizes
     stale_seen = set()
@@ -85,8 +78,9 @@ def test_fedbuff_applies_staleness_weighted_updates(tmp_path):
 
 
 def test_fedasync_mixes_with_alpha_times_the_staleness_weight(tmp_path):
-    trainer = _trainer(tmp_path, *SPEEDS, "system.async_mode=fedasync", "system.concurrency=4",
-                       "system.staleness=hinge", "system.staleness_a=2", "system.staleness_b=1", "system.async_alpha=0.5")
+    trainer = build_trainer(write_config(tmp_path / "c.yaml"), tmp_path / "run", *SPEEDS, "system.async_mode=fedasync",
+                            "system.concurrency=4", "system.staleness=hinge", "system.staleness_a=2",
+                            "system.staleness_b=1", "system.async_alpha=0.5")
     seen = _record(trainer)
     stale_seen = set()
     for t in range(1, 11):

@@ -1,5 +1,5 @@
 """`distfl bench --quick`: it runs end to end and records what it should. No speed assertions here:
-the speed targets are judged in the bench's own results (bench/results.md), never in tests."""
+the speed targets are judged in the bench's own results (bench/results/results.md), never in tests."""
 import argparse
 import importlib.util
 import json
@@ -15,7 +15,7 @@ from distfl.data.datasets import find_fmnist
 from distfl.errors import DataError
 from distfl.federation.aggregate import STANDARD_SEGMENTS
 from distfl.models import build_model
-from distfl.schema import ModelConfig
+from distfl.config.schema import ModelConfig
 
 
 def _fmnist_available() -> bool:

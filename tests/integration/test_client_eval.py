@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import metrics, run_cli, summary, train_ok, write_config
+from conftest import build_trainer, metrics, run_cli, summary, train_ok, write_config
 from distfl.data.client_test import class_quota, client_test_sets
 
 STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10", "client_acc_weighted_mean")
@@ -66,17 +66,12 @@ def _bn_config(tmp_path):
 def test_client_statistics_recomputed_independently_with_fedbn(tmp_path):
     """Each client's model is the global one with its own BatchNorm (the global BatchNorm if it was
     never sampled), scored on its own test set; mean, std, min and p10 over the clients."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    cfg = load_config(str(_bn_config(tmp_path)), [f"output.dir={tmp_path / 'r'}"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(_bn_config(tmp_path), tmp_path / "r")
     trainer.run_round(1)
     got = trainer.evaluate_round(clients=True)
 
     alg, worker = trainer.algorithm, trainer.worker
-    sets = client_test_sets(trainer.population.class_counts, trainer.data.test_y.numpy(), 0, cfg.seed)
+    sets = client_test_sets(trainer.population.class_counts, trainer.data.test_y.numpy(), 0, trainer.cfg.seed)
     accuracies, own, hits, samples = [], 0, 0, 0
     for client, idx in enumerate(sets):
         params, buffers = trainer.global_params.clone(), trainer.global_buffers.clone()
@@ -184,14 +179,12 @@ def test_holdout_split_is_a_stratified_deterministic_part_of_each_partition():
 def test_holdout_is_never_trained_on_and_scores_the_logged_statistics(tmp_path, small_config, monkeypatch):
     """The held-out samples leave the training indices before any training (sizes count the rest), the
     split is the same for two constructions, and the statistics are the clients' accuracies on them."""
-    from distfl import dist
-    from distfl.config import load_config
     from distfl.data.client_test import holdout_split
     from distfl.data.partition import partition
     from distfl.federation import runner
 
-    cfg = load_config(str(small_config), [f"output.dir={tmp_path / 'r'}", *HOLDOUT])
-    trainer = runner.Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(small_config, tmp_path / "r", *HOLDOUT)
+    cfg = trainer.cfg
     labels = trainer.data.train_y.numpy()
     parts = partition(labels, cfg.partition, trainer.data.num_classes, cfg.seed)
     train, held = holdout_split(parts, labels, 0.25, cfg.seed)
@@ -201,8 +194,7 @@ def test_holdout_is_never_trained_on_and_scores_the_logged_statistics(tmp_path, 
         assert len(np.intersect1d(tr, ho)) == 0 and np.array_equal(np.sort(np.concatenate([tr, ho])), np.sort(part))
     assert trainer.population.sizes.tolist() == [len(t) for t in train]
     assert trainer.client_test_x is trainer.data.train_x
-    other = runner.Trainer(load_config(str(small_config), [f"output.dir={tmp_path / 'o'}", *HOLDOUT]),
-                           dist.init("cpu", 1))
+    other = build_trainer(small_config, tmp_path / "o", *HOLDOUT)
     assert all(torch.equal(a, b) for a, b in zip(other.client_test, trainer.client_test))
 
     trained = []

@@ -59,7 +59,7 @@ def twice(config, tmp_path, *overrides, nproc: int = 1) -> dict:
 
 
 def test_models_run_forward_and_backward_on_cuda(gpus):
-    code = ("import torch\nfrom distfl.models import build_model\nfrom distfl.schema import ModelConfig\n"
+    code = ("import torch\nfrom distfl.models import build_model\nfrom distfl.config.schema import ModelConfig\n"
             "for name in ['simplecnn','tct_cnn','lenet5','cifar_cnn','resnet18','resnet20','mlp','pfl_cnn']:\n"
             "    m = build_model(ModelConfig(name=name), (3, 32, 32), 10).cuda()\n"
             "    out = m(torch.randn(2, 3, 32, 32, device='cuda'))\n"

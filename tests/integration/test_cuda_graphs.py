@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import write_config
+from conftest import build_trainer, write_config
 from distfl.errors import ConfigError
 from distfl.federation import graphs
 from distfl.federation.pack import PackBatches, client_batches
@@ -120,12 +120,9 @@ def test_summary_names_the_graphs_of_a_run(tmp_path, stand_in):
     (["runtime.cuda_graphs=on", "runtime.pack_size=4"], "runtime.cuda_graphs=on needs a GPU"),
 ])
 def test_graphs_on_a_cpu_are_refused(tmp_path, overrides, expected):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation import runner
     config = write_config(tmp_path / "c.yaml", train={"rounds": 1, "clients_per_round": 4})
     with pytest.raises(ConfigError, match=expected):
-        runner.Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / 'r'}"]), dist.init("cpu", 1))
+        build_trainer(config, tmp_path / "r", *overrides)
 
 
 def test_graphs_need_packs(stand_in):

@@ -120,7 +120,7 @@ def test_the_fmnist_files_are_hashed_from_the_bytes_read():
     loader already read). Its cost is measured by `distfl bench startup` ("dataset decode"), not here:
     no test asserts a time."""
     from distfl.data import datasets
-    from distfl.schema import DataConfig
+    from distfl.config.schema import DataConfig
 
     try:
         datasets.find_fmnist("data")
@@ -192,7 +192,7 @@ def test_bad_data_refused_before_any_work(tmp_path, case):
 
 def test_declared_num_classes_allows_classes_without_training_samples(tmp_path):
     from distfl.data.datasets import load_dataset
-    from distfl.schema import DataConfig
+    from distfl.config.schema import DataConfig
 
     data = arrays()
     data["y_train"] = np.where(data["y_train"] == 3, 5, data["y_train"])  # classes 0, 1, 2, 5 of 8
@@ -212,7 +212,7 @@ def test_image_folder_test_classes_follow_the_training_folders(tmp_path):
 
     from distfl.data.datasets import load_dataset
     from distfl.errors import DataError
-    from distfl.schema import DataConfig
+    from distfl.config.schema import DataConfig
 
     for split, labels in (("train", ("ant", "bee", "cat")), ("test", ("ant", "cat"))):
         for label in labels:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import metrics, one_two_resumed, run_cli, train_ok
+from conftest import build_trainer, metrics, one_two_resumed, run_cli, train_ok
 from test_tff_text import _config, _independent_scores, _shakespeare
 
 
@@ -18,15 +18,10 @@ def _rows(size: int, wanted: int, seed: int, stream: int) -> list[int]:
 def test_the_sampled_rows_are_scored(tmp_path):
     """test_* and global_train_* of a Shakespeare model equal a token-by-token scoring of the drawn rows
     only (5 test and 11 training sequences; 3 and 6 of them scored); eval.clients is not sampled."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     (tmp_path / "sh").mkdir()
     _shakespeare(tmp_path / "sh")
-    cfg = load_config(str(_config(tmp_path, "sh", "shakespeare_lstm")),
-                      ["eval.test_samples=3", "eval.train_samples=6", f"output.dir={tmp_path / 'r'}"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(_config(tmp_path, "sh", "shakespeare_lstm"), tmp_path / "r", "eval.test_samples=3",
+                            "eval.train_samples=6")
     trainer.run_round(1)
     got = trainer.evaluate_round(clients=True)
     model, data = trainer.worker.module, trainer.data

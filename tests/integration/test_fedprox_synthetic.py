@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import metrics, one_two_resumed, run_cli, write_config
+from conftest import build_trainer, metrics, one_two_resumed, run_cli, write_config
 from distfl.data.fedprox_synthetic import generate, load_fedprox_synthetic
 
 # ---- an independent transcription of the authors' generators (litian96/FedProx: data/synthetic_*/
@@ -151,14 +151,9 @@ def test_one_rank_two_ranks_resumed(tmp_path):
 def test_run_trains_each_device_on_its_own_samples(tmp_path):
     """In a run, client k's training samples are device k's training split and its local test set is
     device k's test split; the global model's training loss is its mean loss over all training samples."""
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-    from distfl import dist
-
-    cfg_path = write_config(tmp_path / "synth.yaml", SYNTH, output={"dir": str(tmp_path / "run"), "progress": "none",
-                                                                      "tensorboard": False})
+    cfg_path = write_config(tmp_path / "synth.yaml", SYNTH)
     fed = load_fedprox_synthetic(1.0, 1.0, False, 1)
-    trainer = Trainer(load_config(str(cfg_path), []), dist.init("cpu", 1))
+    trainer = build_trainer(cfg_path, tmp_path / "run")
     try:
         for k in range(30):
             x = trainer.data.train_x[trainer.client_indices[k]]
@@ -179,7 +174,7 @@ def test_run_trains_each_device_on_its_own_samples(tmp_path):
 
 def test_mclr_is_one_dense_layer_glorot_zero_bias():
     from distfl.models import build_model
-    from distfl.schema import ModelConfig
+    from distfl.config.schema import ModelConfig
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="mclr"), (1, 1, 60), 10)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import REPO, run_cli, summary, train_ok, write_config
+from conftest import REPO, build_trainer, run_cli, summary, train_ok, write_config
 from distfl import dist
 from distfl.errors import ConfigError
 from distfl.federation.state import ClientStateStore
@@ -180,12 +180,8 @@ class DeviceReads(TorchDispatchMode):
 
 
 def _reads_in_one_round(tmp_path, clients: int, **sections) -> int:
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     config = write_config(tmp_path / f"c{clients}.yaml", **sections)
-    cfg = load_config(str(config), [f"output.dir={tmp_path / f'r{clients}'}", f"train.clients_per_round={clients}"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(config, tmp_path / f"r{clients}", f"train.clients_per_round={clients}")
     trainer.run_round(1)  # the first round builds what later rounds reuse
     with DeviceReads() as reads:
         trainer.run_round(2)

@@ -180,7 +180,7 @@ def test_malformed_files_are_refused_in_one_line(tmp_path, damage, message):
 
 def test_models_match_leafs_shapes():
     from distfl.models import build_model
-    from distfl.schema import ModelConfig
+    from distfl.config.schema import ModelConfig
 
     torch.manual_seed(0)
     cnn = build_model(ModelConfig(name="femnist_cnn"), (1, 28, 28), 62)
@@ -243,7 +243,7 @@ def test_natural_client_count_is_checked(tmp_path):
 
 def test_image_transforms_are_refused_on_characters(tmp_path):
     from distfl.data.datasets import load_dataset
-    from distfl.schema import DataConfig
+    from distfl.config.schema import DataConfig
 
     _shakespeare_all_data(tmp_path / "leaf", length=12)
     for key, value in (("normalize", "mean_std"), ("augment", "crop_flip")):

@@ -156,7 +156,7 @@ def test_sent140_lstm_is_leafs_shape():
     parameter and not in the state_dict (they are data); learned: LEAF's (words + 1) x 100 table."""
     from distfl.federation.local import FlatModel
     from distfl.models import build_model
-    from distfl.schema import ModelConfig
+    from distfl.config.schema import ModelConfig
 
     table = torch.randn(16, DIM)
     table[-1] = 0
@@ -375,7 +375,7 @@ def test_reddit_malformed_is_refused_in_one_line(tmp_path, damage, message):
 
 def test_reddit_lstm_is_leafs_shape():
     from distfl.models import build_model
-    from distfl.schema import ModelConfig
+    from distfl.config.schema import ModelConfig
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="reddit_lstm"), (SEQ,), 10_000)

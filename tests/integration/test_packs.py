@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli, summary, train_ok, write_config
+from conftest import build_trainer, run_cli, summary, train_ok, write_config
 from distfl.errors import ConfigError
 
 # Packed and one-at-a-time runs differ only by the summation order of vectorised kernels.
@@ -22,10 +22,6 @@ CNN = {"model": {"name": "simplecnn"}, "data": {"synthetic_image_size": 16},
 
 def _trained(config, tmp_path, name, *overrides, rounds=2):
     """In-process Trainer after `rounds` rounds, and how many packs (of 2+ clients) it trained."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation import runner
-
     from distfl.federation import pack
 
     packs = []
@@ -35,8 +31,7 @@ def _trained(config, tmp_path, name, *overrides, rounds=2):
         packs.append(len(runs))
         return train_rows(flat, step, data, indices, runs, *args)
 
-    trainer = runner.Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"]),
-                             dist.init("cpu", 1))
+    trainer = build_trainer(config, tmp_path / name, *overrides)
     original, pack.train_pack_rows = pack.train_pack_rows, counting
     try:
         for t in range(1, rounds + 1):
@@ -124,7 +119,7 @@ def test_unequal_clients_take_exactly_their_own_steps(monkeypatch):
     from distfl.federation.local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
     from distfl.federation.pack import PackStep
     from distfl.models import build_model
-    from distfl.schema import ModelConfig, TrainConfig
+    from distfl.config.schema import ModelConfig, TrainConfig
 
     torch.manual_seed(0)
     flat = FlatModel(build_model(ModelConfig(name="resnet20"), (3, 8, 8), 4))

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import run_cli, train_ok
+from conftest import build_trainer, run_cli, train_ok
 from distfl.data.datasets import DEBIAN_FMNIST_DIR
 from distfl.data.partition import describe, partition, save_partition
 from distfl.errors import DataError
@@ -323,10 +323,6 @@ def test_describe_many_classes_shows_top5():
 
 
 def test_partition_cli_writes_the_split_training_uses(small_config, tmp_path):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     out = tmp_path / "sub" / "split.npz"
     overrides = ["partition.scheme=n_classes", "partition.num_clients=7"]
     proc = run_cli(["partition", small_config, "--out", out, *overrides])
@@ -337,8 +333,7 @@ def test_partition_cli_writes_the_split_training_uses(small_config, tmp_path):
         assert sorted(saved.files) == sorted(f"client_{i}" for i in range(7))
         arrays = [saved[f"client_{i}"] for i in range(7)]
     assert all(a.dtype == np.int64 for a in arrays)
-    trainer = Trainer(load_config(str(small_config), [*overrides, f"output.dir={tmp_path / 'run'}"]),
-                      dist.init("cpu", 1))
+    trainer = build_trainer(small_config, tmp_path / "run", *overrides)
     used = trainer.population.indices
     assert len(used) == 7
     assert all(np.array_equal(a, u) for a, u in zip(arrays, used))  # same indices, same order

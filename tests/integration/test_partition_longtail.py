@@ -6,7 +6,7 @@ from conftest import train_ok, write_config
 from distfl.data.partition import describe, longtail_client, partition
 from distfl.errors import DataError
 from distfl.federation.population import Population
-from distfl.schema import PartitionConfig
+from distfl.config.schema import PartitionConfig
 
 CIFAR_LIKE = np.repeat(np.arange(10), 5000)  # 50,000 balanced labels of 10 classes
 np.random.RandomState(7).shuffle(CIFAR_LIKE)

@@ -279,7 +279,7 @@ def test_npz_vectors_image_folders_and_bad_files(tmp_path):
     from PIL import Image
 
     from distfl.data.datasets import load_dataset
-    from distfl.schema import DataConfig
+    from distfl.config.schema import DataConfig
 
     rng = np.random.RandomState(0)
     np.savez(tmp_path / "vec.npz", x_train=rng.rand(10, 7), y_train=np.arange(10) % 3,
@@ -345,7 +345,7 @@ def test_plugin_models_become_classifiers_with_any_head(plugin_dir):
 
     from distfl.models import Classifier, build_model
     from distfl.models.heads import FixedHead
-    from distfl.schema import ModelConfig
+    from distfl.config.schema import ModelConfig
     from mylab.models import build
 
     torch.manual_seed(0)

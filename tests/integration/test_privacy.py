@@ -16,8 +16,8 @@ import yaml
 import dp_accounting
 from dp_accounting import pld, rdp
 
-from conftest import assert_refused, metrics, run_cli, train_ok, write_config
-from distfl import checkpoint, dist, trackers as tracking
+from conftest import assert_refused, build_trainer, metrics, run_cli, train_ok, write_config
+from distfl import checkpoint, trackers as tracking
 from distfl.config import load_config
 from distfl.federation import runner
 from distfl.federation.aggregate import Segment, StatBuffer
@@ -36,11 +36,6 @@ def quiet_absl():
 
 # Keyed noise (from the seed): the tests that compare runs with each other need it; SECRET ones set true.
 DP = ["privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform", "privacy.secure_noise=false"]
-
-
-def _trainer(config, tmp_path, *overrides):
-    cfg = load_config(str(config), [*overrides, f"output.dir={tmp_path / 'run'}"])
-    return runner.Trainer(cfg, dist.init("cpu", 1))
 
 
 # ---- Poisson cohorts ---------------------------------------------------------------------------------
@@ -95,8 +90,8 @@ def test_every_contribution_has_norm_at_most_clip_norm(tmp_path, small_config, m
                 added.append((weight, units * 2.0 ** -self.bits[name]))
 
     monkeypatch.setattr(runner, "StatBuffer", Recording)
-    trainer = _trainer(small_config, tmp_path, *DP, "train.cohort=poisson", "privacy.noise_multiplier=1",
-                       f"privacy.clip_norm={clip}")
+    trainer = build_trainer(small_config, tmp_path / "run", *DP, "train.cohort=poisson", "privacy.noise_multiplier=1",
+                            f"privacy.clip_norm={clip}")
     raw = []  # the client's unclipped update, recorded before the mechanism sees it
     inner = trainer.algorithm.client_statistics
 
@@ -167,8 +162,8 @@ def test_a_segment_added_twice_is_clipped_as_summed(tmp_path, small_config, dp_p
     """The clip bounds what a client moves the sum by: a plugin adding its update twice has the doubled
     update clipped to C (norms over the per-segment sums), not each add (which would let sqrt(2) C through)."""
     clip = 0.05
-    trainer = _trainer(small_config, tmp_path, *DP, "privacy.noise_multiplier=1", f"privacy.clip_norm={clip}",
-                       "algorithm.name=dpplugins:DoubleAdd")
+    trainer = build_trainer(small_config, tmp_path / "run", *DP, "privacy.noise_multiplier=1",
+                            f"privacy.clip_norm={clip}", "algorithm.name=dpplugins:DoubleAdd")
     summed, raw, collect = [], [], trainer.privacy.collect
 
     def recording(algorithm, run, worker, stats):
@@ -261,8 +256,9 @@ def test_adaptive_clipping_splits_the_noise_as_andrew_et_al_theorem_1(small_conf
 
 def test_adaptive_clip_moves_towards_the_target_quantile(tmp_path, small_config):
     # Starting far above every update norm, every client is unclipped (b ~ 1 > gamma): the clip shrinks.
-    trainer = _trainer(small_config, tmp_path, *DP, "privacy.noise_multiplier=0.01", "privacy.adaptive_clip=true",
-                       "privacy.count_noise_multiplier=0.5", "privacy.clip_norm=20", "privacy.clip_lr=0.5")
+    trainer = build_trainer(small_config, tmp_path / "run", *DP, "privacy.noise_multiplier=0.01",
+                            "privacy.adaptive_clip=true", "privacy.count_noise_multiplier=0.5", "privacy.clip_norm=20",
+                            "privacy.clip_lr=0.5")
     clips = []
     for t in range(1, 5):
         trainer.run_round(t)
@@ -296,8 +292,8 @@ SECRET = [*DP[:-1], "privacy.secure_noise=true"]
 def _released_round(small_config, tmp_path, secure: str):
     """Round 1 of a private FedAvg run (server sgd, lr 1): the released update (the global model after it
     minus before), the clipped sum as the server saw it before noise, and the run's config."""
-    trainer = _trainer(small_config, tmp_path / secure, *DP[:-1], f"privacy.secure_noise={secure}",
-                       "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.3")
+    trainer = build_trainer(small_config, tmp_path / secure / "run", *DP[:-1], f"privacy.secure_noise={secure}",
+                            "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.3")
     seen, privatize = {}, trainer.privacy.privatize
 
     def spy(reduced, round_idx):

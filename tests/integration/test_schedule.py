@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import metrics, run_cli, train_ok
+from conftest import build_trainer, metrics, run_cli, train_ok
 from distfl.federation.schedule import round_lr
 
 
@@ -34,24 +34,15 @@ def test_every_round_against_the_formula():
     assert cos[2] == 0.1 and cos[-1] > 0.01 and all(a > b for a, b in zip(cos[2:], cos[3:]))
 
 
-def _trainer(small_config, tmp_path, name, overrides):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    cfg = load_config(str(small_config), [f"output.dir={tmp_path / name}", *overrides])
-    return Trainer(cfg, dist.init("cpu", 1))
-
-
 @pytest.mark.parametrize("section,optimizer", [("train", "sgd"), ("server", "sgd"), ("server", "adam")])
 def test_rounds_use_the_scheduled_lr(tmp_path, small_config, section, optimizer):
     """Two rounds of a step schedule (lr, then lr * 0.3) give bit for bit the model of a constant-lr run
     whose lr is set by hand to lr * 0.3 before round 2: local SGD and the server step read the schedule."""
     base = f"{section}.lr=0.08" if section == "train" else f"{section}.lr=0.8"
     common = [base, f"server.optimizer={optimizer}"]
-    scheduled = _trainer(small_config, tmp_path, "scheduled", [*common, f"{section}.lr_schedule=step",
-                                                                 f"{section}.lr_step_every=1", f"{section}.lr_gamma=0.3"])
-    by_hand = _trainer(small_config, tmp_path, "by_hand", common)
+    scheduled = build_trainer(small_config, tmp_path / "scheduled", *common, f"{section}.lr_schedule=step",
+                              f"{section}.lr_step_every=1", f"{section}.lr_gamma=0.3")
+    by_hand = build_trainer(small_config, tmp_path / "by_hand", *common)
     rows = [scheduled.run_round(1), scheduled.run_round(2)]
     by_hand.run_round(1)
     lr = getattr(by_hand.cfg, section).lr
@@ -61,7 +52,7 @@ def test_rounds_use_the_scheduled_lr(tmp_path, small_config, section, optimizer)
     key = "lr" if section == "train" else "server_lr"
     assert [r[key] for r in rows] == [lr, lr * 0.3]
     # ... and the schedule changed the model (round 2 differs from a constant lr).
-    constant = _trainer(small_config, tmp_path, "constant", common)
+    constant = build_trainer(small_config, tmp_path / "constant", *common)
     constant.run_round(1)
     constant.run_round(2)
     assert not torch.equal(constant.global_params, scheduled.global_params)

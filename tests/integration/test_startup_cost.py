@@ -11,20 +11,19 @@ import threading
 import numpy as np
 import pytest
 
-from distfl import dist
-from distfl.config import load_config
+from conftest import build_trainer
 from distfl.data import prepared
 from distfl.data.digest import PendingDigest
 from distfl.data.natural import Federated
 from distfl.data.parts import Parts
 from distfl.federation.population import Population
 from distfl.federation.run_state import RunRecord
-from distfl.federation.runner import Trainer
 
 CLIENTS = 5_000
 
 
-def _trainer(tmp_path):
+def prepared_trainer(tmp_path):
+    """A Trainer (nothing trained) of mclr on a prepared federation of CLIENTS clients, written once."""
     folder = tmp_path / "prepared"
     if not folder.exists():
         rng = np.random.default_rng(0)
@@ -34,11 +33,10 @@ def _trainer(tmp_path):
                         rng.integers(0, 3, CLIENTS), np.arange(CLIENTS + 1, dtype=np.int64), 3, "many",
                         client_ids=[f"user{k}" for k in range(CLIENTS)])
         prepared.write_prepared(fed, str(folder), "leaf", "generated")
-    cfg = load_config(None, ["data.dataset=prepared", f"data.path={folder}", "partition.scheme=natural",
-                             f"partition.num_clients={CLIENTS}", "model.name=mclr", "train.rounds=2",
-                             "train.clients_per_round=10", "train.batch_size=2", f"output.dir={tmp_path / 'run'}",
-                             "output.progress=none", "output.tensorboard=false"])
-    return cfg, Trainer(cfg, dist.init("cpu", 1))
+    return build_trainer(None, tmp_path / "run", "data.dataset=prepared", f"data.path={folder}",
+                         "partition.scheme=natural", f"partition.num_clients={CLIENTS}", "model.name=mclr",
+                         "train.rounds=2", "train.clients_per_round=10", "train.batch_size=2", "output.progress=none",
+                         "output.tensorboard=false")
 
 
 def test_set_up_makes_nothing_for_a_client_until_it_trains(tmp_path, monkeypatch):
@@ -47,14 +45,14 @@ def test_set_up_makes_nothing_for_a_client_until_it_trains(tmp_path, monkeypatch
     monkeypatch.setattr(Parts, "__getitem__", lambda self, k: made.append(k) or getitem(self, k))
     monkeypatch.setattr(Parts, "flat", property(lambda self: flats.append(1) or flat.fget(self)))
     monkeypatch.setattr(Population, "fingerprint", lambda self: fingerprints.append(1) or fingerprint(self))
-    cfg, trainer = _trainer(tmp_path)
+    trainer = prepared_trainer(tmp_path)
     try:
         assert len(trainer.population) == CLIENTS
         # no client's indices, no array of all samples' indices, no class counts, no partition hash
         assert made == [] and flats == [] and fingerprints == [] and trainer.population._class_counts is None
         assert trainer.population.indices.is_ranges  # held by its offsets alone
         trainer.run_round(1)
-        cohort = trainer.population.cohort(cfg.seed, 1, 10)
+        cohort = trainer.population.cohort(trainer.cfg.seed, 1, 10)
         assert sorted(made) == cohort and flats == []  # the round's 10 clients, each made once
         for k in cohort:
             assert np.array_equal(trainer.client_indices[k].numpy(), np.arange(2 * k, 2 * k + 2))
@@ -71,7 +69,7 @@ def test_set_up_does_not_wait_for_the_folders_hash(tmp_path, monkeypatch):
         return real(folder)
 
     monkeypatch.setattr(prepared, "folder_sha256", held)
-    _, trainer = _trainer(tmp_path)
+    trainer = prepared_trainer(tmp_path)
     try:
         path, digest = trainer.data.sources["data.path"]
         assert isinstance(digest, PendingDigest) and not digest.done  # set up while the hash is still held

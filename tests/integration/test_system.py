@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, env_with_sitecustomize, metrics, one_two_resumed, summary, train_ok, write_config
+from conftest import (REPO, build_trainer, env_with_sitecustomize, metrics, one_two_resumed, summary, train_ok,
+                      write_config)
 from distfl.config import config_from_dict
 from distfl.errors import ConfigError
 from distfl.federation.population import Population
@@ -351,14 +352,9 @@ def test_deadline_with_dropouts_survives_kill_9(tmp_path):
 
 def test_reference_flops_scales_compute_by_the_models_flops(tmp_path):
     """SMALL's MLP on 1x8x8 inputs: Linear 64->64, 64->64, 64->10, 2 FLOPs a multiply-add."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     flops = 2 * (64 * 64 + 64 * 64 + 64 * 10)
-    cfg = load_config(str(write_config(tmp_path / "c.yaml")), [f"output.dir={tmp_path / 'run'}", "system.speed=constant:2",
-                                                              f"system.reference_flops={flops / 4}"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(write_config(tmp_path / "c.yaml"), tmp_path / "run", "system.speed=constant:2",
+                            f"system.reference_flops={flops / 4}")
     assert trainer.system.compute_scale == 4.0
     assert trainer.system.model.compute_s(0, 100) == 3 * 100 * 2 * 4.0 / 1000
     trainer.close()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_packs_train_as_one_at_a_time, one_two_resumed, record_client_models, run_cli, train_ok,
-                      write_config)
+from conftest import (assert_packs_train_as_one_at_a_time, build_trainer, one_two_resumed, record_client_models,
+                      run_cli, train_ok, write_config)
 from distfl.data.tff_text import CHAR_VOCAB, load_tff_folder
 from distfl.errors import DataError
 
@@ -178,14 +178,9 @@ def test_token_metrics_recomputed_independently(tmp_path):
     """test_loss / test_acc / global_train_* and the per-client accuracies of a trained StackOverflow
     model equal a token-by-token recomputation: the loss over non-padding targets divided by their count,
     the accuracy without padding, out-of-vocabulary and end tokens, clients pooled by tokens."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     (tmp_path / "so").mkdir()
     _stackoverflow(tmp_path / "so")
-    cfg = load_config(str(_config(tmp_path, "so", "stackoverflow_lstm")), [f"output.dir={tmp_path / 'r'}"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(_config(tmp_path, "so", "stackoverflow_lstm"), tmp_path / "r")
     trainer.run_round(1)
     trainer.run_round(2)  # the model now gets some tokens right: an accuracy of 0 would hide a wrong count
     got = trainer.evaluate_round(clients=True)
@@ -296,15 +291,10 @@ def test_clients_weighted_by_their_tokens(tmp_path):
     """algorithm.weighting=tokens: a client's weight is its non-padding target tokens over the cohort's
     (a snippet's bytes, begin and end tokens, less the first token of each piece, which is only an input),
     and the new global model is the so-weighted mean of the client models."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     (tmp_path / "sh").mkdir()
     data = _shakespeare(tmp_path / "sh")
-    cfg = load_config(str(_config(tmp_path, "sh", "shakespeare_lstm")),
-                      ["algorithm.weighting=tokens", "train.clients_per_round=3", f"output.dir={tmp_path / 'r'}"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(_config(tmp_path, "sh", "shakespeare_lstm"), tmp_path / "r", "algorithm.weighting=tokens",
+                            "train.clients_per_round=3")
     seen = record_client_models(trainer)
     trainer.run_round(1)
     def targets(snippet: str) -> int:  # its n = bytes + 2 tokens less the first of each piece of 81, never a target
@@ -325,15 +315,10 @@ def test_token_weighting_needs_next_token_data(tmp_path, small_config):
 def test_held_out_client_samples_of_next_token_data(tmp_path):
     """eval.client_split=holdout on next-token data: each client's held-out sequences leave its training
     samples (a plain random holdout, there being no class to stratify by) and score its accuracy by token."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     (tmp_path / "sh").mkdir()
     _shakespeare(tmp_path / "sh")
-    cfg = load_config(str(_config(tmp_path, "sh", "shakespeare_lstm")),
-                      ["eval.client_split=holdout", "eval.client_holdout=0.5", f"output.dir={tmp_path / 'r'}"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(_config(tmp_path, "sh", "shakespeare_lstm"), tmp_path / "r", "eval.client_split=holdout",
+                            "eval.client_holdout=0.5")
     held = [idx.numpy() for idx in trainer.client_test]
     for k in range(3):
         own = np.arange(trainer.data.train_offsets[k], trainer.data.train_offsets[k + 1])

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from conftest import train_ok, write_config
+from conftest import build_trainer, train_ok, write_config
 from distfl.algorithms.fednova import normaliser
 from distfl.algorithms.fedopt import ServerOptimizer
-from distfl.schema import ServerConfig
+from distfl.config.schema import ServerConfig
 
 
 def _server_step(kind, updates, **kw):
@@ -59,14 +59,9 @@ def test_fedprox_with_mu_zero_is_fedavg(tmp_path, small_config):
 
 def _round_updates(config, tmp_path, rounds=1, **algorithms):
     """Run `rounds` rounds in-process per named override list; return (trainer, initial params)."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     out = {}
     for name, overrides in algorithms.items():
-        trainer = Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"]),
-                          dist.init("cpu", 1))
+        trainer = build_trainer(config, tmp_path / name, *overrides)
         start = trainer.global_params.clone()
         for t in range(1, rounds + 1):
             trainer.run_round(t)

@@ -11,20 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, record_client_models, summary, train_ok, write_config
+from conftest import REPO, build_trainer, record_client_models, summary, train_ok, write_config
 from distfl.algorithms.fedadc import confidence, kd_loss, self_confidence_targets
 from distfl.errors import ConfigError
 
 LR = 0.1  # SMALL's train.lr
-
-
-def _trainer(config, tmp_path, name, overrides):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    cfg = load_config(str(config), [*overrides, f"output.dir={tmp_path / name}"])
-    return Trainer(cfg, dist.init("cpu", 1))
 
 
 FEDADC = ["algorithm.name=fedadc", "algorithm.beta_local=0.8", "algorithm.beta_global=0.8"]
@@ -33,8 +24,8 @@ FEDADC = ["algorithm.name=fedadc", "algorithm.beta_local=0.8", "algorithm.beta_g
 # ---- 1, 2: beta_local = beta_global, alpha = 1: the server step is the client average ----------------
 @pytest.mark.parametrize("variant,weighting", [("nesterov", "samples"), ("heavy_ball", "uniform")])
 def test_equal_betas_server_model_is_the_average_of_client_models(tmp_path, small_config, variant, weighting):
-    trainer = _trainer(small_config, tmp_path, "adc", [*FEDADC, f"algorithm.variant={variant}",
-                                                       f"algorithm.weighting={weighting}"])
+    trainer = build_trainer(small_config, tmp_path / "adc", *FEDADC, f"algorithm.variant={variant}",
+                            f"algorithm.weighting={weighting}")
     seen = record_client_models(trainer)
     for t in range(1, 5):
         theta = trainer.global_params.clone()
@@ -56,8 +47,8 @@ def test_equal_betas_server_model_is_the_average_of_client_models(tmp_path, smal
 def test_unequal_betas_follow_the_server_rule(tmp_path, small_config):
     """m_{t+1} = Delta_bar + (beta_g - beta_l) m_t and theta_{t+1} = theta_t - alpha eta m_{t+1}."""
     bl, bg, alpha = 0.5, 0.9, 0.7
-    trainer = _trainer(small_config, tmp_path, "adc", ["algorithm.name=fedadc", f"algorithm.beta_local={bl}",
-                                                       f"algorithm.beta_global={bg}", f"algorithm.server_alpha={alpha}"])
+    trainer = build_trainer(small_config, tmp_path / "adc", "algorithm.name=fedadc", f"algorithm.beta_local={bl}",
+                            f"algorithm.beta_global={bg}", f"algorithm.server_alpha={alpha}")
     seen = record_client_models(trainer)
     for t in range(1, 4):
         theta, m = trainer.global_params.double(), trainer.algorithm.m.double()
@@ -73,13 +64,13 @@ def test_unequal_betas_follow_the_server_rule(tmp_path, small_config):
 @pytest.mark.parametrize("extra", [["algorithm.variant=nesterov"], ["algorithm.variant=heavy_ball"],
                                    ["algorithm.beta_local=0.3", "algorithm.server_alpha=0.5"]])
 def test_round_one_is_fedavg_bit_for_bit(tmp_path, small_config, extra):
-    avg = _trainer(small_config, tmp_path, "avg", [])
-    adc = _trainer(small_config, tmp_path, "adc", ["algorithm.name=fedadc", *extra])
+    avg = build_trainer(small_config, tmp_path / "avg")
+    adc = build_trainer(small_config, tmp_path / "adc", "algorithm.name=fedadc", *extra)
     assert torch.equal(avg.global_params, adc.global_params)
     avg.run_round(1)
     adc.run_round(1)
     if "algorithm.server_alpha=0.5" in extra:  # alpha scales the first step, nothing else differs
-        start = _trainer(small_config, tmp_path, "start", []).global_params.double()
+        start = build_trainer(small_config, tmp_path / "start").global_params.double()
         assert torch.allclose(adc.global_params.double() - start, 0.5 * (avg.global_params.double() - start),
                               atol=1e-7, rtol=0)
     else:
@@ -91,8 +82,8 @@ def _local_models_on_a_quadratic(tmp_path, small_config, monkeypatch, variant, c
     """One real round (the runtime's local loop) with the loss 0.5 sum_j c_j (w_j - a_j)^2, whose
     gradient c (w - a) is known; returns [(client, H_i, client model)] and the round's start theta.
     fixed_steps: train.local_steps (0: one epoch)."""
-    trainer = _trainer(small_config, tmp_path, variant, [*FEDADC, f"algorithm.variant={variant}",
-                                                         f"train.local_steps={fixed_steps}"])
+    trainer = build_trainer(small_config, tmp_path / variant, *FEDADC, f"algorithm.variant={variant}",
+                            f"train.local_steps={fixed_steps}")
     alg = trainer.algorithm
 
     def quadratic(model, x, y, run):
@@ -126,7 +117,7 @@ def test_nesterov_and_heavy_ball_local_steps_with_a_nonzero_gradient(tmp_path, s
     With a zero gradient both move by eta beta m; here grad f(w) = c (w - a), so they differ."""
     beta = 0.8
     g = torch.Generator().manual_seed(1)
-    n = _trainer(small_config, tmp_path, "size", []).global_params.numel()
+    n = build_trainer(small_config, tmp_path / "size").global_params.numel()
     curvature, target, m = torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g), torch.randn(n, generator=g)
     c, a = curvature.double(), target.double()
     models = {}
@@ -163,7 +154,7 @@ def test_slowmo_is_fedadc_with_beta_local_zero(tmp_path, small_config):
 
 
 def test_slowmo_without_momentum_is_fedavg(tmp_path, small_config):
-    runs = {name: _trainer(small_config, tmp_path, name, overrides) for name, overrides in
+    runs = {name: build_trainer(small_config, tmp_path / name, *overrides) for name, overrides in
             {"avg": [], "slowmo": ["algorithm.name=slowmo", "algorithm.beta_global=0"]}.items()}
     for t in range(1, 4):
         for trainer in runs.values():
@@ -243,12 +234,12 @@ def test_resume_equals_uninterrupted(tmp_path, extra):
 
 
 def test_momentum_is_checkpointed(tmp_path, small_config):
-    trainer = _trainer(small_config, tmp_path, "adc", ["algorithm.name=fedadc"])
+    trainer = build_trainer(small_config, tmp_path / "adc", "algorithm.name=fedadc")
     trainer.run_round(1)
     trainer.run_round(2)
     state = trainer.algorithm.server_state()
     assert torch.equal(state["m"], trainer.algorithm.m) and state["m"].abs().max() > 0
-    other = _trainer(small_config, tmp_path, "other", ["algorithm.name=fedadc"]).algorithm
+    other = build_trainer(small_config, tmp_path / "other", "algorithm.name=fedadc").algorithm
     other.load_server_state(state)
     assert torch.equal(other.m, trainer.algorithm.m)
 
@@ -262,7 +253,7 @@ def test_momentum_is_checkpointed(tmp_path, small_config):
                                           ("aggregation.mask=gma", "aggregation.mask")])
 def test_bad_combinations_are_refused(tmp_path, small_config, name, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
-        _trainer(small_config, tmp_path, "bad", [f"algorithm.name={name}", override])
+        build_trainer(small_config, tmp_path / "bad", f"algorithm.name={name}", override)
     if key.startswith("server"):
         assert "algorithm.options.server_alpha" in str(err.value)
 
@@ -309,8 +300,8 @@ def test_kd_with_one_hot_targets_and_unit_temperature_is_cross_entropy():
 
 
 def test_fedadc_plus_changes_training_and_the_teacher_is_the_global_model(tmp_path, small_config):
-    plain = _trainer(small_config, tmp_path, "plain", ["algorithm.name=fedadc"])
-    plus = _trainer(small_config, tmp_path, "plus", ["algorithm.name=fedadc", "algorithm.kd_lambda=0.35"])
+    plain = build_trainer(small_config, tmp_path / "plain", "algorithm.name=fedadc")
+    plus = build_trainer(small_config, tmp_path / "plus", "algorithm.name=fedadc", "algorithm.kd_lambda=0.35")
     for t in (1, 2, 3):
         plain.run_round(t)
         start = plus.global_params.clone()

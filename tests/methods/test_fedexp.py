@@ -10,13 +10,9 @@ from conftest import build_trainer, metrics, one_two_resumed, record_client_mode
 EPS = 1e-3
 
 
-def _trainer(config, out, *overrides):
-    return build_trainer(config, out, *overrides)
-
-
 @pytest.mark.parametrize("weighting", ["uniform", "samples"])
 def test_step_size_is_the_formula_of_the_clients_updates(tmp_path, small_config, weighting):
-    trainer = _trainer(small_config, tmp_path / "run", "algorithm.name=fedexp", f"algorithm.weighting={weighting}")
+    trainer = build_trainer(small_config, tmp_path / "run", "algorithm.name=fedexp", f"algorithm.weighting={weighting}")
     for t in (1, 2):
         start = trainer.global_params.clone()
         clients = record_client_models(trainer)
@@ -36,7 +32,7 @@ def test_step_size_is_the_formula_of_the_clients_updates(tmp_path, small_config,
 
 
 def test_evaluates_the_mean_of_the_last_two_global_models(tmp_path, small_config):
-    trainer = _trainer(small_config, tmp_path / "run", "algorithm.name=fedexp")
+    trainer = build_trainer(small_config, tmp_path / "run", "algorithm.name=fedexp")
     trainer.run_round(1)
     first = trainer.global_params.clone()
     assert trainer.algorithm.evaluation_model(trainer.global_params, trainer.global_buffers)[0] is trainer.global_params
@@ -104,7 +100,7 @@ def test_under_fedbn_the_step_size_leaves_batchnorm_out(tmp_path):
                           data={"synthetic_channels": 3, "synthetic_train": 240, "synthetic_test": 60},
                           partition={"num_clients": 4}, train={"rounds": 2, "clients_per_round": 4},
                           aggregation={"fedbn": True})
-    trainer = _trainer(config, tmp_path / "run", "algorithm.name=fedexp", "algorithm.weighting=uniform")
+    trainer = build_trainer(config, tmp_path / "run", "algorithm.name=fedexp", "algorithm.weighting=uniform")
     shared = ~trainer.algorithm.bn_params
     for t in (1, 2):
         start = trainer.global_params.clone()

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import metrics, run_cli, train_ok, write_config
+from conftest import build_trainer, metrics, run_cli, train_ok, write_config
 from distfl.algorithms.fedfor import FedFOR
-from distfl.schema import AlgorithmConfig, Config, TrainConfig
+from distfl.config.schema import AlgorithmConfig, Config, TrainConfig
 
 # The SMALL run (lr 0.1) with alpha = 0.5: alpha = 5 is a one-shot momentum of 5x the last global update
 # per round, which this tiny MLP does not survive for 6 rounds (see docs/algorithms/fedfor.md).
@@ -115,15 +115,12 @@ def test_round_one_is_plain_and_metric_is_the_previous_update_norm():
 def test_kick_in_a_real_local_step(tmp_path, small_config):
     """One real SGD step of a client in round 2: FedFOR(ge) minus FedAvg from the same point and batch is
     exactly the kick alpha (W^1 - W^0); under gt it is zero."""
-    from distfl import dist
-    from distfl.config import load_config
     from distfl.federation.local import ClientRun, LocalSGD, train_client
-    from distfl.federation.runner import Trainer
 
     for boundary in ("ge", "gt"):
-        cfg = load_config(str(small_config), ["algorithm.name=fedfor", f"algorithm.fedfor_boundary={boundary}",
-                                              f"output.dir={tmp_path / boundary}"])
-        trainer = Trainer(cfg, dist.init("cpu", 1))
+        trainer = build_trainer(small_config, tmp_path / boundary, "algorithm.name=fedfor",
+                                f"algorithm.fedfor_boundary={boundary}")
+        cfg = trainer.cfg
         w0 = trainer.global_params.clone()
         trainer.run_round(1)
         w1 = trainer.global_params.clone()

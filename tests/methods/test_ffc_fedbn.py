@@ -36,7 +36,7 @@ def _config(tmp_path: Path) -> Path:
     """ResNet-20 (BatchNorm) on 600 training and 200 test images of Fashion-MNIST, 6 clients, 3 a round,
     2 rounds: after them some clients have their own BatchNorm and some were never sampled."""
     from distfl.data.datasets import load_dataset
-    from distfl.schema import DataConfig
+    from distfl.config.schema import DataConfig
 
     data = load_dataset(DataConfig(dataset="fmnist", download=False), seed=0)
     path = tmp_path / "fmnist_subset.npz"

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import metrics, record_client_models, run_cli, train_ok, write_config
+from conftest import build_trainer, metrics, record_client_models, run_cli, train_ok, write_config
 from distfl.algorithms.gma import agreement_mask
 
 
@@ -30,14 +30,6 @@ def test_identical_updates_give_mask_one_and_stats():
     assert stats == {"gma/frac_below_tau": 0.0, "gma/mean_mask": 1.0, "gma/frac_zero_agreement": 0.0}
 
 
-def _trainer(config, tmp_path, overrides):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    return Trainer(load_config(str(config), [*overrides, f"output.dir={tmp_path / 'r'}"]), dist.init("cpu", 1))
-
-
 def gma_server_step(theta, clients, tau, server, moments):
     """Algorithm 1 of the GMA paper (Algorithm 2 for FedAdam, mask on the final adaptive step), float64:
     A = |sum_n sign(w_n - theta)| / |C|, mask = 1 where A >= tau else A, Delta = sum_n p_n (w_n - theta)."""
@@ -59,8 +51,8 @@ def gma_server_step(theta, clients, tau, server, moments):
                          ids=["fedavg", "fedadam"])
 def test_round_equals_algorithm_1_recomputed_from_the_client_models(tmp_path, small_config, server):
     tau = 0.4
-    trainer = _trainer(small_config, tmp_path, ["aggregation.mask=gma", f"aggregation.tau={tau}",
-                                                *(f"server.{k}={v}" for k, v in server.items())])
+    trainer = build_trainer(small_config, tmp_path / "r", "aggregation.mask=gma", f"aggregation.tau={tau}",
+                            *(f"server.{k}={v}" for k, v in server.items()))
     clients = record_client_models(trainer)
     numel = trainer.global_params.numel()
     moments = {"z": torch.zeros(numel, dtype=torch.float64), "v": torch.full((numel,), 1e-6, dtype=torch.float64)}
@@ -137,12 +129,7 @@ def test_fedbn_needs_batchnorm(tmp_path, small_config):
 
 
 def test_fedbn_clients_keep_their_own_batchnorm(tmp_path):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    cfg = load_config(str(_bn_config(tmp_path)), [f"output.dir={tmp_path / 'r'}", "train.clients_per_round=12"])
-    trainer = Trainer(cfg, dist.init("cpu", 1))
+    trainer = build_trainer(_bn_config(tmp_path), tmp_path / "r", "train.clients_per_round=12")
     alg = trainer.algorithm
     trainer.run_round(1)
     kept = {c: trainer.store.get(c, dict) for c in range(12)}

@@ -109,7 +109,7 @@ def test_every_built_in_declaration_is_well_formed():
 
     from distfl.algorithms import ALGORITHMS
     from distfl.config import load_config
-    from distfl.config_docs import options_comments
+    from distfl.config.docs import options_comments
 
     assert {"fedavg", "fedprox", "moon", "tct", "fedrep"} <= set(ALGORITHMS)
     for name, cls in ALGORITHMS.items():

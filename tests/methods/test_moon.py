@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from conftest import metrics, one_two_resumed, run_cli, train_ok, write_config
+from conftest import build_trainer, metrics, one_two_resumed, run_cli, train_ok, write_config
 from distfl.algorithms.moon import contrastive_loss
 
 # Six clients, all sampled every round: from round 2 on every client has a previous local model.
@@ -19,14 +19,6 @@ MOON = {"partition": {"num_clients": 6}, "train": {"rounds": 6, "clients_per_rou
 @pytest.fixture
 def moon_config(tmp_path):
     return write_config(tmp_path / "moon.yaml", **MOON)
-
-
-def _trainer(config, out, *overrides):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    return Trainer(load_config(str(config), [*overrides, f"output.dir={out}"]), dist.init("cpu", 1))
 
 
 def test_mu_zero_trains_the_model_fedavg_trains(tmp_path, moon_config):
@@ -65,8 +57,8 @@ def _independent_loss(cfg, input_shape, num_classes, local, global_, previous, x
 
 
 def test_loss_equals_the_paper_recomputed_independently(tmp_path, moon_config):
-    trainer = _trainer(moon_config, tmp_path / "run", "algorithm.name=moon", "algorithm.moon_mu=2.5",
-                       "algorithm.moon_tau=0.3")
+    trainer = build_trainer(moon_config, tmp_path / "run", "algorithm.name=moon", "algorithm.moon_mu=2.5",
+                            "algorithm.moon_tau=0.3")
     alg, worker = trainer.algorithm, trainer.worker
     trained = {}
     inner = alg.client_statistics
@@ -141,7 +133,7 @@ def test_refusals_come_before_any_work(tmp_path, moon_config, override, message)
 
 def test_projection_head_sits_between_features_and_head():
     from distfl.models import build_model
-    from distfl.schema import ModelConfig
+    from distfl.config.schema import ModelConfig
 
     model = build_model(ModelConfig(name="mlp", projection_dim=12), (1, 8, 8), 10)
     assert model.feature_dim == 12 and model.head.in_features == 12

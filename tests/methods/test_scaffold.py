@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import yaml
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from conftest import one_two_resumed, run_cli, write_config
+from conftest import build_trainer, one_two_resumed, run_cli, write_config
 
 # Three clients, all every round (NIID-Bench samples every party), a few local steps each (2 epochs
 # of 2-4 batches), SGD with momentum and weight decay as NIID-Bench runs it.
@@ -23,14 +23,6 @@ SCAFFOLD = {"data": {"synthetic_train": 150, "synthetic_test": 60},
 @pytest.fixture
 def scaffold_config(tmp_path):
     return write_config(tmp_path / "scaffold.yaml", **SCAFFOLD)
-
-
-def _trainer(config, out, *overrides):
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    return Trainer(load_config(str(config), [*overrides, f"output.dir={out}"]), dist.init("cpu", 1))
 
 
 def _independent_client_round(trainer, client: int, round_idx: int, x: torch.Tensor, c: torch.Tensor,
@@ -82,7 +74,7 @@ def test_each_placement_equals_its_recomputation_in_plain_torch(tmp_path, scaffo
     client. Every client's trained model and c_i+ equal the plain-torch loop bit for bit, from the
     same global model, c and c_i; the server's c is c + (1/N) sum_k (c_i+ - c_i) (to the fixed-point
     sum's rounding)."""
-    trainer = _trainer(scaffold_config, tmp_path / "run", f"algorithm.scaffold_correction={placement}")
+    trainer = build_trainer(scaffold_config, tmp_path / "run", f"algorithm.scaffold_correction={placement}")
     alg = trainer.algorithm
     recorded = {}
     inner = alg.client_statistics
@@ -117,7 +109,7 @@ def test_the_placements_differ_under_momentum(tmp_path, scaffold_config):
     on (c != c_i) the two readings are different models."""
     models = {}
     for placement in ("gradient", "weights"):
-        trainer = _trainer(scaffold_config, tmp_path / placement, f"algorithm.scaffold_correction={placement}")
+        trainer = build_trainer(scaffold_config, tmp_path / placement, f"algorithm.scaffold_correction={placement}")
         trainer.run_round(1)
         after_one = trainer.global_params.clone()
         trainer.run_round(2)
@@ -134,7 +126,8 @@ def test_without_momentum_and_weight_decay_the_placements_agree(tmp_path, scaffo
     plain = ["train.momentum=0", "train.weight_decay=0", "train.rounds=4"]
     params = {}
     for placement in ("gradient", "weights"):
-        trainer = _trainer(scaffold_config, tmp_path / placement, f"algorithm.scaffold_correction={placement}", *plain)
+        trainer = build_trainer(scaffold_config, tmp_path / placement, f"algorithm.scaffold_correction={placement}",
+                                *plain)
         start = trainer.global_params.clone()
         for t in range(1, 5):
             trainer.run_round(t)

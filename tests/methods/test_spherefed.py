@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import metrics, run_cli, summary, train_ok, trained_model, write_config
+from conftest import build_trainer, metrics, run_cli, summary, train_ok, trained_model, write_config
 from distfl.algorithms.ffc import STATS_FILE, fixed_point_bits, solve
 from distfl.checkpoint import complete_checkpoints, load
 from distfl.errors import ConfigError
 from distfl.federation.local import FlatModel
 from distfl.models import build_model
 from distfl.models.heads import orthonormal_rows, orthonormality_error
-from distfl.schema import ModelConfig
+from distfl.config.schema import ModelConfig
 
 SPHERE = {"name": "mlp", "mlp_hidden": 32, "head": "sphere", "head_seed": 7}
 
@@ -273,14 +273,8 @@ def test_mse_sum_is_mean_at_c_times_the_lr(tmp_path):
     """The MSE reduction over classes only rescales the gradient by C: training with `sum` at (lr, wd)
     is training with `mean` at (C lr, wd / C), momentum included, up to float round-off. So no run can
     prefer one reduction at a matched effective lr; the default `mean` is kept (torch's MSELoss)."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
     def trained(name, *overrides):
-        cfg = load_config(str(sphere_config(tmp_path)), [f"output.dir={tmp_path / name}", "train.momentum=0.9",
-                                                          *overrides])
-        trainer = Trainer(cfg, dist.init("cpu", 1))
+        trainer = build_trainer(sphere_config(tmp_path), tmp_path / name, "train.momentum=0.9", *overrides)
         for t in (1, 2, 3):
             trainer.run_round(t)
         return trainer.global_params

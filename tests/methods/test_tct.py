@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import env_with_sitecustomize, metrics, run_cli, summary, train_ok, write_config
+from conftest import build_trainer, env_with_sitecustomize, metrics, run_cli, summary, train_ok, write_config
 from distfl.algorithms import tct as tct_module
 from distfl.tct import resources as tct_resources
 from distfl.algorithms.tct import MODEL_FILE, TCTPhase
@@ -328,10 +328,7 @@ def test_normalisation_and_centred_targets_match_an_independent_computation(tmp_
     stage-1 model: two-pass float64 mean and population standard deviation over all clients, z-scored
     features (constant coordinates -> 0), targets one-hot - 1/C, and R full-batch gradient steps on
     (1/(2n)) ||[Z, 1] psi - Y||^2 from psi = 0."""
-    from distfl import dist
-    from distfl.config import load_config
     from distfl.federation.local import FlatModel
-    from distfl.federation.runner import Trainer
     from distfl.models import build_model
     from distfl.tct.features import entk_features, reinit_head
 
@@ -341,7 +338,7 @@ def test_normalisation_and_centred_targets_match_an_independent_computation(tmp_
     train_ok(config, f"output.dir={run}")
     saved = torch.load(run / MODEL_FILE)
 
-    trainer = Trainer(load_config(str(config), [f"output.dir={tmp_path / 'data'}"]), dist.init("cpu", 1))
+    trainer = build_trainer(config, tmp_path / "data")
     data = trainer.data
     stage1 = load(next(p for p in complete_checkpoints(run) if p.name == "round_000006"), "cpu")
     assert not stage1["phases_done"]

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from conftest import metrics, run_cli, summary, train_ok, write_config
+from conftest import build_trainer, metrics, run_cli, summary, train_ok, write_config
 from distfl.algorithms.tct import MODEL_FILE
 from distfl.data.client_test import client_test_sets, holdout_split
 from distfl.tct.features import entk_features, reinit_head
@@ -20,15 +20,6 @@ def clients_config(tmp_path: Path, **eval_) -> Path:
     return write_config(tmp_path / "tct.yaml", algorithm={"name": "tct"}, tct=TCT,
                         eval={"every": 2, "clients": True, "batch_size": 64, **eval_},
                         checkpoint={"every": 2, "keep": 10})
-
-
-def trainer_of(config: Path, tmp_path: Path):
-    """The run's data and population, rebuilt (nothing trained)."""
-    from distfl import dist
-    from distfl.config import load_config
-    from distfl.federation.runner import Trainer
-
-    return Trainer(load_config(str(config), [f"output.dir={tmp_path / 'data'}"]), dist.init("cpu", 1))
 
 
 def stage1_model(run: Path, trainer) -> torch.nn.Module:
@@ -78,7 +69,7 @@ def test_stage2_per_client_statistics_recomputed_and_one_rank_equals_two(tmp_pat
     one = train_ok(config, f"output.dir={tmp_path / 'one'}", "tct.feature_store=disk")
     two = train_ok(config, f"output.dir={tmp_path / 'two'}", nproc=2)
 
-    trainer = trainer_of(config, tmp_path)
+    trainer = build_trainer(config, tmp_path / "data")
     test_y = trainer.data.test_y.numpy()
     saved = torch.load(tmp_path / "one" / MODEL_FILE)
     psi = saved["psi"].numpy()
@@ -122,7 +113,7 @@ def test_stage2_per_client_statistics_on_held_out_samples(tmp_path):
     from distfl.config import data_seed
     from distfl.data.partition import partition
 
-    trainer = trainer_of(config, tmp_path)
+    trainer = build_trainer(config, tmp_path / "data")
     labels, seed = trainer.data.train_y.numpy(), data_seed(trainer.cfg)
     parts = partition(labels, trainer.cfg.partition, trainer.data.num_classes, seed)
     kept, held = holdout_split(parts, labels, 0.25, seed)

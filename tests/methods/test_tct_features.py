@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from distfl.models import build_model
-from distfl.schema import ModelConfig
+from distfl.config.schema import ModelConfig
 from distfl.tct import features as features_module
 from distfl.tct.features import (
     coordinate_index,

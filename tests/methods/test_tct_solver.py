@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from distfl.models import build_model
-from distfl.schema import ModelConfig
+from distfl.config.schema import ModelConfig
 from distfl.tct.features import coordinate_index, entk_features, reinit_head
 from distfl.tct.solver import (
     LocalLeastSquares,

@@ -18,7 +18,7 @@ from distfl.config import (
 )
 from distfl.config.schema import KEYS, NUM_CLASSES, Config
 from distfl.config.values import in_range
-from distfl.config_docs import config_reference_markdown
+from distfl.config.docs import config_reference_markdown
 from distfl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -316,7 +316,7 @@ def test_every_inapplicable_key_warns():
 def test_docs_in_sync():
     committed = (REPO / "docs" / "config.md").read_text()
     assert committed == config_reference_markdown(), \
-        "docs/config.md is stale; regenerate: python -m distfl.config_docs > docs/config.md"
+        "docs/config.md is stale; regenerate: python -m distfl.config.docs > docs/config.md"
 
 
 def test_reference_mentions_every_key():

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import distfl.data.datasets as datasets
 from distfl.data.datasets import FMNIST_FILES, find_fmnist, load_dataset, random_crop_flip
 from distfl.errors import DataError
-from distfl.schema import DataConfig
+from distfl.config.schema import DataConfig
 
 DEBIAN = datasets.DEBIAN_FMNIST_DIR
 needs_fmnist = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import distfl.data.datasets as datasets
 from distfl.config import load_config
 from distfl.data.datasets import CIFAR_STATS, FMNIST_FILES, Dataset, load_dataset, training_mean_std
 from distfl.errors import ConfigError, DataError
-from distfl.schema import DataConfig
+from distfl.config.schema import DataConfig
 
 DEBIAN = datasets.DEBIAN_FMNIST_DIR
 needs_fmnist = pytest.mark.skipif(

@@ -11,7 +11,7 @@ from distfl.config import load_config
 from distfl.errors import ConfigError
 from distfl.models import build_model
 from distfl.models.heads import FixedHead
-from distfl.schema import ModelConfig
+from distfl.config.schema import ModelConfig
 
 NAMES = ["simplecnn", "tct_cnn", "lenet5", "cifar_cnn", "resnet18", "resnet20", "mlp", "pfl_cnn"]
 COMBOS = [((1, 28, 28), 10), ((3, 32, 32), 10), ((3, 32, 32), 100)]

@@ -9,7 +9,7 @@ from torch import nn
 from distfl.errors import ConfigError
 from distfl.models import build_model
 from distfl.models.heads import FixedHead, orthonormality_error
-from distfl.schema import ModelConfig
+from distfl.config.schema import ModelConfig
 
 # name -> (feature_dim, params at 3x32x32 with 100 classes, with 10 classes), as in the module docstrings
 SPECS = {
