@@ -91,14 +91,15 @@ def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None =
 
 
 def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ...] = (), stop_at: int = 4,
-                    rounds: int = 6) -> tuple[dict, dict, dict]:
+                    rounds: int = 6, paths=()) -> tuple[dict, dict, dict]:
     """Train `config` with `args` three ways: on 1 rank; on 2 ranks (with the extra overrides `two`); and
     on 1 rank stopped after `stop_at` rounds, then resumed on 2 ranks to `rounds`. Asserts that the three
-    give the same model, test accuracy and train loss every round; returns their summaries."""
-    one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args)
-    on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2)
-    train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}")
-    resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2)
+    give the same model, test accuracy and train loss every round; returns their summaries. `paths`: as
+    run_cli's (a plugin's folder)."""
+    one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args, paths=paths)
+    on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2, paths=paths)
+    train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}", paths=paths)
+    resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2, paths=paths)
     assert one["model_sha256"] == on_two["model_sha256"] == resumed["model_sha256"]
     assert one["final_test_acc"] == on_two["final_test_acc"] == resumed["final_test_acc"]
     losses = [r["train_loss"] for r in metrics(tmp_path / "one")]
