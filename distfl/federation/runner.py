@@ -357,19 +357,28 @@ class Trainer:
     def _train_cohort(self, round_idx: int, cohort: list[int], packs: list[list[int]]) -> Aggregator:
         """Local training of this rank's packs; each client's statistics go into the round's aggregator."""
         stats = self.new_aggregator(cohort)
+        self.train_clients(stats, round_idx, cohort, packs)
+        return stats
+
+    def train_clients(self, stats: Aggregator, round_idx: int, cohort: list[int], packs: list[list[int]],
+                      start=None, label: str | None = None) -> None:
+        """Local training of `packs` (this rank's clients of `cohort`, in packs), each client's statistics into
+        `stats`: the one client path of synchronous rounds and asynchronous server steps. `start(run)`: a
+        client that starts elsewhere than the global model (the asynchronous engine: the model version it
+        started from, its round and staleness-weighted weight) sets `run`'s and returns its buffers."""
         whole_packs = pack_statistics(self.algorithm) and not (self.store is not None and self.algorithm.stateful)
         for pack in packs:
-            self.where = f"round {round_idx}, local training of client {', '.join(map(str, pack))}"
+            self.where = f"{label or f'round {round_idx}'}, local training of client {', '.join(map(str, pack))}"
             runs = [self.client_run(c, round_idx, cohort) for c in pack]
+            buffers = self.global_buffers if start is None else start(*runs)  # start: packs of one client
             if len(runs) > 1 and whole_packs:
                 rows = self.pack_step.train_rows(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
-                                                 self.cfg.train, self.algorithm, self.global_buffers)
+                                                 self.cfg.train, self.algorithm, buffers)
                 self._contribute_pack(runs, *rows, stats)
                 continue
             for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
-                                    self.cfg.train, self.algorithm, self.global_buffers, self.pack_step):
+                                    self.cfg.train, self.algorithm, buffers, self.pack_step):
                 self.contribute(run, stats)
-        return stats
 
     def _reduce(self, round_idx: int, stats: Aggregator):
         """The one all_reduce of the round; the stop flag agreed; non-finite or out-of-range sums stop the run."""

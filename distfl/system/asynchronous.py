@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..federation.local import train_client
 from ..federation.population import place
 from .staleness import staleness_weight
 
@@ -121,15 +120,16 @@ class AsyncEngine:
         stale = {c: self.version - by_client[c][3] for c in cohort}
         factor = {c: staleness_weight(s.staleness, stale[c], s.staleness_a, s.staleness_b) for c in cohort}
         stats = trainer.new_aggregator(cohort, extra_terms=self.fedasync)
-        for c in place(cohort, trainer.population.sizes, trainer.ctx.world_size, False)[trainer.ctx.rank]:
-            trainer.where = f"server step {step}, local training of client {c}"
-            params, buffers = self.versions[by_client[c][3]]
-            run = trainer.client_run(c, by_client[c][3] + 1, cohort)
-            run.global_params = params
-            run.weight = (s.async_alpha if self.fedasync else run.weight) * factor[c]
-            for run in train_client(trainer.worker, trainer.data, [trainer.client_indices[c]], [run], cfg.train,
-                                    trainer.algorithm, buffers):
-                trainer.contribute(run, stats)
+
+        def start(run):  # from the version the client started from, keyed as that version's next round
+            version = by_client[run.client_id][3]
+            params, buffers = self.versions[version]
+            run.round_idx, run.global_params = version + 1, params
+            run.weight = (s.async_alpha if self.fedasync else run.weight) * factor[run.client_id]
+            return buffers
+
+        mine = place(cohort, trainer.population.sizes, trainer.ctx.world_size, False)[trainer.ctx.rank]
+        trainer.train_clients(stats, step, cohort, [[c] for c in mine], start, label=f"server step {step}")
         if self.fedasync and trainer.ctx.is_main:  # a (w_start - w), once
             (c,) = cohort
             stats.add("delta", self.versions[by_client[c][3]][0] - trainer.global_params, s.async_alpha * factor[c])
