@@ -108,7 +108,8 @@ class Aggregator:
     """How a round's sums are made: every contribution of the round (each client's statistics, the runner's
     bookkeeping: loss_sum, samples, nonfinite, clients, stop) goes through one, which sums it over the
     cohort and the ranks. The default is `StatBuffer`, the exact fixed-point sum; `aggregation.aggregator`
-    names another (package.module:ClassName), built by `round_aggregator` (docs/extending.md, Aggregators).
+    names another (package.module:ClassName), built by `aggregators.round_aggregator` (docs/extending.md,
+    An aggregator).
 
     An aggregator is built for one round as `cls(segments, device, max_terms)` (`max_terms`: the most
     terms any segment's sum holds), takes `add`/`add_rows` until `reduce`, and `reduce` returns the sums
@@ -153,23 +154,6 @@ class Sums:
     def problems(self) -> dict[str, str]:
         """{segment: what is wrong} for sums that are not what the terms added up to; {} when all are."""
         return {}
-
-
-def round_aggregator(cfg, algorithm_segments, max_samples_trained: int, device: torch.device,
-                     max_terms: int) -> Aggregator:
-    """The round's aggregator, of the class `aggregation.aggregator` names, over the round's segments
-    (`round_segments`): the one place a run's sums are built."""
-    return aggregator_class(cfg.aggregation.aggregator)(round_segments(algorithm_segments, max_samples_trained),
-                                                        device, max_terms)
-
-
-def aggregator_class(name: str) -> type:
-    """The Aggregator class `name` (aggregation.aggregator) refers to: exact, or an import path."""
-    if name == "exact":
-        return StatBuffer
-    from ..plugins import load_plugin
-
-    return load_plugin("aggregation.aggregator", name)
 
 
 def wire_bytes(segments) -> int:

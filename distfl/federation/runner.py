@@ -39,7 +39,8 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from ..system import build as build_system
-from .aggregate import Aggregator, round_aggregator, wire_bytes
+from .aggregate import Aggregator, wire_bytes
+from .aggregators import round_aggregator
 from .client_eval import best_round_scores
 from .split_eval import evaluate
 from .eval_sample import EvalSample

@@ -68,7 +68,8 @@ def test_a_modular_aggregator_is_the_same_on_one_two_and_resumed(tmp_path, metho
     cfg = write_config(tmp_path / "c.yaml", algorithm={"name": method})
     exact = train_ok(cfg, f"output.dir={tmp_path / 'exact'}")
     assert exact["model_sha256"] == BEFORE[method]
-    one, _, _ = one_two_resumed(cfg, tmp_path, f"aggregation.aggregator={TOY}", paths=[HERE])
+    one, two, resumed = one_two_resumed(cfg, tmp_path, f"aggregation.aggregator={TOY}", paths=[HERE])
+    assert one["bytes_up"] == two["bytes_up"] == resumed["bytes_up"] == exact["bytes_up"] > 0  # totals survive a resume
     # Its own sums (a coarser unit) make another model, as good as the exact sum's.
     assert one["model_sha256"] != exact["model_sha256"]
     assert abs(one["final_test_acc"] - exact["final_test_acc"]) <= 0.02

@@ -20,7 +20,7 @@ from conftest import metrics, run_cli, train_ok
 from distfl import checkpoint, dist, trackers as tracking
 from distfl.config import load_config
 from distfl.federation import runner
-from distfl.federation import aggregate
+from distfl.federation import aggregators
 from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
 from distfl.privacy import accountant, banded, mechanism, secret, tree
@@ -95,7 +95,7 @@ def test_every_contribution_has_norm_at_most_clip_norm(tmp_path, small_config, m
                 units = self._sum_view(name) - before
                 added.append((weight, units * 2.0 ** -self.bits[name]))
 
-    monkeypatch.setattr(aggregate, "aggregator_class", lambda name: Recording)  # the round's aggregator
+    monkeypatch.setattr(aggregators, "aggregator_class", lambda name: Recording)  # the round's aggregator
     trainer = _trainer(small_config, tmp_path, *DP, "train.cohort=poisson", "privacy.noise_multiplier=1",
                        f"privacy.clip_norm={clip}")
     raw = []  # the client's unclipped update, recorded before the mechanism sees it
