@@ -82,7 +82,7 @@ def load_plugin(key: str, name: str):
 
         if not (isinstance(obj, type) and issubclass(obj, Aggregator)):
             raise ConfigError(f"aggregation.aggregator={name!r} is {obj!r}, not a subclass of "
-                              "distfl.federation.aggregate.Aggregator (docs/extending.md, Aggregators)")
+                              "distfl.federation.aggregate.Aggregator (docs/extending.md, An aggregator)")
     elif not callable(obj) or not _takes_shape_and_classes(obj):
         raise ConfigError(f"model.name={name!r} is {obj!r}, not a model class or factory: a function or nn.Module "
                           "class called as build(input_shape, num_classes) that returns an nn.Module (docs/extending.md)")

@@ -12,7 +12,7 @@ config, so every rank computes the same one:
   - When K updates are buffered (FedBuff: system.buffer_size; FedAsync: 1), the server steps: the
     buffered clients are trained now, each from the version it started from (kept while a client in
     flight needs it), dealt to ranks as a synchronous cohort is, and their weighted updates summed
-    through the round's one exact int64 all_reduce. Then their K slots are refilled from the new model.
+    through the round's aggregator (one all_reduce). Then their K slots are refilled from the new model.
   - Sampling: the clients a step (or the start) adds are a keyed sample of those not in flight (under
     availability with unavailable=skip, of those online), from the same stream as the synchronous cohort
     of round v + 1: with nothing in flight it *is* that cohort.

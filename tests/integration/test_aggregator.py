@@ -1,4 +1,4 @@
-"""A second aggregator plugs in by aggregation.aggregator alone (docs/extending.md, Aggregators): a toy one,
+"""A second aggregator plugs in by aggregation.aggregator alone (docs/extending.md, An aggregator): a toy one,
 defined only here, that sums integers modulo 2^b as a secure aggregation would (without its masks), runs
 FedAvg, SCAFFOLD and FedProx the same on 1 and 2 ranks and resumed; the default stays the exact sum."""
 from __future__ import annotations
