@@ -13,7 +13,8 @@ import inspect
 
 from distfl.errors import ConfigError
 
-GROUPS = {"algorithm.name": "distfl.algorithms", "model.name": "distfl.models"}
+GROUPS = {"algorithm.name": "distfl.algorithms", "model.name": "distfl.models",
+          "aggregation.aggregator": "distfl.aggregators"}
 
 
 def is_import_path(name: str) -> bool:
@@ -76,6 +77,12 @@ def load_plugin(key: str, name: str):
                               "True`, so distfl keeps no client state for it (run.state stays empty, and is never "
                               f"stored between rounds): add `stateful = True` to class {obj.__name__}")
         options_fields(obj)
+    elif key == "aggregation.aggregator":
+        from distfl.federation.aggregate import Aggregator
+
+        if not (isinstance(obj, type) and issubclass(obj, Aggregator)):
+            raise ConfigError(f"aggregation.aggregator={name!r} is {obj!r}, not a subclass of "
+                              "distfl.federation.aggregate.Aggregator (docs/extending.md, An aggregator)")
     elif not callable(obj) or not _takes_shape_and_classes(obj):
         raise ConfigError(f"model.name={name!r} is {obj!r}, not a model class or factory: a function or nn.Module "
                           "class called as build(input_shape, num_classes) that returns an nn.Module (docs/extending.md)")

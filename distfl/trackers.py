@@ -40,6 +40,8 @@ TAGS = {
     "virtual_time_s": "time/virtual_time_s",
     "samples_per_s": "time/samples_per_s",
     "bytes_reduced": "comm/bytes_reduced",
+    "bytes_up": "comm/bytes_up",
+    "bytes_down": "comm/bytes_down",
     "clients_never_sampled": "test/clients_never_sampled",
 }
 PREFIXES = {"client_acc_": "test/client_acc_", "privacy_": "privacy/"}

@@ -95,10 +95,10 @@ def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ..
     """Train `config` with `args` three ways: on 1 rank; on 2 ranks (with the extra overrides `two`); and
     on 1 rank stopped after `stop_at` rounds, then resumed on 2 ranks to `rounds`. Asserts that the three
     give the same model, test accuracy and train loss every round; returns their summaries. `paths`: as
-    `run_cli`'s (an out-of-tree plugin package)."""
-    one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args)
+    run_cli's (a plugin's folder)."""
+    one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args, paths=paths)
     on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2, paths=paths)
-    train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}")
+    train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}", paths=paths)
     resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2, paths=paths)
     assert one["model_sha256"] == on_two["model_sha256"] == resumed["model_sha256"]
     assert one["final_test_acc"] == on_two["final_test_acc"] == resumed["final_test_acc"]

@@ -184,6 +184,10 @@ class Algorithm:
     def segments(self) -> list[Segment]:
         return [Segment("delta", self.num_params), Segment("buffers", self.num_buffers)]
 
+    def download_segments(self) -> list[Segment]:
+        """What the server sends each client of a round (bytes_down, the virtual clock's download)."""
+        return [Segment("params", self.num_params), Segment("buffers", self.num_buffers)]
+
     def client_statistics(self, run, worker, stats) -> None:
         """Add this client's contributions to the round's sums (after its local training)."""
         self.add_update(stats, worker.params - run.global_params, run.weight)

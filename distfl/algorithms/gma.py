@@ -31,7 +31,8 @@ class GMA(Wrapper):
         inner.server_opt = MaskedStep(inner.server_opt, self, applies_to)
 
     def segments(self) -> list[Segment]:
-        return self.inner.segments() + [Segment("sign_sum", self.num_params, kind="int")]
+        # Not payload (wire_bytes 0): the server takes each update's signs from the update it receives.
+        return self.inner.segments() + [Segment("sign_sum", self.num_params, kind="int", wire_bytes=0)]
 
     def client_statistics(self, run, worker, stats) -> None:
         self.inner.client_statistics(run, worker, _WithSigns(stats))

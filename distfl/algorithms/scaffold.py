@@ -51,6 +51,9 @@ class Scaffold(Algorithm):
     def segments(self):
         return super().segments() + [Segment("control_delta", self.num_params)]
 
+    def download_segments(self):  # the server's control variate c goes out with the model (the paper's (x, c))
+        return super().download_segments() + [Segment("c", self.num_params)]
+
     def client_statistics(self, run, worker, stats):
         super().client_statistics(run, worker, stats)
         c_i = run.state["c"]

@@ -106,6 +106,7 @@ class AggregationConfig:
     tau: float = key(0.4, range="[0, 1]", applies=("aggregation.mask", ["gma"]))  # gma: sign-agreement threshold in [0, 1]; coordinates below it are scaled by their agreement
     mask_applies_to: str = key("step", choices=["step", "update"], applies=("aggregation.mask", ["gma"]))  # gma: step (mask the server optimizer's final step) | update (mask the averaged update before it)
     fedbn: bool = False  # FedBN: BatchNorm parameters and statistics stay with each client (needs a BatchNorm model)
+    aggregator: str = key("exact", choices=["exact"], plugin=True)  # how every sum of a round is made: exact (each term rounded to a 64-bit fixed-point integer and summed as integers: the same sum on any number of ranks, federation/aggregate.py) | your own: package.module:ClassName (a subclass of distfl.federation.aggregate.Aggregator, e.g. integer sums modulo 2^b for secure aggregation; docs/extending.md, An aggregator)
 
 
 @dataclass

@@ -80,7 +80,8 @@ def _plugin(key: str, name: str):
     try:
         return plugins.load_plugin(key, name)
     except KeyError:
-        what = "ClassName (a distfl.Algorithm subclass)" if key == "algorithm.name" else "build (a model builder)"
+        what = {"algorithm.name": "ClassName (a distfl.Algorithm subclass)",
+                "aggregation.aggregator": "ClassName (an Aggregator subclass)"}.get(key, "build (a model builder)")
         raise choice_error(key, name, _built_in(key) + plugins.entry_point_names(key),
                             f", or an import path package.module:{what}") from None
 

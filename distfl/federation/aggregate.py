@@ -52,15 +52,25 @@ class Segment:
     # int64: each term is converted on its own (slower), exact below 2^62 units: for a statistic that
     # needs the finer unit more than speed (SphereFed's one-off Z^T Z).
     accumulate: str = "float64"
+    # Bytes one value of this segment takes on the way from a client to the server (bytes_up, the virtual
+    # clock's upload): 4 for float32 values, what an encoding (a compressor) makes of them, or 0 for
+    # bookkeeping the server learns with any reply (a loss, a count) or derives from another segment.
+    wire_bytes: float = 4.0
+
+    @property
+    def nbytes(self) -> int:
+        """What one client's contribution to this segment costs on the wire."""
+        return math.ceil(self.numel * self.wire_bytes)
 
 
 # Every round carries these beside the algorithm's own segments (`round_segments` sets loss_sum's bound).
+# They are bookkeeping, not payload: a client's reply carries them as metadata (wire_bytes 0).
 STANDARD_SEGMENTS = (
-    Segment("loss_sum", 1),  # sum over the round's clients of (mean local train loss * samples processed)
-    Segment("samples", 1, kind="int"),  # local samples processed (for loss and throughput)
-    Segment("nonfinite", 1, kind="int"),  # clients whose loss or update was NaN/inf or too large
-    Segment("clients", 1, kind="int"),  # clients that contributed (the cohort size, unless one failed)
-    Segment("stop", 1, kind="int"),  # ranks that received a stop signal (preemption): all ranks see the sum
+    Segment("loss_sum", 1, wire_bytes=0),  # sum over the round's clients of (mean local train loss * samples processed)
+    Segment("samples", 1, kind="int", wire_bytes=0),  # local samples processed (for loss and throughput)
+    Segment("nonfinite", 1, kind="int", wire_bytes=0),  # clients whose loss or update was NaN/inf or too large
+    Segment("clients", 1, kind="int", wire_bytes=0),  # clients that contributed (the cohort size, unless one failed)
+    Segment("stop", 1, kind="int", wire_bytes=0),  # ranks that received a stop signal (preemption): all ranks see the sum
 )
 
 
@@ -94,7 +104,64 @@ def buffer_values(segments) -> int:
     return sum(s.numel for s in segments) + 2 * sum(s.kind == "fixed" for s in segments)
 
 
-class StatBuffer:
+class Aggregator:
+    """How a round's sums are made: every contribution of the round (each client's statistics, the runner's
+    bookkeeping: loss_sum, samples, nonfinite, clients, stop) goes through one, which sums it over the
+    cohort and the ranks. The default is `StatBuffer`, the exact fixed-point sum; `aggregation.aggregator`
+    names another (package.module:ClassName), built by `aggregators.round_aggregator` (docs/extending.md,
+    An aggregator).
+
+    An aggregator is built for one round as `cls(segments, device, max_terms)` (`max_terms`: the most
+    terms any segment's sum holds), takes `add`/`add_rows` until `reduce`, and `reduce` returns the sums
+    (`Sums`) that every rank reads alike. It makes the checks it can make of its own sums (values it
+    cannot represent, sums beyond its exact range) and reports them through `Sums.problems`."""
+
+    def add(self, name: str, value, weight: float = 1.0) -> None:
+        """Add `weight * value` (a tensor of the segment's size, or a Python number) into segment `name`."""
+        raise NotImplementedError
+
+    def add_rows(self, name: str, rows: torch.Tensor, weights: list[float]) -> None:
+        """`add(name, rows[k], weights[k])` for every row k (a client pack's statistics)."""
+        rows = rows.reshape(len(weights), -1)
+        for row, weight in zip(rows, weights):
+            self.add(name, row, weight)
+
+    def reduce(self, ctx: dist.DistContext, name: str = "round_stats") -> "Sums":
+        """Sum over ranks (the round's collective, counted under `name`); no `add` after it."""
+        raise NotImplementedError
+
+    def unit(self, name: str) -> float:
+        """The rounding step of one term of segment `name` (0: added exactly), which a clip that must hold
+        after rounding allows for (privacy.mechanism)."""
+        return 0.0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the round's collective moves per rank (the metric bytes_reduced)."""
+        return 0
+
+
+class Sums:
+    """The reduced sums as the server step reads them: `sums[name]` (float64 for fixed segments, int64 for
+    int ones), the same on every rank."""
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def scalar(self, name: str) -> float:
+        return float(self[name][0])
+
+    def problems(self) -> dict[str, str]:
+        """{segment: what is wrong} for sums that are not what the terms added up to; {} when all are."""
+        return {}
+
+
+def wire_bytes(segments) -> int:
+    """What a transfer of `segments` costs: the sum of their wire bytes (Segment.wire_bytes)."""
+    return sum(s.nbytes for s in segments)
+
+
+class StatBuffer(Aggregator):
     """One int64 buffer holding all segments; clients add into it, `reduce` sums it over ranks."""
 
     def __init__(self, segments, device: torch.device, max_terms: int):
@@ -254,6 +321,9 @@ class StatBuffer:
         dist.all_reduce_sum(self.buffer, ctx, name=name)
         return Reduced(self)
 
+    def unit(self, name: str) -> float:
+        return 2.0 ** -self.bits[name] if name in self.bits else 0.0
+
     def limit(self, name: str) -> float:
         """The largest sum over a rank's terms of |weight| * max|value| segment `name` takes (one rank)."""
         units = EXACT_UNITS if self.segments[name].accumulate == "float64" else INT64_UNITS
@@ -264,7 +334,7 @@ class StatBuffer:
         return self.buffer.numel() * self.buffer.element_size()
 
 
-class Reduced:
+class Reduced(Sums):
     """Read access to the summed segments: `fixed` as float64, `int` as int64."""
 
     def __init__(self, stats: StatBuffer):
@@ -276,9 +346,6 @@ class Reduced:
         if seg.kind == "int":
             return raw.clone()
         return raw.to(torch.float64) * 2.0 ** (-self._stats.bits[name])
-
-    def scalar(self, name: str) -> float:
-        return float(self[name][0])
 
     def problems(self) -> dict[str, str]:
         """Fixed segments whose sum is not exact, summed over ranks: {name: what was wrong}. Empty for a

@@ -36,8 +36,9 @@ class RunProgress:
     phases_done: list = field(default_factory=list)
     phase_results: dict = field(default_factory=dict)
     phase_state: dict = field(default_factory=dict)  # the running phase's resumable state
+    # bytes_up / bytes_down: the totals over the rounds (absent when resumed from a checkpoint that predates them).
     progress: dict = field(default_factory=lambda: {"best_test_acc": None, "best_round": None, "wall_s": 0.0,
-                                                    "last_eval": None})
+                                                    "last_eval": None, "bytes_up": 0, "bytes_down": 0})
     # Each resume on another runtime (device, threads, determinism, torch build): the round it went on
     # from, the runtime before and after (summary.json).
     runtime_changes: list = field(default_factory=list)

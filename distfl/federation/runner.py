@@ -39,7 +39,8 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import release, rules as dp_rules
 from ..system import build as build_system
-from .aggregate import StatBuffer, round_segments
+from .aggregate import Aggregator, wire_bytes
+from .aggregators import round_aggregator
 from .client_eval import best_round_scores
 from .split_eval import evaluate
 from .eval_sample import EvalSample
@@ -311,7 +312,18 @@ class Trainer:
         stats = self._train_cohort(round_idx, cohort, packs)
         return self.finish_round(round_idx, cohort, stats, self.plan.metrics() if self.plan else {})
 
-    def finish_round(self, round_idx: int, cohort: list[int], stats: StatBuffer, extra: dict) -> dict:
+    def new_aggregator(self, cohort: list[int], extra_terms: int = 0) -> Aggregator:
+        """The round's aggregator (aggregation.aggregator) over the method's segments and the bookkeeping,
+        for the cohort's terms and `extra_terms` more (the server's own: FedAsync's)."""
+        largest = max((self.samples_trained(k) for k in cohort), default=1)
+        return round_aggregator(self.cfg, self.algorithm.segments(), largest, self.device, len(cohort) + extra_terms)
+
+    def payload_bytes(self) -> tuple[int, int]:
+        """What each client of a round downloads and uploads, in bytes: the segments the server sends it
+        (`download_segments`) and those it sends back (`segments`), at their wire sizes."""
+        return wire_bytes(self.algorithm.download_segments()), wire_bytes(self.algorithm.segments())
+
+    def finish_round(self, round_idx: int, cohort: list[int], stats: Aggregator, extra: dict) -> dict:
         """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
         (with `extra`: the virtual clock's). The asynchronous server step (distfl/system) ends here too."""
         stats.add("stop", stopping.stop_code(self.stop))
@@ -323,9 +335,10 @@ class Trainer:
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
                                   "lower server.lr")
-        cfg, samples = self.cfg, int(reduced["samples"][0])
+        cfg, samples, clients = self.cfg, int(reduced["samples"][0]), int(reduced["clients"][0])
+        down, up = self.payload_bytes()
         return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
-                "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
+                "bytes_up": clients * up, "bytes_down": clients * down, "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
                 "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
                 **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
                    if self.privacy is not None and self.ctx.is_main else {}), **extra}
@@ -346,26 +359,34 @@ class Trainer:
             return cohort, [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
         return cohort, place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
 
-    def _train_cohort(self, round_idx: int, cohort: list[int], packs: list[list[int]]) -> StatBuffer:
-        """Local training of this rank's packs; each client's statistics go into the round's buffer."""
-        largest = max((self._samples_trained(k) for k in cohort), default=1)
-        stats = StatBuffer(round_segments(self.algorithm.segments(), largest), self.device, len(cohort))
+    def _train_cohort(self, round_idx: int, cohort: list[int], packs: list[list[int]]) -> Aggregator:
+        """Local training of this rank's packs; each client's statistics go into the round's aggregator."""
+        stats = self.new_aggregator(cohort)
+        self.train_clients(stats, round_idx, cohort, packs)
+        return stats
+
+    def train_clients(self, stats: Aggregator, round_idx: int, cohort: list[int], packs: list[list[int]],
+                      start=None, label: str | None = None) -> None:
+        """Local training of `packs` (this rank's clients of `cohort`, in packs), each client's statistics into
+        `stats`: the one client path of synchronous rounds and asynchronous server steps. `start(run)`: a
+        client that starts elsewhere than the global model (the asynchronous engine: the model version it
+        started from, its round and staleness-weighted weight) sets `run`'s and returns its buffers."""
         whole_packs = pack_statistics(self.algorithm) and not (self.store is not None and self.algorithm.stateful)
         for pack in packs:
             who = "a sampled client" if self.privacy else f"client {', '.join(map(str, pack))}"  # DP: cohorts hidden
-            self.where = f"round {round_idx}, local training of {who}"
-            runs = [self._client_run(c, round_idx, cohort) for c in pack]
+            self.where = f"{label or f'round {round_idx}'}, local training of {who}"
+            runs = [self.client_run(c, round_idx, cohort) for c in pack]
+            buffers = self.global_buffers if start is None else start(*runs)  # start: packs of one client
             if len(runs) > 1 and whole_packs:
                 rows = self.pack_step.train_rows(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
-                                                 self.cfg.train, self.algorithm, self.global_buffers)
+                                                 self.cfg.train, self.algorithm, buffers)
                 self._contribute_pack(runs, *rows, stats)
                 continue
             for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
-                                    self.cfg.train, self.algorithm, self.global_buffers, self.pack_step):
-                self._contribute(run, stats)
-        return stats
+                                    self.cfg.train, self.algorithm, buffers, self.pack_step):
+                self.contribute(run, stats)
 
-    def _reduce(self, round_idx: int, stats: StatBuffer):
+    def _reduce(self, round_idx: int, stats: Aggregator):
         """The one all_reduce of the round; the stop flag agreed; non-finite or out-of-range sums stop the run."""
         reduced = stats.reduce(self.ctx)
         # Every rank sees the same sum, so all stop after the same round even if the signal reached
@@ -393,10 +414,12 @@ class Trainer:
     def _train_cfg(self, client_id: int):  # train.* as the client trains this round (system.partial_work)
         return self.cfg.train if self.system is None else self.system.train_cfg(client_id, self.cfg.train)
 
-    def _samples_trained(self, client_id: int) -> int:
+    def samples_trained(self, client_id: int) -> int:
+        """The samples `client_id`'s local training covers this round (train_loss's denominator)."""
         return self.algorithm.local_samples(int(self.population.sizes[client_id]), self._train_cfg(client_id))
 
-    def _client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
+    def client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
+        """Client `client_id`'s run in round `round_idx` of `cohort`: its weight, steps, optimizer and state."""
         n = int(self.population.sizes[client_id])
         run = ClientRun(
             client_id=client_id, round_idx=round_idx, num_samples=n,
@@ -410,14 +433,14 @@ class Trainer:
             run.state = self.store.get(client_id, self.algorithm.init_client_state)
         return run
 
-    def _contribute(self, run: ClientRun, stats: StatBuffer) -> None:
+    def contribute(self, run: ClientRun, stats: Aggregator) -> None:
         """Add a client's statistics. A NaN/inf (counted here on the device, without waiting for it) or
         out-of-range value stops the round after the all_reduce, so every rank still joins it."""
         stats.add("loss_sum", run.loss_sum)
         low, high = torch.aminmax(self.worker.params)
         stats.add("nonfinite", ~(torch.isfinite(low) & torch.isfinite(high)))
         self.algorithm.client_statistics(run, self.worker, stats)
-        stats.add("samples", self._samples_trained(run.client_id))
+        stats.add("samples", self.samples_trained(run.client_id))
         stats.add("clients", 1)
         # Only a stateful method's rounds keep client state (TCT keeps a store for its stage 2, but its
         # stage-1 rounds place clients on any rank: storing their empty state there would duplicate it).
@@ -425,8 +448,8 @@ class Trainer:
             self.store.put(run.client_id, run.state)
 
     def _contribute_pack(self, runs: list[ClientRun], params: torch.Tensor, buffers: torch.Tensor,
-                         loss_sums: torch.Tensor, stats: StatBuffer) -> None:
-        """`_contribute` of every client of a pack at once (`pack.pack_statistics`): the same sums, bit for bit."""
+                         loss_sums: torch.Tensor, stats: Aggregator) -> None:
+        """`contribute` of every client of a pack at once (`pack.pack_statistics`): the same sums, bit for bit."""
         stats.add_rows("loss_sum", loss_sums, [1.0] * len(runs))
         low, high = torch.aminmax(params, dim=1)
         stats.add("nonfinite", (~(torch.isfinite(low) & torch.isfinite(high))).sum())
@@ -434,7 +457,7 @@ class Trainer:
         stats.add_rows("delta", params - self.global_params, weights)
         stats.add_rows("buffers", buffers, weights)
         for run in runs:
-            stats.add("samples", self._samples_trained(run.client_id))
+            stats.add("samples", self.samples_trained(run.client_id))
             stats.add("clients", 1)
 
     # ---- evaluation ----------------------------------------------------------------------------
@@ -493,6 +516,9 @@ class Trainer:
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
                 for key in ("samples", *release.withheld(cfg)):  # DP: no un-noised client statistic, no timing
                     metrics.pop(key, None)
+                for key in ("bytes_up", "bytes_down"):  # the run's totals (summary.json)
+                    if key in metrics and self.state.progress.get(key) is not None:
+                        self.state.progress[key] += metrics[key]
                 out_of_time = bool(budget) and self.system.now_s >= budget
                 if t % cfg.eval.every == 0 or t == cfg.train.rounds or out_of_time:
                     t1 = time.perf_counter()

@@ -113,6 +113,9 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         # Resumes on another device, thread count, determinism or torch build ([{after_round, was, now}]);
         # empty: one runtime throughout, so the run is reproducible from its config on that runtime
         "runtime_changes": context.state.runtime_changes,
+        # What the clients downloaded and uploaded over the rounds, in bytes (the sum of the rounds' bytes_down and
+        # bytes_up); None under DP (withheld: they count the clients) or when resumed from a checkpoint before them
+        **{key: context.state.progress.get(key) if context.privacy is None else None for key in ("bytes_down", "bytes_up")},
         # system.*: the virtual clock's time at the end of the last round, in seconds
         **({"virtual_time_s": context.system.now_s} if context.system is not None else {}),
         # train.virtual_time_s: the simulated-time budget and the round that spent it (None: train.rounds came first)

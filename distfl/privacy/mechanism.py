@@ -18,7 +18,8 @@ Every rank draws the same noise, so the noisy model is the same on any number of
 resume. The server step that follows is post-processing.
 
 Beside the model a private run releases (metrics.jsonl, TensorBoard, summary.json) nothing computed from
-the clients' data without noise: the round's train loss and sample count (samples_per_s) are WITHHELD.
+the clients' data without noise: the round's train loss, sample count (samples_per_s) and bytes (bytes_up,
+bytes_down: they count the clients) are WITHHELD.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ _UPDATE_NOISE, _COUNT_NOISE = 0, 1
 _COHORT_DOMAIN = {"random": _population._COHORT_STREAM, "poisson": _population._POISSON_STREAM}
 # Round metrics that are exact aggregates of the sampled clients (their losses, their sample counts): not
 # logged under DP.
-WITHHELD = ("train_loss", "samples_per_s")
+WITHHELD = ("train_loss", "samples_per_s", "bytes_up", "bytes_down")
 UNCLIPPED = "privacy_unclipped"  # adaptive clipping: the sum of the clients' centred reports
 
 
@@ -124,7 +125,7 @@ class GaussianMechanism:
         norm = math.sqrt(sum(float(torch.linalg.vector_norm(total, dtype=torch.float64)) ** 2
                              for total in summed.values()))
         # Each add rounds to half a unit of the fixed point per coordinate, in the units of the unweighted value.
-        slack = math.sqrt(sum(self.released[name].numel * (k * 2.0 ** -(stats.bits[name] + 1) / weight) ** 2
+        slack = math.sqrt(sum(self.released[name].numel * (k * stats.unit(name) / 2 / weight) ** 2
                               for name, k in adds.items()))
         limit = self.clip_norm - slack
         for name, value, weight in staged.parts:

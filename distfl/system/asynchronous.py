@@ -12,7 +12,7 @@ config, so every rank computes the same one:
   - When K updates are buffered (FedBuff: system.buffer_size; FedAsync: 1), the server steps: the
     buffered clients are trained now, each from the version it started from (kept while a client in
     flight needs it), dealt to ranks as a synchronous cohort is, and their weighted updates summed
-    through the round's one exact int64 all_reduce. Then their K slots are refilled from the new model.
+    through the round's aggregator (one all_reduce). Then their K slots are refilled from the new model.
   - Sampling: the clients a step (or the start) adds are a keyed sample of those not in flight (under
     availability with unavailable=skip, of those online), from the same stream as the synchronous cohort
     of round v + 1: with nothing in flight it *is* that cohort.
@@ -33,8 +33,6 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..federation.aggregate import StatBuffer, round_segments
-from ..federation.local import train_client
 from ..federation.population import place
 from .staleness import staleness_weight
 
@@ -121,18 +119,17 @@ class AsyncEngine:
         cohort = sorted(by_client)
         stale = {c: self.version - by_client[c][3] for c in cohort}
         factor = {c: staleness_weight(s.staleness, stale[c], s.staleness_a, s.staleness_b) for c in cohort}
-        largest = max(trainer._samples_trained(c) for c in cohort)
-        stats = StatBuffer(round_segments(trainer.algorithm.segments(), largest), trainer.device,
-                           len(cohort) + self.fedasync)
-        for c in place(cohort, trainer.population.sizes, trainer.ctx.world_size, False)[trainer.ctx.rank]:
-            trainer.where = f"server step {step}, local training of client {c}"
-            params, buffers = self.versions[by_client[c][3]]
-            run = trainer._client_run(c, by_client[c][3] + 1, cohort)
-            run.global_params = params
-            run.weight = (s.async_alpha if self.fedasync else run.weight) * factor[c]
-            for run in train_client(trainer.worker, trainer.data, [trainer.client_indices[c]], [run], cfg.train,
-                                    trainer.algorithm, buffers):
-                trainer._contribute(run, stats)
+        stats = trainer.new_aggregator(cohort, extra_terms=self.fedasync)
+
+        def start(run):  # from the version the client started from, keyed as that version's next round
+            version = by_client[run.client_id][3]
+            params, buffers = self.versions[version]
+            run.round_idx, run.global_params = version + 1, params
+            run.weight = (s.async_alpha if self.fedasync else run.weight) * factor[run.client_id]
+            return buffers
+
+        mine = place(cohort, trainer.population.sizes, trainer.ctx.world_size, False)[trainer.ctx.rank]
+        trainer.train_clients(stats, step, cohort, [[c] for c in mine], start, label=f"server step {step}")
         if self.fedasync and trainer.ctx.is_main:  # a (w_start - w), once
             (c,) = cohort
             stats.add("delta", self.versions[by_client[c][3]][0] - trainer.global_params, s.async_alpha * factor[c])

@@ -20,8 +20,7 @@ class System:
         worker = trainer.worker
         self.compute_scale = forward_flops(worker.module, trainer.data.train_x[:1]) / cfg.system.reference_flops \
             if cfg.system.reference_flops > 0 else 1.0
-        self.model = SystemModel(cfg, len(trainer.population), 4 * (worker.num_params + worker.buffers.numel()),
-                                 self.compute_scale)
+        self.model = SystemModel(cfg, len(trainer.population), *trainer.payload_bytes(), self.compute_scale)
         self.clock = SyncClock(self.model, trainer.population, cfg)
         self.asynchronous = cfg.system.async_mode != "none"
         self.plan: RoundPlan | None = None

@@ -7,7 +7,9 @@ population of 10 clients or of 10 million, and computing it never shifts another
 
 Units are FedScale's (fedscale/cloud/internal/client_metadata.py): compute in ms per sample's forward
 pass, training a sample takes `compute_factor` (3) times that; bandwidth in kbit/s with 1 kbit = 1024
-bits, and a transfer of the model takes its float32 bytes x 8 / 1024 kbit over it.
+bits, and a transfer takes its bytes x 8 / 1024 kbit over it: the download what the server sends a client
+(the global model, and what else the method sends), the upload what the client sends back (the segments
+of its contribution, as encoded: federation/aggregate.py, Segment.wire_bytes).
 """
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def parse_spec(key: str, text: str, allow_inf: bool = False) -> Spec:
 class SystemModel:
     """Per-client speeds and bandwidths (arrays over the population), availability, dropouts, durations."""
 
-    def __init__(self, cfg, num_clients: int, model_bytes: int, compute_scale: float = 1.0):
+    def __init__(self, cfg, num_clients: int, download_bytes: int, upload_bytes: int, compute_scale: float = 1.0):
         s = cfg.system
         self.seed, self.cfg = cfg.seed, s
         clients = np.arange(num_clients, dtype=np.int64)
@@ -107,7 +109,8 @@ class SystemModel:
             self.upload = (self.download if s.upload_bandwidth == "same" else
                            parse_spec("system.upload_bandwidth", s.upload_bandwidth, True).draw(self.seed, UPLOAD, clients))
         self.ms_per_sample = self.ms_per_sample * compute_scale  # system.reference_flops
-        self.model_kbit = model_bytes * 8 / 1024
+        self.download_kbit = download_bytes * 8 / 1024
+        self.upload_kbit = upload_bytes * 8 / 1024
         self.behaviour = None
         if s.availability == "trace":
             self.behaviour = traces.behaviour_for(traces.read_behaviour(s.trace_file), num_clients)
@@ -120,13 +123,13 @@ class SystemModel:
         return self.cfg.compute_factor * samples * float(self.ms_per_sample[client]) / 1000.0
 
     def download_s(self, client: int) -> float:
-        return self.model_kbit / float(self.download[client])
+        return self.download_kbit / float(self.download[client])
 
     def upload_s(self, client: int) -> float:
-        return self.model_kbit / float(self.upload[client])
+        return self.upload_kbit / float(self.upload[client])
 
     def duration_s(self, client: int, samples: int) -> float:
-        """Download the model, train on `samples` samples, upload the update."""
+        """Download the model (and the method's other state), train on `samples` samples, upload the contribution."""
         return self.download_s(client) + self.compute_s(client, samples) + self.upload_s(client)
 
     def online(self, clients, t: float) -> np.ndarray:

@@ -20,6 +20,7 @@ from conftest import assert_refused, build_trainer, metrics, run_cli, train_ok, 
 from distfl import checkpoint, trackers as tracking
 from distfl.config import load_config
 from distfl.federation import runner
+from distfl.federation import aggregators
 from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
 from distfl.privacy import accountant, banded, csprng, mechanism, secret, tree
@@ -89,7 +90,7 @@ def test_every_contribution_has_norm_at_most_clip_norm(tmp_path, small_config, m
                 units = self._sum_view(name) - before
                 added.append((weight, units * 2.0 ** -self.bits[name]))
 
-    monkeypatch.setattr(runner, "StatBuffer", Recording)
+    monkeypatch.setattr(aggregators, "aggregator_class", lambda name: Recording)  # the round's aggregator
     trainer = build_trainer(small_config, tmp_path / "run", *DP, "train.cohort=poisson", "privacy.noise_multiplier=1",
                             f"privacy.clip_norm={clip}")
     raw = []  # the client's unclipped update, recorded before the mechanism sees it

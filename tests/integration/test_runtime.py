@@ -252,7 +252,7 @@ def test_outputs(tmp_path, small_config):
     assert s["rounds"] == 6 and len(s["model_sha256"]) == 64
     rows = metrics(run)
     assert [r["round"] for r in rows] == list(range(1, 7))
-    assert {"train_loss", "round_s", "samples_per_s", "bytes_reduced"} <= set(rows[0])
+    assert {"train_loss", "round_s", "samples_per_s", "bytes_reduced", "bytes_up", "bytes_down"} <= set(rows[0])
     assert {"test_acc", "test_loss"} <= set(rows[2])
     assert max(r.get("test_acc", 0) for r in rows) == s["best_test_acc"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -261,7 +261,7 @@ def test_outputs(tmp_path, small_config):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"test/accuracy", "test/loss", "train/loss", "time/round_s", "time/samples_per_s",
-            "comm/bytes_reduced"} <= tags
+            "comm/bytes_reduced", "comm/bytes_up", "comm/bytes_down"} <= tags
     assert [e.value for e in events.Scalars("test/accuracy")][-1] == pytest.approx(s["final_test_acc"])
 
 

@@ -85,18 +85,53 @@ def _batches(n: int) -> list[int]:
     return [4] * (n // 4) + ([n % 4] if n % 4 else [])
 
 
+def _payload(method: str) -> tuple[int, int]:
+    """(download, upload) bytes a client of tests/conftest.py's SMALL run moves in a round, from its model
+    (mlp on 1x8x8 images, 10 classes): FedAvg the float32 parameters and buffers each way; SCAFFOLD also
+    the server's control variate down and the client's control delta up."""
+    from distfl.models.mlp import build_mlp
+
+    model = build_mlp((1, 8, 8), 10, 64)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    buffers = sum(b.numel() for b in model.buffers())
+    return {"fedavg": (4 * (params + buffers), 4 * (params + buffers)),
+            "scaffold": (4 * (2 * params + buffers), 4 * (2 * params + buffers))}[method]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold"])
+def test_a_clients_bytes_are_its_payloads(tmp_path, method):
+    """bytes_up / bytes_down: FedAvg moves 4 x (parameters + buffers) bytes each way, SCAFFOLD twice the
+    parameters' (its control variates); each round's row counts every client that reported, the summary
+    the rounds' sum; and the virtual clock's transfers take those bytes over the bandwidth."""
+    cfg = write_config(tmp_path / "c.yaml", algorithm={"name": method})
+    down, up = _payload(method)
+    fedavg_down, fedavg_up = _payload("fedavg")
+    if method == "scaffold":  # the mlp has no buffers: twice FedAvg's upload
+        assert (down, up) == (2 * fedavg_down, 2 * fedavg_up)
+    clock = ("system.speed=constant:1e-9", "system.bandwidth=constant:100")  # compute takes no time to speak of
+    done = train_ok(cfg, f"output.dir={tmp_path / 'run'}", *clock)
+    rows = metrics(tmp_path / "run")
+    assert [(r["bytes_down"], r["bytes_up"]) for r in rows] == [(5 * down, 5 * up)] * 6  # 5 clients a round
+    assert (done["bytes_down"], done["bytes_up"]) == (6 * 5 * down, 6 * 5 * up)
+    for row in rows:  # wait_all: every client's duration is download + compute + upload
+        assert math.isclose(row["round_virtual_s"], (down + up) * 8 / 1024 / 100, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("payload", ["model_bytes", "fedavg", "scaffold"])
 @pytest.mark.parametrize("partial", [False, True])
-def test_the_deadline_schedule_equals_one_computed_by_hand(partial):
-    cfg = _cfg(speed="list:1,2,5", bandwidth="constant:1000", round="deadline", deadline_s=0.2, dropout=0.3,
+def test_the_deadline_schedule_equals_one_computed_by_hand(partial, payload):
+    down, up = (MODEL_BYTES, MODEL_BYTES) if payload == "model_bytes" else _payload(payload)
+    bandwidth = 1000 if payload == "model_bytes" else 20000
+    cfg = _cfg(speed="list:1,2,5", bandwidth=f"constant:{bandwidth}", round="deadline", deadline_s=0.2, dropout=0.3,
                partial_work=partial)
     population = Population([np.arange(n) for n in SIZES])
-    clock = SyncClock(SystemModel(cfg, 6, MODEL_BYTES), population, cfg)
+    clock = SyncClock(SystemModel(cfg, 6, down, up), population, cfg)
     now, counted = 0.0, {"late": 0, "dropped": 0, "partial": 0}
     for t in range(1, 9):
         plan = clock.plan(t, lambda c: _batches(SIZES[c]))
         sampled = population.cohort(5, t, 4)
         assert plan.sampled == sampled
-        comm = 2 * (MODEL_BYTES * 8 / 1024) / 1000  # download and upload at 1000 kbit/s
+        comm = (down * 8 / 1024) / bandwidth + (up * 8 / 1024) / bandwidth  # download, then upload
         kept, late, dropped, partial_steps, reported = [], [], [], {}, []
         for c in sampled:
             ms = [1.0, 2.0, 5.0][min(int(_uniform(5, 1, c) * 3), 2)]
@@ -139,7 +174,7 @@ def test_fedprox_stragglers_equal_the_authors_draw_recomputed_by_hand(partial):
         "clients_per_round": 4, "batch_size": 4, "local_epochs": epochs}, "system": {
         "round": "stragglers", "stragglers": 0.6, "partial_work": partial, "dropout": 0.2}})
     population = Population([np.arange(n) for n in SIZES])
-    clock = SyncClock(SystemModel(cfg, 6, MODEL_BYTES), population, cfg)
+    clock = SyncClock(SystemModel(cfg, 6, MODEL_BYTES, MODEL_BYTES), population, cfg)
     seen_epochs, now = set(), 0.0
     for t in range(1, 13):
         plan = clock.plan(t, lambda c: _batches(SIZES[c]) * epochs)
@@ -193,7 +228,7 @@ def test_fedprox_stragglers_are_the_same_on_one_two_and_resumed(tmp_path):
 def test_overselection_keeps_the_first_to_finish():
     cfg = _cfg(speed="uniform:1,10", round="overselect", overselect=1.5)
     population = Population([np.arange(n) for n in SIZES])
-    plan = SyncClock(SystemModel(cfg, 6, MODEL_BYTES), population, cfg).plan(1, lambda c: _batches(SIZES[c]))
+    plan = SyncClock(SystemModel(cfg, 6, MODEL_BYTES, MODEL_BYTES), population, cfg).plan(1, lambda c: _batches(SIZES[c]))
     assert len(plan.sampled) == 6 and plan.sampled == population.cohort(5, 1, 6)
     duration = {c: 3 * SIZES[c] * (1 + 9 * _uniform(5, 1, c)) / 1000 for c in plan.sampled}
     first = sorted(plan.sampled, key=lambda c: (duration[c], c))
@@ -204,7 +239,7 @@ def test_overselection_keeps_the_first_to_finish():
 def test_diurnal_availability_samples_only_online_clients():
     cfg = _cfg(availability="diurnal", diurnal_period_s=100.0, diurnal_online=0.3)
     population = Population([np.arange(n) for n in SIZES])
-    clock = SyncClock(SystemModel(cfg, 6, MODEL_BYTES), population, cfg)
+    clock = SyncClock(SystemModel(cfg, 6, MODEL_BYTES, MODEL_BYTES), population, cfg)
     clock.now_s = 42.0
     plan = clock.plan(3, lambda c: _batches(SIZES[c]))
     online = [c for c in range(6) if (42.0 - 100 * _uniform(5, 5, c)) % 100 < 30]

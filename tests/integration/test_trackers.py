@@ -31,7 +31,7 @@ def test_tensorboard_scalars_are_namespaced_with_cohort_size_update_norm_and_hpa
     tags = set(events.Tags()["scalars"])
     assert all("/" in t for t in tags), tags
     assert {"test/accuracy", "test/client_acc_mean", "train/loss", "train/lr", "train/server_lr", "time/wall_s",
-            "time/eval_s", "time/round_s", "comm/bytes_reduced", "train/cohort_size", "train/update_norm"} <= tags
+            "time/eval_s", "time/round_s", "comm/bytes_reduced", "comm/bytes_up", "train/cohort_size", "train/update_norm"} <= tags
     assert [e.value for e in events.Scalars("train/cohort_size")] == [5] * 6
     rows = metrics(run)
     assert [e.value for e in events.Scalars("test/client_acc_mean")] == pytest.approx(

@@ -70,7 +70,7 @@ def test_loss_equals_the_paper_recomputed_independently(tmp_path, moon_config):
     alg.client_statistics = recording
     trainer.run_round(1)
     client = 4
-    run = trainer._client_run(client, 2, list(range(6)))
+    run = trainer.client_run(client, 2, list(range(6)))
     assert torch.equal(run.state["previous_params"], trained[client])  # the state holds its last local model
     worker.load(trainer.global_params, trainer.global_buffers)
     alg.begin_client(run, worker)
