@@ -160,7 +160,7 @@ class SystemState:
 
 class RunRecord:
     """What the run is (config, data files, world size, runtime): written for a resume to check
-    (Trainer._restore checks it before anything is loaded), never loaded back."""
+    (resume.restore checks it before anything is loaded), never loaded back."""
 
     def __init__(self, config: dict, data: dict, world_size: int, runtime: dict):
         # Every random draw is keyed by (seed, round, client), so no RNG stream state is needed.

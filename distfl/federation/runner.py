@@ -24,9 +24,7 @@ import torch
 
 from .. import checkpoint, dist, faults
 from ..algorithms import algorithm_class, build_algorithm, build_phases
-from ..config import config_to_dict, data_seed, dump_config, flatten_dict
-from ..config.resume import (HOLDOUT_KEYS, PHASE_KEYS, RESUMABLE_KEYS, predated_keys_hint, resume_blockers,
-                            saved_values)
+from ..config import config_to_dict, data_seed, dump_config
 from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
 from ..data.digest import DataSources
@@ -34,7 +32,7 @@ from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
 from ..data.tokens import client_token_counts
-from ..errors import CheckpointError, ConfigError, DistflError, DivergenceError, Interrupted, PluginError
+from ..errors import ConfigError, DistflError, DivergenceError, Interrupted, PluginError
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import release, rules as dp_rules
@@ -54,6 +52,7 @@ from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
 from . import run_dir, stopping, summary
+from .resume import restore
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
@@ -91,7 +90,7 @@ class Trainer:
         # A next-token dataset has no class a sample (data/tokens.py): no labels, no class counts.
         labels = self.data.train_y.cpu().numpy() if self.data.tokens is None else None
         parts = partition(labels, cfg.partition, self.data.num_classes, seed, natural=self.data.train_offsets)
-        # The bytes every data and partition file was read from: a resume refuses others (_restore).
+        # The bytes every data and partition file was read from: a resume refuses others (resume.py).
         # A prepared folder's hash may still be computing (data/digest.py): read when a checkpoint, the summary
         # or a resume's check first needs it, never waited for here.
         self.data_sources = DataSources(self.data.sources)
@@ -201,7 +200,7 @@ class Trainer:
         self.resume_warnings: list[str] = []
         self.resumed_from, self.skipped = None, []
         if resume:
-            self._restore()
+            restore(self)
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
         self.directory.prepare(cfg, self.store, self.resumed_from, self.skipped)
 
@@ -229,70 +228,6 @@ class Trainer:
         return client_id % self.ctx.world_size == self.ctx.rank
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def _restore(self) -> None:
-        path, state, skipped = checkpoint.newest_good(self.run_dir, self.device)
-        # Every rank must resume from the same checkpoint (they differ if output.dir is not shared).
-        dist.check_same_on_all_ranks(int(state.get("step", state["round"])), self.ctx, "the checkpoint resumed from")
-        self.resumed_from, self.skipped = path.name, skipped
-        self._check_data_on_resume(state.get("data"))
-        changed = resume_blockers(state["config"], config_to_dict(self.cfg))
-        if changed:
-            raise CheckpointError(
-                f"cannot resume {self.run_dir}: {', '.join(changed)} differ from the checkpointed run"
-                f"{predated_keys_hint(changed)}; "
-                f"only {', '.join(RESUMABLE_KEYS)} may change on resume (not {', '.join(HOLDOUT_KEYS)}: "
-                "they decide the clients' training data)")
-        self._check_phases_on_resume(state)
-        self.resume_warnings = run_dir.lost_guarantees(state.get("runtime"), self.runtime_identity())
-        self.privacy_state.directory = path  # where a secret noise key was written
-        checkpoint.load_state(self.checkpointed, state)
-        if self.resume_warnings:
-            self.state.runtime_changes.append({"after_round": int(state["round"]), "was": state["runtime"],
-                                               "now": self.runtime_identity()})
-        for phase in self.phases:
-            if phase.name in self.state.phases_done:
-                phase.restore(self.context)
-        if self.store is not None:
-            self.store.restore(path / "clients", self._hosts, self.ctx.is_main)
-
-    def _check_data_on_resume(self, saved: dict | None) -> None:
-        """Refuse to continue on data or a partition file whose bytes differ from what the run began
-        with (a checkpoint from before distfl recorded them has None: nothing to compare)."""
-        for role, was in (saved or {}).items():
-            now = self.data_sources.get(role)
-            if now is None or now["sha256"] != was["sha256"]:
-                now_text = f"{now['sha256']} now" if now is not None else "not read now"
-                raise CheckpointError(
-                    f"cannot resume {self.run_dir}: {role} {(now or was)['path']} changed since the run started "
-                    f"(SHA-256 {was['sha256']} when checkpointed, {now_text}); continuing would train on other "
-                    "data than the rounds before. Restore the original file, or start a new run on this data "
-                    "(another output.dir)")
-
-    def _check_phases_on_resume(self, state: dict) -> None:
-        trained, rounds = state["round"], self.cfg.train.rounds
-        done = list(state.get("phases_done", []))
-        names = [p.name for p in self.phases]
-        started = done + ([state["phase_state"]["phase"]] if state.get("phase_state") else [])
-        if started:
-            saved = saved_values(state["config"])
-            now = {k: v for k, v in flatten_dict(config_to_dict(self.cfg)).items() if k.startswith(PHASE_KEYS)}
-            changed = [k for k, v in now.items() if saved.get(k) != v]
-            if changed or any(n not in names for n in done):
-                raise CheckpointError(
-                    f"{self.run_dir} already began {', '.join(started)} after training, with the settings it was "
-                    f"started with, so {', '.join(changed) or 'its phases'} cannot change now. Start a new run (or copy "
-                    "the run directory and resume the copy from the checkpoint of the last training round)")
-            if rounds > trained:
-                raise CheckpointError(
-                    f"{self.run_dir} already ran {', '.join(done)} after round {trained}; it cannot train further")
-        pending = [n for n in names if n not in done]
-        if trained >= rounds and not pending:
-            if names:
-                raise CheckpointError(f"{self.run_dir} is complete: {trained} rounds and {', '.join(done)}; "
-                                      "nothing to resume")
-            raise CheckpointError(f"{self.run_dir} is already at round {trained}; "
-                                  f"raise train.rounds (e.g. train.rounds={trained + 10}) to continue")
-
     def _save_checkpoint(self, label: str, step: int) -> None:
         self.where = f"writing checkpoint {checkpoint.checkpoint_name(label, step)}"
         self.checkpoints.save(label, step)
