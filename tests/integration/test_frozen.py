@@ -68,7 +68,8 @@ def test_only_the_trainable_parameters_are_flat_summed_and_sent(tmp_path, config
         assert trainer.worker.num_params == trainer.global_params.numel() == count
         sizes = {s.name: s.numel for s in trainer.algorithm.segments()}
         assert sizes == {"delta": count, "buffers": 0}
-        assert trainer.system.model.model_kbit == 4 * count * 8 / 1024  # the float32 bytes each way
+        assert trainer.payload_bytes() == (4 * count, 4 * count)  # the float32 bytes each way (down, up)
+        assert trainer.system.model.download_kbit == trainer.system.model.upload_kbit == 4 * count * 8 / 1024
         assert len(trainer.worker.frozen) == 15  # kept as the model's fixed data (checkpointed, checked across ranks)
     finally:
         trainer.close()
