@@ -14,6 +14,7 @@ setup(
         "tensorboard",
         "submitit",
         "matplotlib",  # `distfl report`: its figures (PNG, PDF, SVG; Agg backend)
+        "cryptography==50.0.2",  # privacy.secure_noise: AES-128-CTR, the secret noise's and cohorts' generator
         "dp-accounting==0.6.0",  # privacy.mechanism=gaussian: Google's RDP and PLD accountants (pulls scipy, dm-tree, attrs)
         "h5py==3.16.0",  # data.dataset=tff: TFF's HDF5 client data
         "pyfarmhash==0.5.1",  # data.oov_buckets: FarmHash Fingerprint64, TF's to_hash_bucket_fast (StackOverflow's OOV buckets)

@@ -7,6 +7,9 @@ shared harness (harness.py):
   ffc, tct           a paper method's extra phases against a training round (ffc.py, tct.py)
   startup            where a short run's time goes that is not training (startup.py)
   system             the virtual clock's cost per round and the async schedule's rate (system.py)
+  privacy            seconds to draw a million parameters' noise, secret (AES-128-CTR) and keyed, and a
+                     secret cohort (privacy.py)
+  compression        each compressor's cost per client per million parameters (compression.py)
   whole-run          training seconds of whole runs: pfl-research's CIFAR-10 benchmark config and the
                      quickstart (whole_run.py)
 
@@ -27,7 +30,7 @@ from ..errors import ConfigError
 from .harness import _command_line, log
 
 
-SUITES = ("runtime", "ffc", "tct", "cross-device", "startup", "system", "whole-run")
+SUITES = ("runtime", "ffc", "tct", "cross-device", "startup", "system", "privacy", "whole-run", "compression")
 
 
 def _raise_on_sigterm(signum, frame):
@@ -47,7 +50,7 @@ def main_suite(args) -> int:
     `--suite startup`: what a run spends outside training."""
     import torch
 
-    from . import cross_device, ffc, startup, system, tct, whole_run
+    from . import compression, cross_device, ffc, privacy, startup, system, tct, whole_run
 
     quick = getattr(args, "quick", False)
     rounds = _rounds(args)
@@ -59,7 +62,7 @@ def main_suite(args) -> int:
     repeats = 1 if quick else int(args.repeats)
     out = Path(args.out) if args.out != "bench/results.json" else Path(f"bench/{suite}.json")
     module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup, "system": system,
-              "whole-run": whole_run}[suite]
+              "privacy": privacy, "whole-run": whole_run, "compression": compression}[suite]
     if suite == "startup":
         res = startup.bench(repeats, log, 2 if quick else rounds)
     elif suite == "cross-device":
@@ -70,8 +73,8 @@ def main_suite(args) -> int:
                                               cross_device.counts(getattr(args, "ranks", ""), "--ranks"), extra)
     elif suite == "whole-run":
         res = whole_run.bench(2 if quick else getattr(args, "rounds", None), log, getattr(args, "device", None), extra)
-    elif suite == "tct":
-        res = tct.bench(repeats, log, getattr(args, "device", None))
+    elif suite in ("tct", "privacy"):
+        res = module.bench(repeats, log, getattr(args, "device", None))
     else:
         res = module.bench(repeats, log)
     res.update(bench=f"distfl bench --suite {suite}", command=_command_line(),

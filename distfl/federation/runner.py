@@ -346,9 +346,12 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         self.state.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
         self.plan = self.system.plan_round(round_idx) if self.system is not None else None  # who reports, on the clock
-        cohort = self.plan.kept if self.plan else self.population.cohort(
-            cfg.seed if self.privacy is None else self.privacy.sampling_seed,  # DP: secret
-            round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        if self.plan:
+            cohort = self.plan.kept
+        elif self.privacy is not None:  # DP: from the secret key
+            cohort = self.privacy.cohort(self.population, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
+        else:
+            cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
         self.algorithm.begin_round(round_idx)
         if self.pack_size == 1:
             return cohort, [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]

@@ -7,6 +7,7 @@ docs/privacy.md.
   accountant.py  epsilon of the sampling or participation actually run, calibration
   mechanism.py   per-client clipping of the summed contribution, the noise after the all_reduce
   secret.py      where the noise and cohorts come from: a secret key (default) or the config's seed
+  csprng.py      the secret key's generator: AES-128-CTR streams, their Gaussians and cohorts
   tree.py        DP-FTRL's tree-aggregated noise, restarted every floor(N / m) rounds
   banded.py      DP-FTRL's banded matrix factorisation noise
   adaptive.py    the clip norm that follows a quantile of the update norms, from a noised count

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from scipy import optimize
 
-from .secret import keyed_normal
+from .secret import NoiseKey
 
 _MF_STREAM = 17  # beside the tree's (13) and the Gaussian mechanism's (11) streams
 
@@ -75,9 +75,9 @@ class BandedFactorisation:
         self.c = optimise(rounds, self.bands)
         self._cache = None  # (key, numel, device), the round of the last w, the last b - 1 w
 
-    def round_noise(self, key: int, round_idx: int, numel: int, device) -> torch.Tensor:
+    def round_noise(self, key: NoiseKey, round_idx: int, numel: int, device) -> torch.Tensor:
         """w_t, continuing the recursion from the previous round, or (first round, resume) from round 1."""
-        ident = (key, numel, str(device))
+        ident = (key.secret, key.value, numel, str(device))
         if self._cache is not None and self._cache[0] == ident and self._cache[1] == round_idx:
             return self._cache[2][-1].clone()
         if self._cache is not None and self._cache[0] == ident and self._cache[1] == round_idx - 1:
@@ -85,7 +85,7 @@ class BandedFactorisation:
         else:
             start, history = 1, []
         for t in range(start, round_idx + 1):
-            w = keyed_normal([key, _MF_STREAM, t], numel, device)
+            w = key.normal([_MF_STREAM, t], (_MF_STREAM, 0, t), numel, device)
             for lag in range(1, min(self.bands, t)):
                 w -= float(self.c[lag]) * history[-lag]
             w /= float(self.c[0])

@@ -11,8 +11,9 @@ untouched) before it is rounded into the fixed-point sum; r bounds what that rou
 (half a unit per coordinate and add), so the contribution as summed has norm <= C.
 
 Per round (on every rank, after the one all_reduce): N(0, (z_Delta C)^2) on every coordinate of the
-summed contributions, divided by m, drawn from a generator seeded by (key, round) on the run's device,
-the key being the run's secret (privacy.secure_noise, secret.py) or, in keyed mode, the config's seed.
+summed contributions, divided by m, drawn from (key, round) on the run's device: from AES-128-CTR under the
+run's secret key (privacy.secure_noise, secret.py, csprng.py) or, in keyed mode, from a torch generator
+seeded by the config's seed and the round.
 Every rank draws the same noise, so the noisy model is the same on any number of ranks and after a
 resume. The server step that follows is post-processing.
 
@@ -27,21 +28,24 @@ import math
 import torch
 
 from ..errors import PluginError
-from . import secret
+from ..federation import population as _population
+from . import csprng, secret
 from .adaptive import AdaptiveClip, count_noise_std, update_noise_multiplier
 from .banded import BandedFactorisation, bands
 from .tree import TreeAggregation, rounds_per_tree
 
 _NOISE_STREAM = 11  # beside population.py's streams: the round's noise never shifts a cohort or a client
 _UPDATE_NOISE, _COUNT_NOISE = 0, 1
+# Secret cohorts: the CSPRNG's domain of each rule, population.py's stream numbers.
+_COHORT_DOMAIN = {"random": _population._COHORT_STREAM, "poisson": _population._POISSON_STREAM}
 # Round metrics that are exact aggregates of the sampled clients (their losses, their sample counts): not
 # logged under DP.
 WITHHELD = ("train_loss", "samples_per_s", "bytes_up", "bytes_down")
 UNCLIPPED = "privacy_unclipped"  # adaptive clipping: the sum of the clients' centred reports
 
 
-def standard_normal(seed: int, round_idx: int, purpose: int, numel: int, device: torch.device) -> torch.Tensor:
-    return secret.keyed_normal([seed, _NOISE_STREAM, round_idx, purpose], numel, device)
+def standard_normal(key: secret.NoiseKey, round_idx: int, purpose: int, numel: int, device: torch.device) -> torch.Tensor:
+    return key.normal([_NOISE_STREAM, round_idx, purpose], (_NOISE_STREAM, purpose, round_idx), numel, device)
 
 
 class _Staged:
@@ -82,10 +86,12 @@ class GaussianMechanism:
                                   if self.clip else noise_multiplier)
         self.metrics: dict[str, float] = {}
 
-    @property
-    def sampling_seed(self) -> int:
-        """What the cohorts are drawn from: the secret key, or the config's seed (keyed mode)."""
-        return self.key.value
+    def cohort(self, population, round_idx: int, size: int, rule: str) -> list[int]:
+        """Round `round_idx`'s clients: in secret mode a random or Poisson cohort from the CSPRNG under the
+        key (csprng.py); otherwise (keyed mode, or the sequential rule, which draws nothing) from the seed."""
+        if self.key.secret and rule in _COHORT_DOMAIN:
+            return csprng.cohort(self.key.value, _COHORT_DOMAIN[rule], round_idx, len(population), size, rule)
+        return population.cohort(self.key.value, round_idx, size, rule)
 
     @property
     def clip_norm(self) -> float:
@@ -134,8 +140,8 @@ class GaussianMechanism:
         clip_used = self.clip_norm
         noisy = {}
         if self.update_multiplier > 0:
-            noise = (self.correlated.round_noise(self.key.value, round_idx, self.numel, self.device) if self.correlated else
-                     standard_normal(self.key.value, round_idx, _UPDATE_NOISE, self.numel, self.device))
+            noise = (self.correlated.round_noise(self.key, round_idx, self.numel, self.device) if self.correlated else
+                     standard_normal(self.key, round_idx, _UPDATE_NOISE, self.numel, self.device))
             std = self.update_multiplier * clip_used / self.denominator
             offset = 0
             for name, seg in self.released.items():
@@ -143,7 +149,7 @@ class GaussianMechanism:
                 offset += seg.numel
         self.metrics = {"privacy_clip_norm": clip_used}
         if self.clip:
-            count_noise = standard_normal(self.key.value, round_idx, _COUNT_NOISE, 1, self.device)
+            count_noise = standard_normal(self.key, round_idx, _COUNT_NOISE, 1, self.device)
             self.metrics["privacy_unclipped_fraction"] = self.clip.update(reduced[UNCLIPPED][0], count_noise[0])
         return NoisyReduced(reduced, noisy)
 

@@ -7,12 +7,14 @@ the exact clipped sum. Privacy amplification by sampling likewise assumes the co
 secret (privacy.secure_noise=true, the default): rank 0 draws a 128-bit key from the operating system's
 secure source (`secrets`, i.e. os.urandom) and sends it to the other ranks in one all_reduce of four int64
 words (the other ranks add zeros), so every rank draws the same noise and cohorts from it and the run is
-still bit-identical on 1 or N ranks. The key is written only into each checkpoint, as NOISE_KEY_FILE with
+still bit-identical on 1 or N ranks. The draws come from AES-128-CTR keyed by the whole key (csprng.py), a
+cryptographically secure generator. The key is written only into each checkpoint, as NOISE_KEY_FILE with
 owner-only permissions (0600), so a resumed run continues with the same noise; never into the config,
 metrics, logs or summary.json. Deleting the checkpoints deletes the key.
 
-keyed (privacy.secure_noise=false): everything from the config's seed, as in non-private runs: a
-simulation, reproducible from the config, whose noise anyone with the config can regenerate.
+keyed (privacy.secure_noise=false): everything from the config's seed, as in non-private runs (torch's and
+numpy's generators): a simulation, reproducible from the config, whose noise anyone with the config can
+regenerate.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 
 from .. import dist
 from ..errors import CheckpointError
+from . import csprng
 
 NOISE_KEY_FILE = "noise_key"
 _WORDS = 4  # 32-bit words of the 128-bit key (each fits an int64 sum exactly)
@@ -46,6 +49,14 @@ class NoiseKey:
         return f"NoiseKey({self.mode})" if self.secret else f"NoiseKey(keyed, seed={self.value})"
 
     __str__ = __repr__
+
+    def normal(self, keyed: list[int], stream: tuple[int, int, int], numel: int, device) -> torch.Tensor:
+        """`numel` standard normal float64 draws on `device`, the same on every rank and after a resume:
+        secret, from the CSPRNG's stream `stream` = (domain, index, round) (csprng.py); keyed, from the seed
+        and the words `keyed` (keyed_normal)."""
+        if self.secret:
+            return csprng.normal(self.value, *stream, numel, device)
+        return keyed_normal([self.value, *keyed], numel, device)
 
 
 def keyed_normal(entropy: list[int], numel: int, device) -> torch.Tensor:

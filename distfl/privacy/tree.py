@@ -18,14 +18,15 @@ which is what dp-accounting's SingleEpochTreeAggregationDpEvent computes (accoun
 distfl's server step consumes a per-round update, so a round releases the difference
 S~_j - S~_{j-1} = x_j + (n_j - n_{j-1}) (S~_0 = 0 at each tree's start): post-processing of the prefix
 sums, and with server sgd at lr 1 the global model after round j is the initial model plus S~_j, i.e.
-DP-FTRL. n_j - n_{j-1} is computed from the nodes that enter and leave the decomposition, each drawn from a
-generator keyed by (key, tree, level, end): every rank draws the same, and a resumed run needs no state.
+DP-FTRL. n_j - n_{j-1} is computed from the nodes that enter and leave the decomposition, each drawn from (key, tree,
+level, end) (secret mode: the CSPRNG's stream of (level, the run's round the block ends at), csprng.py):
+every rank draws the same, and a resumed run needs no state.
 """
 from __future__ import annotations
 
 import torch
 
-from .secret import keyed_normal
+from .secret import NoiseKey
 
 _TREE_STREAM = 13  # beside mechanism.py's noise stream (11) and population.py's
 
@@ -40,9 +41,12 @@ def nodes(j: int) -> list[tuple[int, int]]:
     return out
 
 
-def node_noise(key: int, tree: int, node: tuple[int, int], numel: int, device) -> torch.Tensor:
+def node_noise(key: NoiseKey, tree: int, node: tuple[int, int], rounds_per_tree: int, numel: int,
+               device) -> torch.Tensor:
     """The standard normal vector of one node, the same on every rank and after a resume."""
-    return keyed_normal([key, _TREE_STREAM, tree, *node], numel, device)
+    level, end = node
+    return key.normal([_TREE_STREAM, tree, level, end], (_TREE_STREAM, level, tree * rounds_per_tree + end),
+                      numel, device)
 
 
 class TreeAggregation:
@@ -56,25 +60,25 @@ class TreeAggregation:
         tree, offset = divmod(round_idx - 1, self.rounds_per_tree)
         return tree, offset + 1
 
-    def prefix_noise(self, key: int, round_idx: int, numel: int, device) -> torch.Tensor:
+    def prefix_noise(self, key: NoiseKey, round_idx: int, numel: int, device) -> torch.Tensor:
         """n_j, the standard-normal noise on the prefix sum of the tree up to this round (sigma = 1)."""
         tree, j = self.position(round_idx)
         total = torch.zeros(numel, dtype=torch.float64, device=device)
         for node in nodes(j):
-            total += node_noise(key, tree, node, numel, device)
+            total += node_noise(key, tree, node, self.rounds_per_tree, numel, device)
         return total
 
-    def round_noise(self, key: int, round_idx: int, numel: int, device) -> torch.Tensor:
+    def round_noise(self, key: NoiseKey, round_idx: int, numel: int, device) -> torch.Tensor:
         """n_j - n_{j-1}: the node that enters the decomposition minus the nodes it replaces."""
         tree, j = self.position(round_idx)
         now, before = nodes(j), nodes(j - 1)
         total = torch.zeros(numel, dtype=torch.float64, device=device)
         for node in now:
             if node not in before:
-                total += node_noise(key, tree, node, numel, device)
+                total += node_noise(key, tree, node, self.rounds_per_tree, numel, device)
         for node in before:
             if node not in now:
-                total -= node_noise(key, tree, node, numel, device)
+                total -= node_noise(key, tree, node, self.rounds_per_tree, numel, device)
         return total
 
 

@@ -365,3 +365,35 @@ def test_the_step_probes_unfold_convolution_is_a_convolution(monkeypatch):
     assert F.conv2d is cuda_step.CONV2D
     for a, c in zip(cudnn, unfolded):
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+
+
+def test_privacy_suite_records_the_seconds_per_million_noise_draws(tmp_path, capsys):
+    """`distfl bench --suite privacy --quick`: the seconds to draw 10^6 secret and keyed normals and a
+    secret cohort, recorded in the JSON and printed in the table."""
+    from distfl.cli import main
+
+    out = tmp_path / "privacy.json"
+    assert main(["bench", "--suite", "privacy", "--quick", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for name in ("secret_normal_s", "keystream_s", "keyed_normal_s", "secret_cohort_s", "keyed_cohort_s"):
+        assert len(res[name]) == 1 and res[f"{name}_median"] > 0
+    assert res["numel"] == 1_000_000 and res["bench"] == "distfl bench --suite privacy"
+    printed = capsys.readouterr().out
+    assert "secret noise: 10^6 normals" in printed and printed.count("|") > 20
+    assert out.with_suffix(".md").read_text() in printed
+
+
+def test_compression_suite_times_every_compressor(tmp_path):
+    """`--suite compression`: a median per compressor per million parameters, with the copy floor."""
+    from distfl.compression import COMPRESSORS
+
+    out = tmp_path / "compression.json"
+    args = argparse.Namespace(out=str(out), rounds=None, repeats=1, quick=True, suite="compression", overrides=[])
+    import distfl.bench
+
+    assert distfl.bench.main(args) == 0
+    res = json.loads(out.read_text())
+    medians = res["median_s_per_million"]
+    assert res["numel"] == 10**6 and "copy (floor)" in medians
+    assert all(any(name.split()[0] == compressor for name in medians) for compressor in COMPRESSORS if compressor != "fp16")
+    assert all(s > 0 for s in medians.values()) and out.with_suffix(".md").exists()

@@ -22,7 +22,7 @@ from distfl.config import load_config
 from distfl.federation import runner
 from distfl.federation.aggregate import Segment, StatBuffer
 from distfl.federation.population import Population, place
-from distfl.privacy import accountant, banded, mechanism, secret, tree
+from distfl.privacy import accountant, banded, csprng, mechanism, secret, tree
 from distfl.privacy.adaptive import update_noise_multiplier
 from distfl.privacy.mechanism import GaussianMechanism
 
@@ -304,7 +304,7 @@ def _subtraction_attack(released, cfg):
     """What anyone with config.yaml can do to a released update: regenerate the noise from its seed (the
     mechanism's own keyed draw, std z C / m) and subtract it."""
     p = cfg.privacy
-    noise = mechanism.standard_normal(cfg.seed, 1, 0, released.numel(), torch.device("cpu"))
+    noise = mechanism.standard_normal(secret.NoiseKey(False, cfg.seed), 1, 0, released.numel(), torch.device("cpu"))
     return released - noise * (p.noise_multiplier * p.clip_norm / cfg.train.clients_per_round)
 
 
@@ -363,6 +363,36 @@ def test_secret_noise_is_the_same_on_one_and_two_ranks_and_resumed_and_never_wri
         assert not any(s in data for s in spellings), path
     assert not any(s.decode("latin-1") in proc.stdout + proc.stderr for s in spellings)
     assert "noise secret" in proc.stderr and "noise secret" in proc.stdout
+
+
+def test_secret_noise_of_a_two_rank_run_is_the_aes_stream_of_its_key(tmp_path, small_config):
+    """A 2-rank run whose clients contribute nothing (train.lr 1e-30 rounds every update to 0 in the
+    fixed-point sum), server sgd at lr 1 without momentum: round t moves the model by exactly
+    z C / m times the Gaussians of the CSPRNG's stream (noise, update, t) under the key in its checkpoint."""
+    z, clip, m, rounds = 0.8, 0.3, 5, 4
+    train_ok(small_config, f"output.dir={tmp_path / 'run'}", *SECRET, "train.cohort=poisson", "train.lr=1e-30",
+             "server.momentum=0", f"privacy.noise_multiplier={z}", f"privacy.clip_norm={clip}",
+             f"train.rounds={rounds}", "checkpoint.every=1", "checkpoint.keep=10", nproc=2)
+    ckpts = [tmp_path / "run" / "checkpoints" / checkpoint.checkpoint_name("round", t) for t in range(1, rounds + 1)]
+    key = secret.read(ckpts[0])
+    params = [torch.load(c / "state.pt", weights_only=True)["params"].double() for c in ckpts]
+    for t in range(2, rounds + 1):
+        noise = csprng.normal(key, mechanism._NOISE_STREAM, 0, t, params[0].numel(), torch.device("cpu"))
+        assert float((params[t - 1] - params[t - 2] - z * clip / m * noise).abs().max()) < 1e-6  # float32 model
+
+
+def test_secret_dp_ftrl_and_banded_runs_are_the_same_on_two_ranks_and_resumed_on_one(tmp_path, small_config):
+    """The tree's and the banded factorisation's secret streams (keyed by the run's round): a resume from
+    round 2 on one rank continues a 2-rank run's noise exactly."""
+    for name in ("dp_ftrl", "banded_mf"):
+        private = [*SECRET, f"privacy.mechanism={name}", "train.cohort=sequential", "train.clients_per_round=3",
+                   "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.3", "server.momentum=0.5"]
+        two = train_ok(small_config, f"output.dir={tmp_path / name}", *private, nproc=2)
+        _resume_copy(tmp_path / name, tmp_path / f"{name}_resumed", checkpoint.checkpoint_name("round", 2))
+        proc = run_cli(["train", "--resume", tmp_path / f"{name}_resumed"])
+        assert proc.returncode == 0, proc.stderr
+        resumed = json.loads((tmp_path / f"{name}_resumed" / "summary.json").read_text())
+        assert two["privacy"]["noise"] == "secret" and resumed["model_sha256"] == two["model_sha256"]
 
 
 def test_keyed_mode_says_it_is_a_simulation_where_epsilon_is_printed(tmp_path, small_config):
@@ -467,7 +497,7 @@ def test_tree_noise_on_each_prefix_sum_has_the_variance_of_the_tree_theorem():
     """The noise on the prefix sum of rounds 1..j of a tree is the sum of the popcount(j) nodes of its
     dyadic decomposition: variance popcount(j) sigma^2 <= ceil(log2(j + 1)) sigma^2 (Kairouz et al., Sec. 3);
     the rounds' released noises add up to it exactly; a restart starts a fresh tree."""
-    agg, n, key = tree.TreeAggregation(16), 100_000, 5
+    agg, n, key = tree.TreeAggregation(16), 100_000, secret.NoiseKey(False, 5)
     running = torch.zeros(n, dtype=torch.float64)
     for j in range(1, 17):
         running += agg.round_noise(key, j, n, torch.device("cpu"))
@@ -558,14 +588,14 @@ def test_dp_ftrl_run_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path, smal
 # ---- banded matrix factorisation (Choquette-Choo et al. 2023) -----------------------------------------
 
 def test_banded_noise_is_c_inverse_of_keyed_normals_with_the_factorisations_prefix_variance():
-    n, b, numel, key = 24, 6, 100_000, 9
+    n, b, numel, key = 24, 6, 100_000, secret.NoiseKey(False, 9)
     mf = banded.BandedFactorisation(n, b)
     c = mf.c
     assert len(c) == b and np.linalg.norm(c) == pytest.approx(1, rel=1e-12)
     w = [mf.round_noise(key, t, numel, torch.device("cpu")) for t in range(1, n + 1)]
     # C w = Z: the released noises are C^-1 applied to one keyed normal per round.
     for t in range(n):
-        z = secret.keyed_normal([key, banded._MF_STREAM, t + 1], numel, torch.device("cpu"))
+        z = secret.keyed_normal([key.value, banded._MF_STREAM, t + 1], numel, torch.device("cpu"))
         cw = sum(c[i] * w[t - i] for i in range(min(b, t + 1)))
         assert float((cw - z).abs().max()) < 1e-9
     # The prefix noise of round j has variance ||(A C^-1)[j, :]||^2 = sum_{s<j} U_s^2.

@@ -1,0 +1,43 @@
+"""QSGD (Alistarh, Grubic, Li, Tomioka & Vojnovic, "QSGD: communication-efficient SGD via gradient
+quantization and encoding", NeurIPS 2017, eq. (3)): with s levels,
+
+    Q_s(x)_i = ||x||_2 * sign(x_i) * xi_i(x, s),
+    xi_i = l / s        with probability 1 - (|x_i| s / ||x||_2 - l),
+           (l + 1) / s  otherwise,   where l = floor(|x_i| s / ||x||_2),
+
+which is unbiased (E Q_s(x) = x, the paper's Lemma 3.1). `bits` b >= 2 sets s = 2^(b-1) - 1, so that a
+sign bit and the level fit in b bits a value. Message: the norm as one float32 and b bits a value,
+32 + b d bits (the paper's fixed-width code; its Elias coding of the levels, shorter for small s, is
+not modelled). The rounding is computed in float64 from uniforms of the keyed generator.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import FLOAT32_BITS, Compressed, Compressor
+
+
+class QSGD(Compressor):
+    unbiased = True
+    random = True
+
+    def __init__(self, bits: int = 8):
+        if not 2 <= int(bits) <= 32:
+            raise ValueError(f"QSGD: bits must be an integer in [2, 32] (a sign bit and the level), got {bits}")
+        self.bit_width = int(bits)
+        self.levels = 2 ** (self.bit_width - 1) - 1
+
+    def bits(self, numel: int) -> int:
+        return FLOAT32_BITS + self.bit_width * numel
+
+    def compress(self, x, generator=None):
+        generator = self._generator(generator)
+        wide = x.to(torch.float64)
+        norm = torch.linalg.vector_norm(wide)
+        if norm == 0:
+            return Compressed(torch.zeros_like(x), self.bits(x.numel()))
+        scaled = wide.abs() / norm * self.levels
+        low = scaled.floor()
+        up = torch.rand(x.shape, generator=generator, dtype=torch.float64).to(x.device) < (scaled - low)
+        level = low + up.to(torch.float64)
+        return Compressed((norm * torch.sign(wide) * level / self.levels).to(x.dtype), self.bits(x.numel()))
