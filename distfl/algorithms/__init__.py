@@ -40,7 +40,8 @@ def method_class(cfg) -> type:
 def build_algorithm(cfg, population, worker, device, model_factory=None, noise_multiplier: float | None = None,
                     ctx=None):
     """The training algorithm (for TCT, its stage-1 algorithm: its later stages are phases), wrapped in
-    the run's cross-cutting features: GMA, FedBN, then DP outermost (with `noise_multiplier`)."""
+    the run's cross-cutting features: GMA, FedBN, compression, then DP outermost (with `noise_multiplier`:
+    what DP clips and noises is the decoded compressed update)."""
     from .base import check_built_model
     from .fedbn import FedBN
     from .gma import GMA
@@ -53,6 +54,10 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
         method = GMA(method, cfg.aggregation.tau, cfg.aggregation.mask_applies_to)
     if cfg.aggregation.fedbn:
         method = FedBN(method, worker, cfg.model.name)
+    if cfg.compression.up != "none":
+        from .compressed import Compressed
+
+        method = Compressed(method, cfg, worker, report_error=cfg.privacy.mechanism == "none")
     if cfg.privacy.mechanism != "none":
         from ..privacy.mechanism import GaussianMechanism
 

@@ -276,6 +276,17 @@ class SystemConfig:
 
 
 @dataclass
+class CompressionConfig:
+    up: str = key("none", choices=["none", "topk", "randk", "qsgd", "signsgd", "drive", "eden", "powersgd", "fp16", "bf16"])  # what each client uploads instead of its float32 update (docs/compression.md): none | topk (the largest magnitudes) | randk (keyed random coordinates, rescaled by d/k) | qsgd (Alistarh et al.: norm, signs and stochastic levels) | signsgd (signs times the mean magnitude, EF-signSGD's) | drive (1 bit a coordinate after a keyed Hadamard rotation) | eden (b bits a coordinate after the rotation) | powersgd (rank-r factors of each weight, warm-started) | fp16 | bf16 (half-precision transport). Applies to the update segments of fedavg, fedprox, feddyn and scaffold (both of its segments)
+    density: float = key(0.01, range="(0, 1]", applies=("compression.up", ["topk", "randk"]))  # topk, randk: share of each segment's coordinates sent, k = ceil(density x d)
+    bits: int = key(8, range=">= 1", limit=32, applies=("compression.up", ["qsgd", "eden"]))  # qsgd: bits a coordinate, sign included (2-32; 2^(bits-1) - 1 levels) | eden: bits a coordinate (1-8)
+    rank: int = key(4, range=">= 1", limit=4096, applies=("compression.up", ["powersgd"]))  # powersgd: r, the rank of each weight's factors (a weight whose factors would cost more, and every bias, travels uncompressed)
+    rotation: str = key("hadamard", choices=["hadamard", "uniform"], applies=("compression.up", ["drive", "eden"]))  # drive, eden: hadamard (the keyed randomised Hadamard rotation, O(d log d), close to unbiased) | uniform (a Haar-random rotation, the papers' analysis; segments of at most 4,096 values)
+    unbiased: bool = key(True, applies=("compression.up", ["randk", "drive", "eden"]))  # randk: rescale the kept values by d/k (off: the contractive form for error feedback) | drive, eden: the unbiased scale (off: the scale that minimises one vector's error)
+    error_feedback: bool = key(False, applies=("compression.up", ["topk", "randk", "qsgd", "signsgd", "drive", "eden", "powersgd", "fp16", "bf16"]))  # keep what compression dropped in each client's state and add it to its next update (Stich et al. 2018; Karimireddy et al. 2019); checkpointed like SCAFFOLD's controls
+
+
+@dataclass
 class Config:
     seed: int = key(0, range=">= 0", seed_max=2**32 - 1)  # seeds partition, model init, cohorts and every client's local randomness
     data: DataConfig = field(default_factory=DataConfig)
@@ -293,6 +304,7 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
 
 
 # The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.

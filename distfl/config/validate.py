@@ -217,6 +217,9 @@ def validate(cfg: Config) -> None:
 
     privacy_rules.check(v, declared)
     system_rules.check(v)
+    from distfl.algorithms.compressed import check_config as check_compression
+
+    check_compression(v)
 
 
 def _plugin_or_built_in(name: str) -> type:

@@ -56,10 +56,15 @@ class Segment:
     # clock's upload): 4 for float32 values, what an encoding (a compressor) makes of them, or 0 for
     # bookkeeping the server learns with any reply (a loss, a count) or derives from another segment.
     wire_bytes: float = 4.0
+    # The exact size of one client's encoded contribution, when a feature encodes the segment (a compressor's
+    # closed form, compression/): it replaces numel x wire_bytes.
+    encoded_bytes: int | None = None
 
     @property
     def nbytes(self) -> int:
         """What one client's contribution to this segment costs on the wire."""
+        if self.encoded_bytes is not None:
+            return self.encoded_bytes
         return math.ceil(self.numel * self.wire_bytes)
 
 
