@@ -52,7 +52,7 @@ from .run_state import (BestModel, Checkpoints, GlobalModel, MethodState, Privac
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
-from . import run_dir, stopping, summary
+from . import init_from, run_dir, stopping, summary
 
 
 NONFINITE_PARAMS = "non-finite local model parameters"
@@ -128,6 +128,9 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         model = model_factory()
+        if cfg.model.init_from:  # saved weights instead of the seeded ones, checked by name and shape
+            read, sha256 = init_from.load_into(model, cfg.model.init_from, cfg.model.name)
+            self.data_sources.add("model.init_from", str(read), sha256)
         sizes = self.population.sizes
         single = int(np.argmax(sizes == 1)) if (sizes == 1).any() else None  # the first client with one sample
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
@@ -264,8 +267,8 @@ class Trainer:
                 raise CheckpointError(
                     f"cannot resume {self.run_dir}: {role} {(now or was)['path']} changed since the run started "
                     f"(SHA-256 {was['sha256']} when checkpointed, {now_text}); continuing would train on other "
-                    "data than the rounds before. Restore the original file, or start a new run on this data "
-                    "(another output.dir)")
+                    f"{'weights' if role == 'model.init_from' else 'data'} than the rounds before. Restore the "
+                    "original file, or start a new run from this one (another output.dir)")
 
     def _check_phases_on_resume(self, state: dict) -> None:
         trained, rounds = state["round"], self.cfg.train.rounds
