@@ -115,7 +115,7 @@ def first_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> st
         if name not in own:
             return f"unexpected key {name} (the model has no such parameter or buffer)"
     for name, tensor in own.items():
-        if tuple(state[name].shape) != tuple(tensor.shape) if name in state else False:
+        if name in state and tuple(state[name].shape) != tuple(tensor.shape):
             return f"{name} has shape {tuple(state[name].shape)} in the file, {tuple(tensor.shape)} in the model"
     return None
 

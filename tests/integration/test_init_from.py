@@ -99,6 +99,20 @@ def test_a_personalised_method_starts_its_clients_from_the_loaded_model(tmp_path
     assert loaded["final_client_acc"] == seeded["final_client_acc"]
 
 
+@pytest.mark.parametrize("method", ["ditto", "apfl", "local"])
+def test_a_clients_own_model_starts_as_the_loaded_model(tmp_path, method):
+    cfg = config(tmp_path, algorithm={"name": method})
+    weights = perturbed(initial_state(cfg, tmp_path))
+    torch.save(weights, tmp_path / "init.pt")
+    trainer = build_trainer(cfg, tmp_path / "run", f"model.init_from={tmp_path / 'init.pt'}")
+    try:
+        loaded = torch.cat([weights[name].reshape(-1) for name, _ in trainer.worker.module.named_parameters()])
+        assert torch.equal(trainer.global_params, loaded)
+        assert torch.equal(trainer.algorithm.init_client_state()["v"], loaded)
+    finally:
+        trainer.close()
+
+
 def test_weights_that_do_not_fit_are_refused_in_one_line_before_any_work(tmp_path):
     cfg = config(tmp_path)
     state = initial_state(cfg, tmp_path)
