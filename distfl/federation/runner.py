@@ -264,11 +264,12 @@ class Trainer:
             now = self.data_sources.get(role)
             if now is None or now["sha256"] != was["sha256"]:
                 now_text = f"{now['sha256']} now" if now is not None else "not read now"
+                weights = role == "model.init_from"  # the saved weights the run started from
                 raise CheckpointError(
                     f"cannot resume {self.run_dir}: {role} {(now or was)['path']} changed since the run started "
                     f"(SHA-256 {was['sha256']} when checkpointed, {now_text}); continuing would train on other "
-                    f"{'weights' if role == 'model.init_from' else 'data'} than the rounds before. Restore the "
-                    "original file, or start a new run from this one (another output.dir)")
+                    f"{'weights' if weights else 'data'} than the rounds before. Restore the original file, or "
+                    f"start a new run {'from these weights' if weights else 'on this data'} (another output.dir)")
 
     def _check_phases_on_resume(self, state: dict) -> None:
         trained, rounds = state["round"], self.cfg.train.rounds
