@@ -12,6 +12,8 @@ values when it does not.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import io
 import json
@@ -21,6 +23,7 @@ import torch
 
 from .. import checkpoint
 from ..errors import ConfigError
+from .local import FlatModel
 
 
 def layout(worker) -> dict:
@@ -35,12 +38,21 @@ def layout(worker) -> dict:
             "keys": list(module.state_dict().keys())}
 
 
-def checkpoint_state_dict(state: dict, where: str) -> dict[str, torch.Tensor]:
-    """The model a checkpoint's state.pt holds, as a state dict (name -> tensor)."""
+def checkpoint_state_dict(state: dict, where: str, model: torch.nn.Module, model_config: dict) -> dict[str, torch.Tensor]:
+    """The model a checkpoint's state.pt holds, as a state dict (name -> tensor). A checkpoint of an earlier
+    distfl names none of its tensors: it is read by the layout of `model` when it was trained with the same
+    model.* keys (`model_config`), so built the same way, and holds tensors of the same sizes."""
     names = state.get("layout")
     if not isinstance(names, dict):
-        raise ConfigError(f"model.init_from: {where} was written by an earlier distfl, whose checkpoints do not "
-                          "name the model's tensors; load a state dict or safetensors file instead")
+        names = layout(FlatModel(copy.deepcopy(model)))
+        saved = (state.get("config") or {}).get("model") or {}
+        if (any(model_config.get(key) != value for key, value in saved.items() if key != "init_from")
+                or state["params"].numel() != sum(torch.Size(shape).numel() for _, shape in names["params"])
+                or state["buffers"].numel() != sum(torch.Size(shape).numel() for _, shape in names["buffers"])
+                or len(state["int_buffers"]) != len(names["int_buffers"]) or len(state["frozen"]) != len(names["frozen"])):
+            raise ConfigError(f"model.init_from: {where} was written by an earlier distfl, whose checkpoints do not "
+                              "name the model's tensors, for another model; load a state dict or safetensors file "
+                              "instead")
     tensors: dict[str, torch.Tensor] = {}
     for flat, entries in ((state["params"], names["params"]), (state["buffers"], names["buffers"])):
         offset = 0
@@ -73,9 +85,9 @@ def _final_checkpoint(run_dir: Path) -> Path:
     return found[-1] / "state.pt"
 
 
-def read(path: str) -> tuple[dict[str, torch.Tensor], Path, str]:
+def read(path: str, model: torch.nn.Module, model_config: dict) -> tuple[dict[str, torch.Tensor], Path, str]:
     """The state dict at `path` (a run directory, a torch state dict file, a safetensors file), the file
-    read, and the SHA-256 of its bytes."""
+    read, and the SHA-256 of its bytes. `model`, `model_config`: the run's, for an earlier distfl's checkpoint."""
     source = Path(path)
     file = _final_checkpoint(source) if source.is_dir() else source
     try:
@@ -95,7 +107,7 @@ def read(path: str) -> tuple[dict[str, torch.Tensor], Path, str]:
         raise ConfigError(f"model.init_from: cannot read {file} as a {kind}: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     if isinstance(state, dict) and "format_version" in state and "params" in state:  # a checkpoint's state.pt
-        state = checkpoint_state_dict(state, str(file))
+        state = checkpoint_state_dict(state, str(file), model, model_config)
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise ConfigError(f"model.init_from: {file} holds a {type(state).__name__}, not a state dict "
@@ -120,13 +132,14 @@ def first_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> st
     return None
 
 
-def load_into(model: torch.nn.Module, path: str, model_name: str) -> tuple[Path, str]:
-    """Overwrite `model`'s parameters (and the buffers the file holds) with the weights at `path`, after
-    checking names and shapes. Returns the file read and its SHA-256."""
-    state, file, sha256 = read(path)
+def load_into(model: torch.nn.Module, model_config) -> tuple[Path, str]:
+    """Overwrite `model`'s parameters (and the buffers the file holds) with the weights at
+    `model_config.init_from` (the run's model.* section), after checking names and shapes. Returns the
+    file read and its SHA-256."""
+    state, file, sha256 = read(model_config.init_from, model, dataclasses.asdict(model_config))
     wrong = first_mismatch(model, state)
     if wrong is not None:
-        raise ConfigError(f"model.init_from: {file} does not fit model.name={model_name}: {wrong}")
+        raise ConfigError(f"model.init_from: {file} does not fit model.name={model_config.name}: {wrong}")
     own = model.state_dict()
     with torch.no_grad():
         for name, tensor in state.items():

@@ -129,7 +129,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = model_factory()
         if cfg.model.init_from:  # saved weights instead of the seeded ones, checked by name and shape
-            read, sha256 = init_from.load_into(model, cfg.model.init_from, cfg.model.name)
+            read, sha256 = init_from.load_into(model, cfg.model)
             self.data_sources.add("model.init_from", str(read), sha256)
         sizes = self.population.sizes
         single = int(np.argmax(sizes == 1)) if (sizes == 1).any() else None  # the first client with one sample

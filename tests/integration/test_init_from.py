@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import assert_packs_train_as_one_at_a_time, assert_refused, build_trainer, metrics, one_two_resumed, run_cli, summary, train_ok, write_config
+from conftest import REPO, assert_packs_train_as_one_at_a_time, assert_refused, build_trainer, metrics, one_two_resumed, run_cli, summary, train_ok, write_config
 
 
 def sha(path: Path) -> str:
@@ -71,6 +71,20 @@ def test_a_run_directory_gives_its_final_model_buffers_included(tmp_path):
         assert dict(trainer.data_sources.items())["model.init_from"] == {"path": str(read), "sha256": sha(read)}
     finally:
         trainer.close()
+
+
+def test_a_run_directory_of_an_earlier_release_gives_its_final_model(tmp_path):
+    """Its checkpoints do not name the model's tensors: the model built from the same model.* keys does."""
+    release = REPO / "tests" / "fixtures" / "checkpoint_0.1.0_scaffold_gma"
+    trainer = build_trainer(release / "config.yaml", tmp_path / "second", f"model.init_from={release}", "seed=9")
+    try:
+        assert trainer.worker.state_sha256() == summary(release)["model_sha256"]
+    finally:
+        trainer.close()
+    other = write_config(tmp_path / "other.yaml", model={"name": "mlp", "mlp_hidden": 32})
+    assert_refused(other, tmp_path / "out", [f"model.init_from={release}"],
+                   f"model.init_from: {release / 'checkpoints' / 'round_000001' / 'state.pt'} was written by an "
+                   "earlier distfl")
 
 
 def test_a_loaded_start_is_the_same_on_one_and_two_ranks_and_resumed(tmp_path):
