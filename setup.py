@@ -18,6 +18,7 @@ setup(
         "dp-accounting==0.6.0",  # privacy.mechanism=gaussian: Google's RDP and PLD accountants (pulls scipy, dm-tree, attrs)
         "h5py==3.16.0",  # data.dataset=tff: TFF's HDF5 client data
         "pyfarmhash==0.5.1",  # data.oov_buckets: FarmHash Fingerprint64, TF's to_hash_bucket_fast (StackOverflow's OOV buckets)
+        "safetensors==0.8.0",  # model.init_from: a .safetensors file of weights
     ],
     extras_require={
         # output.trackers: mlflow (the tracking client; its local file store needs no server) and wandb

@@ -91,6 +91,7 @@ class ModelConfig:
     feature_norm: str = key("auto", choices=["auto", "on", "off"])  # auto (on for head=sphere) | on | off: L2-normalise the features before the head
     mse_reduction: str = key("mean", choices=["mean", "sum"])  # loss=mse: mean over classes (torch.nn.MSELoss) | sum over classes (||Wz - y||^2)
     embedding: str = key("frozen", choices=["frozen", "trained", "learned"], applies=("model.name", ["sent140_lstm"]))  # sent140_lstm: frozen (the vectors of data.embeddings, never trained, kept out of aggregation and checkpoints: FedProx's Sent140 model) | trained (those vectors as the start, trained and aggregated) | learned (LEAF's stacked_lstm.py as it runs: a (words + 1) x 100 table drawn at random and trained; the file gives only the vocabulary)
+    init_from: str = ""  # start from saved weights instead of the seeded initialisation: a finished distfl run directory (its final model), a PyTorch state dict file (read with torch.load(weights_only=True)) or a .safetensors file; names and shapes must match the model (buffers the file lacks keep their seeded values); its SHA-256 is in summary.json's data_files and checked on resume (docs/foundation.md)
 
 
 @dataclass

@@ -38,6 +38,7 @@ def restore(trainer) -> None:
     if trainer.store is not None:
         trainer.store.restore(path / "clients", trainer._hosts, trainer.ctx.is_main)
 
+
 def check_data(trainer, saved: dict | None) -> None:
     """Refuse to continue on data or a partition file whose bytes differ from what the run began
     with (a checkpoint from before distfl recorded them has None: nothing to compare)."""
@@ -45,11 +46,13 @@ def check_data(trainer, saved: dict | None) -> None:
         now = trainer.data_sources.get(role)
         if now is None or now["sha256"] != was["sha256"]:
             now_text = f"{now['sha256']} now" if now is not None else "not read now"
+            weights = role == "model.init_from"  # the saved weights the run started from
             raise CheckpointError(
                 f"cannot resume {trainer.run_dir}: {role} {(now or was)['path']} changed since the run started "
                 f"(SHA-256 {was['sha256']} when checkpointed, {now_text}); continuing would train on other "
-                "data than the rounds before. Restore the original file, or start a new run on this data "
-                "(another output.dir)")
+                f"{'weights' if weights else 'data'} than the rounds before. Restore the original file, or "
+                f"start a new run {'from these weights' if weights else 'on this data'} (another output.dir)")
+
 
 def check_phases(trainer, state: dict) -> None:
     trained, rounds = state["round"], trainer.cfg.train.rounds

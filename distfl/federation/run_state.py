@@ -20,6 +20,7 @@ from .. import checkpoint, dist, faults
 from ..checkpoint import to_cpu
 from ..errors import RankDisagreement
 from ..privacy.secret import NOISE_KEY_FILE
+from . import init_from
 
 
 @dataclass
@@ -81,10 +82,13 @@ class GlobalModel:
         self.worker = worker
         self.params = worker.params.detach().clone()
         self.buffers = worker.buffers.detach().clone()
+        self.layout = init_from.layout(worker)
 
     def state_dict(self) -> dict:
         return {"frozen": [t.cpu() for t in self.worker.frozen], "params": self.params.cpu(),
-                "buffers": self.buffers.cpu(), "int_buffers": [t.cpu() for t in self.worker._int_snapshot]}
+                "buffers": self.buffers.cpu(), "int_buffers": [t.cpu() for t in self.worker._int_snapshot],
+                # the names and shapes of these tensors: a later run's model.init_from reads the model by name
+                "layout": self.layout}
 
     def load_state_dict(self, state: dict) -> None:
         self.params.copy_(state["params"])

@@ -51,7 +51,7 @@ from .run_state import (BestModel, Checkpoints, GlobalModel, MethodState, Privac
 from .probe import probe_model
 from .schedule import round_lr
 from .state import ClientStateStore
-from . import run_dir, stopping, summary
+from . import init_from, run_dir, stopping, summary
 from .resume import restore
 
 
@@ -128,6 +128,9 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         model = model_factory()
+        if cfg.model.init_from:  # saved weights instead of the seeded ones, checked by name and shape
+            read, sha256 = init_from.load_into(model, cfg.model)
+            self.data_sources.add("model.init_from", str(read), sha256)
         sizes = self.population.sizes
         single = int(np.argmax(sizes == 1)) if (sizes == 1).any() else None  # the first client with one sample
         has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
