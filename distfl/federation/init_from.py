@@ -31,10 +31,12 @@ def layout(worker) -> dict:
     that a later run can read the checkpoint's model by name (`checkpoint_state_dict`)."""
     module = worker.module
     buffer_names = {id(b): name for name, b in module.named_buffers()}
+    # worker.frozen: a fixed head's persistent buffers, then the frozen parameters (requires_grad=False)
+    fixed_names = {**buffer_names, **{id(p): name for name, p in module.named_parameters()}}
     return {"params": [[name, list(module.get_parameter(name).shape)] for name in worker.param_slices],
             "buffers": [[name, list(module.get_buffer(name).shape)] for name in worker.buffer_slices],
             "int_buffers": [buffer_names[id(b)] for b in worker.int_buffers],
-            "frozen": [buffer_names[id(b)] for b in worker.frozen],
+            "frozen": [fixed_names[id(t)] for t in worker.frozen],
             "keys": list(module.state_dict().keys())}
 
 
