@@ -148,3 +148,20 @@ def test_method_copies_of_the_model_hold_the_workers_frozen_weights(tmp_path, co
 
 def test_one_rank_equals_two_ranks_and_resumed(tmp_path, config, frozen_lab):
     one_two_resumed(config, tmp_path, *WEIGHT_DECAY, paths=(frozen_lab,))
+
+
+def test_a_run_of_a_model_with_frozen_parameters_starts_another_by_model_init_from(tmp_path, config):
+    """model.init_from reads a finished run's frozen parameters by name, beside its trained ones."""
+    from distfl.checkpoint import complete_checkpoints
+    from distfl.federation.init_from import read
+
+    first = train_ok(config, f"output.dir={tmp_path / 'first'}", "train.rounds=2")
+    second = build_trainer(config, tmp_path / "second", f"model.init_from={tmp_path / 'first'}", "seed=9")
+    try:
+        state, _, _ = read(str(tmp_path / "first"), second.worker.module, {})
+        frozen = frozen_of(second)
+        assert set(frozen) <= set(state) and all(torch.equal(frozen[k], state[k]) for k in frozen)
+        assert second.worker.state_sha256() == first["model_sha256"]
+        assert complete_checkpoints(tmp_path / "first")
+    finally:
+        second.close()
