@@ -8,12 +8,15 @@ config, so every rank computes the same one:
     randomness is keyed by (seed, v + 1, client), as a synchronous round v + 1's would be.
   - Reports are taken in order of (time, start number). One that dropped out (keyed dropout, or offline
     when it would report) or is staler than system.max_staleness is thrown away, and its slot refilled
-    at once from the current version. The others wait in the buffer, holding their slot.
+    at once from the current version. The others wait in the buffer, holding their slot: a buffered client
+    is not started again before the step applies it, nor one that dropped out (keyed) from this version.
   - When K updates are buffered (FedBuff: system.buffer_size; FedAsync: 1), the server steps: the
     buffered clients are trained now, each from the version it started from (kept while a client in
     flight needs it), dealt to ranks as a synchronous cohort is, and their weighted updates summed
     through the round's one exact int64 all_reduce. Then their K slots are refilled from the new model.
-  - Sampling: the clients a step (or the start) adds are a keyed sample of those not in flight (under
+  - Nothing can report (no client can start, or HORIZON_PER_CLIENT reports per client thrown away in a
+    row): the run stops with one line (NothingReports; docs/system.md).
+  - Sampling: the clients a step (or the start) adds are a keyed sample of those idle (under
     availability with unavailable=skip, of those online), from the same stream as the synchronous cohort
     of round v + 1: with nothing in flight it *is* that cohort.
 Weights, with s the update's staleness (server steps since its version) and w(s) system.staleness:

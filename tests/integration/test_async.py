@@ -3,10 +3,15 @@ the staleness weights of the papers, the server rules, and exactness across rank
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
-from conftest import metrics, one_two_resumed, run_cli, summary, train_ok, write_config
+from conftest import REPO, env_with_sitecustomize, metrics, one_two_resumed, run_cli, summary, train_ok, write_config
 from test_system import killed_and_resumed
 from distfl import dist
 from distfl.config import ConfigWarning, load_config
@@ -228,3 +233,46 @@ def test_a_trace_in_which_no_client_is_ever_online_is_refused_naming_the_file(tm
         f"distfl: error: {trace}: no entry has an online interval (active[i] <= inactive[i], active[i] < "
         "finish_time), so no client would ever be online"]
     assert not (tmp_path / "run").exists()
+
+
+# Server step 3 marks its start in $STEP_MARK and waits (300 s at most, a hang guard) until the run was asked to stop.
+SITE_STOP_IN_STEP = """
+import os, time
+from pathlib import Path
+from distfl.system import handle
+
+_run_async = handle.System.run_async
+
+def run_async(self, step):
+    if step == 3:
+        Path(os.environ["STEP_MARK"]).touch()
+        deadline = time.time() + 300
+        while not self.trainer.stop.requested and time.time() < deadline:
+            time.sleep(0.05)
+    return _run_async(self, step)
+
+handle.System.run_async = run_async
+"""
+
+
+def test_sigterm_stops_an_async_run_after_its_step_and_the_resume_continues_it(tmp_path):
+    config = write_config(tmp_path / "c.yaml", train={"rounds": 6})
+    through = train_ok(config, f"output.dir={tmp_path / 'through'}", *SPEEDS, *BUFFERED)
+    mark, run = tmp_path / "step3", tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "distfl", "train", str(config), f"output.dir={run}", *SPEEDS,
+                             *BUFFERED], cwd=REPO, env=env_with_sitecustomize(tmp_path, SITE_STOP_IN_STEP,
+                                                                              STEP_MARK=str(mark)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + HANG_GUARD_S
+    while not mark.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 3, err
+    assert err.strip().splitlines()[-1].startswith("distfl: stopped by SIGTERM (a kill, or Slurm's preemption, requeue "
+                                                   "or cancel) before the last round: checkpoint written after round 3 "
+                                                   "of 6"), err
+    assert summary(run)["status"] == "stopped"
+    resumed = train_ok(None, resume=str(run))
+    assert resumed["model_sha256"] == through["model_sha256"]
