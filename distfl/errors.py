@@ -31,6 +31,12 @@ class PluginError(RuntimeError):
     message, with the traceback (pointing into the method's code) saved in RUN_DIR/error.log."""
 
 
+class NothingReports(DistflError):
+    """An asynchronous run in which no update can reach the server's buffer within the horizon of
+    docs/system.md (every client drops out, is never online, or reports only when offline): the run stops
+    as failed, its summary.json saying why in one line, its checkpoints kept."""
+
+
 class Interrupted(DistflError):
     """A stop signal (SIGTERM, SIGUSR1: preemption or time limit) arrived; a checkpoint was written and
     `distfl train --resume RUN_DIR` continues without losing a round. The run is not finished: its

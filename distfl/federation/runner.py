@@ -32,7 +32,7 @@ from ..data.datasets import load_dataset
 from ..data.natural import natural_test_sets
 from ..data.partition import partition
 from ..data.tokens import client_token_counts
-from ..errors import ConfigError, DistflError, DivergenceError, Interrupted, PluginError
+from ..errors import ConfigError, DistflError, DivergenceError, Interrupted, NothingReports, PluginError
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import release, rules as dp_rules
@@ -509,6 +509,8 @@ class Trainer:
             kept = f"the last good checkpoint, {kept.read_text().strip()}, is kept" if kept.exists() else \
                 "no checkpoint had been written yet"
             logger.info(f"stopped: {exc}; {kept}")
+        except NothingReports as exc:  # the inputs, not the code: its one line, no traceback
+            status, error, stopped = "failed", str(exc), exc
         except Exception as exc:
             # A ConfigError already, or made one by dist.deterministic_ops (an op with no deterministic kernel).
             if isinstance(exc, DistflError) or dist._NONDETERMINISTIC in str(exc):
@@ -529,6 +531,8 @@ class Trainer:
             if self.ctx.is_main:
                 faults.attempt(lambda: checkpoint.atomic_write_text(
                     json.dumps(summary.build(self.context, status, error), indent=2) + "\n", self.run_dir / "summary.json"))
+            if isinstance(stopped, NothingReports):
+                raise stopped
             raise self.failure.error() from self.failure.exc
         if status == "stopped":
             # Not finished: summary.json must say so, never keep an earlier session's "completed".

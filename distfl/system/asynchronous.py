@@ -8,12 +8,15 @@ config, so every rank computes the same one:
     randomness is keyed by (seed, v + 1, client), as a synchronous round v + 1's would be.
   - Reports are taken in order of (time, start number). One that dropped out (keyed dropout, or offline
     when it would report) or is staler than system.max_staleness is thrown away, and its slot refilled
-    at once from the current version. The others wait in the buffer, holding their slot.
+    at once from the current version. The others wait in the buffer, holding their slot: a buffered client
+    is not started again before the step applies it, nor one that dropped out (keyed) from this version.
   - When K updates are buffered (FedBuff: system.buffer_size; FedAsync: 1), the server steps: the
     buffered clients are trained now, each from the version it started from (kept while a client in
     flight needs it), dealt to ranks as a synchronous cohort is, and their weighted updates summed
     through the round's aggregator (one all_reduce). Then their K slots are refilled from the new model.
-  - Sampling: the clients a step (or the start) adds are a keyed sample of those not in flight (under
+  - Nothing can report (no client can start, or HORIZON_PER_CLIENT reports per client thrown away in a
+    row): the run stops with one line (NothingReports; docs/system.md).
+  - Sampling: the clients a step (or the start) adds are a keyed sample of those idle (under
     availability with unavailable=skip, of those online), from the same stream as the synchronous cohort
     of round v + 1: with nothing in flight it *is* that cohort.
 Weights, with s the update's staleness (server steps since its version) and w(s) system.staleness:
@@ -28,15 +31,26 @@ it until the step (at most K - 1 reports later), which is what makes the identit
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NothingReports
 from ..federation.population import place
 from .staleness import staleness_weight
 
 COHORT_STREAM = 1  # federation/population.py's _COHORT_STREAM: the synchronous cohort's stream
+# The horizon: a server step ends the run once this many reports per client in a row were thrown away.
+HORIZON_PER_CLIENT = 100
+
+
+def _causes(s) -> str:
+    """The settings that keep updates from reporting, for the line that stops a run."""
+    causes = [f"system.dropout={s.dropout}" if s.dropout > 0 else "",
+              f"system.availability={s.availability}" if s.availability != "always" else "",
+              f"system.max_staleness={s.max_staleness}" if s.max_staleness >= 0 else ""]
+    return f"check {', '.join(c for c in causes if c) or 'the system.* settings'}"
 
 
 class AsyncEngine:
@@ -54,17 +68,27 @@ class AsyncEngine:
         self.now_s, self.version, self.seq, self.filled = 0.0, 0, 0, False
         self.flights: list[tuple] = []  # heap of (finish_s, seq, client, version, dropped)
         self.versions: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Clients that dropped out (keyed by the version) having started from the current version: none is
+        # started again before the next step. Empty between steps, so checkpoints need not hold it.
+        self.dropped_now: set[int] = set()
 
     # ---- the schedule --------------------------------------------------------------------------------
-    def _start(self, count: int) -> None:
-        """Start up to `count` clients at now_s from the current version."""
+    def _idle(self, buffer) -> np.ndarray:
+        """The clients a slot may start now: neither in flight nor waiting in the `buffer` (a buffered client
+        holds its slot until the step that applies it), nor dropped out already at this version (its keyed
+        dropout would drop it again)."""
+        busy = np.zeros(len(self.system.trainer.population), dtype=bool)
+        busy[[f[2] for f in (*self.flights, *buffer)]] = True
+        busy[sorted(self.dropped_now)] = True
+        return np.flatnonzero(~busy)
+
+    def _start(self, count: int, buffer: list[tuple] = ()) -> None:
+        """Start up to `count` idle clients at now_s from the current version."""
         if count <= 0:
             return
         system, cfg = self.system, self.system.cfg
-        model, population = system.model, system.trainer.population
-        busy = np.zeros(len(population), dtype=bool)
-        busy[[f[2] for f in self.flights]] = True
-        eligible = np.flatnonzero(~busy)
+        model = system.model
+        eligible = self._idle(buffer)
         skip = cfg.system.availability != "always" and cfg.system.unavailable == "skip"
         if skip and len(eligible):
             eligible = eligible[model.online(eligible, self.now_s)]
@@ -84,18 +108,33 @@ class AsyncEngine:
             heapq.heappush(self.flights, (finish, self.seq, c, self.version, drop))
             self.seq += 1
 
-    def _next_buffer(self) -> tuple[list[tuple], int, int]:
-        """Reports in time order until K are buffered: (buffered flights, dropped, discarded)."""
+    def _next_buffer(self, step: int) -> tuple[list[tuple], int, int]:
+        """Reports in time order until K are buffered: (buffered flights, dropped, discarded). Raises
+        NothingReports when no update can reach the buffer (docs/system.md: the horizon)."""
         s = self.system.cfg.system
+        model = self.system.model
         if not self.filled:
             self._start(self.c)
             self.filled = True
         buffer, dropped, discarded = [], 0, 0
+        horizon = HORIZON_PER_CLIENT * len(self.system.trainer.population)
+        thrown = 0  # reports thrown away (and waits for a client to come online) since the last one buffered
         while len(buffer) < self.k:
-            if not self.flights:  # nobody could start (no client online): wait for the first one
-                waited = self.system.model.next_online(self.now_s)
+            if thrown >= horizon:
+                raise NothingReports(f"server step {step}: no update reached the buffer in {thrown} reports in a row "
+                                     f"({HORIZON_PER_CLIENT} per client: dropped out, offline when it would report "
+                                     f"or staler than system.max_staleness), with {len(buffer)} of {self.k} buffered "
+                                     f"at virtual time {self.now_s:.0f} s; {_causes(s)}")
+            if not self.flights:  # nobody could start (no idle client online): wait for the first one
+                idle = self._idle(buffer)
+                waited = model.next_online(self.now_s, idle) if len(idle) else math.inf
+                if math.isinf(waited):
+                    raise NothingReports(f"server step {step}: no update can reach the buffer ({len(buffer)} of "
+                                         f"{self.k} buffered): every client that is not waiting in it dropped out at "
+                                         f"this model version or is never online; {_causes(s)}")
                 self.now_s = waited if waited > self.now_s else float(np.nextafter(self.now_s, np.inf))
-                self._start(self.c - len(buffer))
+                self._start(self.c - len(buffer), buffer)
+                thrown += 1
                 continue
             flight = heapq.heappop(self.flights)
             self.now_s = max(self.now_s, flight[0])
@@ -103,9 +142,13 @@ class AsyncEngine:
             if flight[4] or stale:
                 dropped += flight[4]
                 discarded += stale and not flight[4]
-                self._start(1)
+                if flight[4] and flight[3] == self.version and model.drops(self.version + 1, [flight[2]])[0]:
+                    self.dropped_now.add(flight[2])
+                thrown += 1
+                self._start(1, buffer)
                 continue
             buffer.append(flight)
+            thrown = 0
         return buffer, dropped, discarded
 
     # ---- one server step -----------------------------------------------------------------------------
@@ -114,7 +157,7 @@ class AsyncEngine:
         trainer, s = system.trainer, cfg.system
         trainer.state.last_round = step
         trainer.algorithm.begin_round(step)
-        buffer, dropped, discarded = self._next_buffer()
+        buffer, dropped, discarded = self._next_buffer(step)
         by_client = {f[2]: f for f in buffer}
         cohort = sorted(by_client)
         stale = {c: self.version - by_client[c][3] for c in cohort}
@@ -135,6 +178,7 @@ class AsyncEngine:
             stats.add("delta", self.versions[by_client[c][3]][0] - trainer.global_params, s.async_alpha * factor[c])
         row = trainer.finish_round(step, cohort, stats, {})
         self.version += 1
+        self.dropped_now = set()
         self._start(len(buffer))
         needed = {f[3] for f in self.flights}
         self.versions = {v: m for v, m in self.versions.items() if v in needed}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ConfigError
 from . import traces
 
 # Distinct keys for distinct quantities, so adding one never changes another's draws.
@@ -114,6 +115,10 @@ class SystemModel:
         self.behaviour = None
         if s.availability == "trace":
             self.behaviour = traces.behaviour_for(traces.read_behaviour(s.trace_file), num_clients)
+            if not any(b.intervals for b in self.behaviour):
+                raise ConfigError(f"{s.trace_file}: none of the entries that FedScale's mapping gives this run's "
+                                  f"{num_clients} clients has an online interval (active[i] <= inactive[i], "
+                                  "active[i] < finish_time), so no client would ever be online")
         self.phase = None
         if s.availability == "diurnal":
             self.phase = keyed_uniform(self.seed, DIURNAL, clients) * s.diurnal_period_s
@@ -142,15 +147,18 @@ class SystemModel:
             return np.array([self.behaviour[int(c)].online(t) for c in clients], dtype=bool)
         return np.ones(len(clients), dtype=bool)
 
-    def next_online(self, t: float) -> float:
-        """The earliest time >= t at which some client is online (t itself under availability=always)."""
+    def next_online(self, t: float, clients=None) -> float:
+        """The earliest time >= t at which some client (of `clients`; default: all) is online (t itself under
+        availability=always; inf if none of them is ever online)."""
         s = self.cfg
         if self.phase is not None:
-            since = np.mod(t - self.phase, s.diurnal_period_s)
+            phase = self.phase if clients is None else self.phase[np.asarray(clients, dtype=np.int64)]
+            since = np.mod(t - phase, s.diurnal_period_s)
             waits = np.where(since < s.diurnal_online * s.diurnal_period_s, 0.0, s.diurnal_period_s - since)
-            return t + float(waits.min())
+            return t + float(waits.min()) if len(waits) else math.inf
         if self.behaviour is not None:
-            return min(b.next_online(t) for b in set(self.behaviour))
+            behaviour = self.behaviour if clients is None else [self.behaviour[int(c)] for c in clients]
+            return min((b.next_online(t) for b in set(behaviour)), default=math.inf)
         return t
 
     def stragglers(self, round_idx: int, clients, epochs: int) -> dict[int, int]:

@@ -82,6 +82,11 @@ def _check_async(v: dict) -> None:
     if concurrency > v["partition.num_clients"]:
         raise ConfigError(f"system.concurrency ({concurrency}) > partition.num_clients ({v['partition.num_clients']}): "
                           "more clients cannot train at once than exist")
+    if v["system.async_mode"] == "fedbuff" and v["system.buffer_size"] > concurrency:
+        given = "" if v["system.concurrency"] else ", train.clients_per_round"
+        raise ConfigError(f"system.buffer_size ({v['system.buffer_size']}) > system.concurrency ({concurrency}{given}): "
+                          "a buffered update holds its slot until the step, so the buffer would never fill; set "
+                          f"system.buffer_size <= {concurrency} or system.concurrency >= {v['system.buffer_size']}")
 
 
 def _spec(key: str, text: str, allow_inf: bool) -> None:

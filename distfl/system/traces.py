@@ -75,17 +75,26 @@ class Behaviour:
     inactive: tuple
     finish_time: float
 
+    @property
+    def intervals(self) -> tuple:
+        """The online intervals (start, end) within one period [0, finish_time) that are not empty."""
+        return tuple((max(a, 0.0), b) for a, b in zip(self.active, self.inactive)
+                     if max(a, 0.0) <= b and max(a, 0.0) < self.finish_time)
+
     def online(self, t: float) -> bool:
         norm = t % self.finish_time
         return any(a <= norm <= b for a, b in zip(self.active, self.inactive))
 
     def next_online(self, t: float) -> float:
-        """The earliest time >= t at which this client is online."""
+        """The earliest time >= t at which this client is online (inf if never)."""
+        starts = [a for a, _ in self.intervals]
+        if not starts:
+            return math.inf
         norm = t % self.finish_time
         if self.online(t):
             return t
-        later = [a - norm for a in self.active if a > norm]
-        return t + (min(later) if later else self.finish_time - norm + min(self.active))
+        later = [a - norm for a in starts if a > norm]
+        return t + (min(later) if later else self.finish_time - norm + min(starts))
 
 
 def read_behaviour(path: str) -> list[Behaviour]:
@@ -107,6 +116,9 @@ def read_behaviour(path: str) -> list[Behaviour]:
             raise ConfigError(f"{path}: entry {key!r}: finish_time must be > 0")
         out.append(Behaviour(tuple(_number(path, f"entry {key!r} active", a) for a in active),
                              tuple(_number(path, f"entry {key!r} inactive", b) for b in inactive), finish))
+    if not any(b.intervals for b in out):
+        raise ConfigError(f"{path}: no entry has an online interval (active[i] <= inactive[i], active[i] < "
+                          "finish_time), so no client would ever be online")
     return out
 
 

@@ -2,10 +2,17 @@
 the staleness weights of the papers, the server rules, and exactness across ranks and kills."""
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
-from conftest import build_trainer, metrics, one_two_resumed, train_ok, write_config
+from conftest import (REPO, build_trainer, env_with_sitecustomize, metrics, one_two_resumed, run_cli, summary, train_ok,
+                      write_config)
 from test_system import killed_and_resumed
 from distfl.config import ConfigWarning, load_config
 from distfl.errors import ConfigError
@@ -147,3 +154,120 @@ def test_system_async_and_async_mode_together_are_refused(tmp_path):
     both = write_config(tmp_path / "b.yaml", system={"async": "fedbuff", "async_mode": "fedbuff"})
     with pytest.raises(ConfigError, match="system.async and system.async_mode in .* are one key"):
         load_config(str(both))
+
+
+@pytest.mark.parametrize("losses", [
+    ("system.dropout=0.3",),
+    ("system.dropout=0.3", "system.max_staleness=1"),
+    ("system.availability=diurnal", "system.diurnal_period_s=20", "system.diurnal_online=0.7", "system.dropout=0.2"),
+], ids=["dropouts", "dropouts_and_discards", "offline_at_report"])
+def test_every_fedbuff_step_applies_k_distinct_clients(tmp_path, losses):
+    """A client waiting in the buffer holds its slot: it is never started again before the step that applies
+    it, so each step applies exactly K updates of K distinct clients, whatever was thrown away before."""
+    trainer = build_trainer(write_config(tmp_path / "c.yaml"), tmp_path / "run", *SPEEDS, "system.async_mode=fedbuff",
+                            "system.buffer_size=5", "system.concurrency=8", *losses)
+    seen = _record(trainer)
+    thrown = 0
+    for t in range(1, 31):
+        seen.clear()
+        row = trainer.system.run_async(t)
+        clients = [c for _, _, c, *_ in seen]
+        assert len(clients) == 5 and len(set(clients)) == 5 and row["updates"] == 5, (t, clients)
+        thrown += row["dropped"] + row["discarded"]
+    assert thrown > 0
+
+
+HANG_GUARD_S = 300  # a guard against a hang that a loaded machine never reaches, not a speed bound
+
+
+def _train_cli(tmp_path, *overrides):
+    """`distfl train` of the small config with heterogeneous speeds, in a process of its own."""
+    config = write_config(tmp_path / "c.yaml")
+    return run_cli(["train", str(config), f"output.dir={tmp_path / 'run'}", *SPEEDS, *overrides], subprocess_=True,
+                   timeout=HANG_GUARD_S)
+
+
+def test_a_buffer_larger_than_the_concurrency_is_refused_before_work(tmp_path):
+    """A buffered update holds its slot, so K > C could never fill the buffer: the defaults (K = 10, C =
+    train.clients_per_round = 5 here) are refused in one line, before any work."""
+    proc = _train_cli(tmp_path, "system.async_mode=fedbuff")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "distfl: error: system.buffer_size (10) > system.concurrency (5, train.clients_per_round): a buffered update "
+        "holds its slot until the step, so the buffer would never fill; set system.buffer_size <= 5 or "
+        "system.concurrency >= 10"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, says", [
+    # 12 clients, each dropping out with probability 0.9 at each model version: at server step 5 all of them do
+    (("system.dropout=0.9",), "server step 5: no update can reach the buffer (0 of 1 buffered): every client that "
+                              "is not waiting in it dropped out at this model version or is never online; check "
+                              "system.dropout=0.9"),
+    # online 86 microseconds a day: every client is offline when it would report
+    (("system.availability=diurnal", "system.diurnal_online=1e-9"),
+     "server step 1: no update reached the buffer in 1200 reports in a row (100 per client: "),
+], ids=["every_client_drops", "always_offline_at_report"])
+def test_an_async_run_in_which_nothing_can_report_stops_with_one_line(tmp_path, overrides, says):
+    proc = _train_cli(tmp_path, "system.async_mode=fedasync", *overrides)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"distfl: error: {says}"), proc.stderr
+    done = summary(tmp_path / "run")
+    assert done["status"] == "failed" and f"distfl: error: {done['error']}" == last
+
+
+def test_a_trace_in_which_no_client_is_ever_online_is_refused_naming_the_file(tmp_path):
+    trace = tmp_path / "never.json"
+    trace.write_text(json.dumps({"1": {"active": [50], "inactive": [40], "finish_time": 100},
+                                 "2": {"active": [120], "inactive": [130], "finish_time": 100}}))
+    proc = _train_cli(tmp_path, "system.async_mode=fedasync", "system.availability=trace",
+                      f"system.trace_file={trace}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"distfl: error: {trace}: no entry has an online interval (active[i] <= inactive[i], active[i] < "
+        "finish_time), so no client would ever be online"]
+    assert not (tmp_path / "run").exists()
+
+
+# Server step 3 marks its start in $STEP_MARK and waits (300 s at most, a hang guard) until the run was asked to stop.
+SITE_STOP_IN_STEP = """
+import os, time
+from pathlib import Path
+from distfl.system import handle
+
+_run_async = handle.System.run_async
+
+def run_async(self, step):
+    if step == 3:
+        Path(os.environ["STEP_MARK"]).touch()
+        deadline = time.time() + 300
+        while not self.trainer.stop.requested and time.time() < deadline:
+            time.sleep(0.05)
+    return _run_async(self, step)
+
+handle.System.run_async = run_async
+"""
+
+
+def test_sigterm_stops_an_async_run_after_its_step_and_the_resume_continues_it(tmp_path):
+    config = write_config(tmp_path / "c.yaml", train={"rounds": 6})
+    through = train_ok(config, f"output.dir={tmp_path / 'through'}", *SPEEDS, *BUFFERED)
+    mark, run = tmp_path / "step3", tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "distfl", "train", str(config), f"output.dir={run}", *SPEEDS,
+                             *BUFFERED], cwd=REPO, env=env_with_sitecustomize(tmp_path, SITE_STOP_IN_STEP,
+                                                                              STEP_MARK=str(mark)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + HANG_GUARD_S
+    while not mark.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
+    assert proc.returncode == 3, err
+    assert err.strip().splitlines()[-1].startswith("distfl: stopped by SIGTERM (a kill, or Slurm's preemption, requeue "
+                                                   "or cancel) before the last round: checkpoint written after round 3 "
+                                                   "of 6"), err
+    assert summary(run)["status"] == "stopped"
+    resumed = train_ok(None, resume=str(run))
+    assert resumed["model_sha256"] == through["model_sha256"]
