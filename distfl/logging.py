@@ -218,6 +218,10 @@ def result_lines(summary: dict, run_dir: Path) -> list[str]:
     final = f"{100 * acc:.2f}%" if acc is not None else "none"
     lines = [f"final test accuracy {final} ({where}), {summary['rounds']} rounds in "
              f"{summary['wall_s']:.1f}s; summary: {Path(run_dir) / 'summary.json'}"]
+    if summary.get("rounds_without_reports") and summary["rounds_without_reports"] >= summary["rounds"]:
+        lines.append(f"warning: no client reported in any of the {summary['rounds']} rounds (each was late, dropped "
+                     "out or offline), so no client trained the model: check the system section (deadline, "
+                     "dropout, availability)")
     clients = summary.get("final_client_acc")
     if clients:
         tuned = summary.get("client_finetune_epochs")
