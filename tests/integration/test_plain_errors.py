@@ -174,3 +174,13 @@ def test_the_memory_check_counts_every_rank_on_the_host(tmp_path, monkeypatch):
     assert ("per-client state would take 20.00 GiB of host memory (10.00 GiB for 10 clients on each of the 2 ranks "
             "on this host), more than half the 30.00 GiB of available memory; use runtime.client_state=disk") \
         in str(refused.value)
+
+
+def test_command_line_mistakes_are_one_line(tmp_path):
+    """argparse's refusals print the usage first (two to six lines): one line, naming the --help to read."""
+    for args, says in ((["train", "--bogus"], "distfl: error: unrecognized arguments: --bogus"),
+                       (["data", "prepare", "leaf", "--from", str(tmp_path)],
+                        "distfl data: error: the following arguments are required: --out"),
+                       (["train", "c.yaml", "--nproc", "two"], "distfl train: error: argument --nproc: invalid int")):
+        proc = run_cli(args, subprocess_=True)
+        assert proc.returncode == 2 and proc.stderr.startswith(says) and len(proc.stderr.splitlines()) == 1, proc.stderr
