@@ -19,7 +19,8 @@ setup(
         "pyfarmhash==0.5.1",  # data.oov_buckets: FarmHash Fingerprint64, TF's to_hash_bucket_fast (StackOverflow's OOV buckets)
     ],
     extras_require={
-        # output.trackers: mlflow (the tracking client; its local file store needs no server) and wandb
+        # output.trackers: mlflow (the tracking client; its local file store needs no server; `mlflow ui` and
+        # database stores need the full package, pip install mlflow, docs/outputs.md) and wandb
         "mlflow": ["mlflow-skinny==3.17.2"],
         "wandb": ["wandb==0.31.0"],
         # tests/integration/test_trackers.py reads both back
