@@ -10,7 +10,10 @@ metrics, besides metrics.jsonl. One interface, three trackers:
                  (`output.wandb_mode`: offline by default, no network); a resumed run continues it (its id
                  is kept in RUN_DIR/trackers.json)
 
-Every tracker gets the same names: the scalars' tags (`tag`), the run's name (`run_name`: the run
+`check_trackers` refuses, before any work and before the run directory exists, a tracker that cannot
+work (a missing package, an MLflow URI that cannot be written or reached, W&B online without a login).
+MLflow and W&B are observers: one that fails mid-run is dropped with one warning line (logging.py) and
+the run goes on. Every tracker gets the same names: the scalars' tags (`tag`), the run's name (`run_name`: the run
 directory, with its sweep point for a sweep's `k=v/seed=S`), the config keys worth a column (`hparams`:
 those that differ from their defaults, and what names the run) and the final metrics.
 """
