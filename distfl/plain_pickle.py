@@ -68,11 +68,24 @@ class _Shape(Exception):
     pass
 
 
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_TYPES = frozenset(_CONTAINERS)
+
+
+def _holds_containers(container) -> bool:
+    # the unpickler and JSON build these exact types, never subclasses
+    if isinstance(container, dict):
+        return not (_TYPES.isdisjoint(map(type, container.values())) and _TYPES.isdisjoint(map(type, container)))
+    return not _TYPES.isdisjoint(map(type, container))
+
+
+def _items(container) -> list:
+    return [c for pair in container.items() for c in pair] if isinstance(container, dict) else container
+
+
 def _measure(value, depth: int, seen: dict, open_ids: set, limit: int) -> tuple[int, int]:
-    """(values a walk of `value` reaches, counting a shared container each time; its nesting height),
-    each distinct container measured once."""
-    if not isinstance(value, (list, tuple, dict, set, frozenset)):
-        return 1, 0
+    """(values a walk of container `value` reaches, counting a shared container each time; the levels of
+    containers it nests), each distinct container holding containers measured once."""
     key = id(value)
     if key in open_ids:
         raise _Shape("a container holds itself")
@@ -80,11 +93,16 @@ def _measure(value, depth: int, seen: dict, open_ids: set, limit: int) -> tuple[
         if depth > MAX_DEPTH:
             raise _Shape(f"values nest deeper than {MAX_DEPTH} levels")
         open_ids.add(key)
-        children = [c for pair in value.items() for c in pair] if isinstance(value, dict) else value
-        count, height = 1, 0
-        for child in children:
-            size, below = _measure(child, depth + 1, seen, open_ids, limit)
-            count, height = count + size, max(height, below + 1)
+        items = _items(value)
+        count, height = 1 + len(items), 1
+        for child in items:
+            if not isinstance(child, _CONTAINERS):
+                continue
+            if _holds_containers(child):
+                size, below = _measure(child, depth + 1, seen, open_ids, limit)
+                count, height = count + size - 1, max(height, below + 1)
+            else:  # a container of plain values (a trace's millions of entries): counted here, no call
+                count, height = count + len(child) * (2 if isinstance(child, dict) else 1), max(height, 2)
             if count > limit:
                 raise _Shape(f"it shares values so that a walk of it reaches more than {limit} of them (a file "
                              "of plain data holds at most about one value per byte)")
@@ -99,7 +117,8 @@ def _measure(value, depth: int, seen: dict, open_ids: set, limit: int) -> tuple[
 def check_shape(value, size_bytes: int) -> None:
     """_Shape if `value`, read from a file of `size_bytes`, expands past one value a byte (shared
     references), nests deeper than MAX_DEPTH or holds itself."""
-    _measure(value, 0, {}, set(), size_bytes + SLACK)
+    if isinstance(value, _CONTAINERS):
+        _measure(value, 0, {}, set(), size_bytes + SLACK)
 
 
 class PlainUnpickler(pickle.Unpickler):
