@@ -21,7 +21,8 @@ setup(
         "safetensors==0.8.0",  # model.init_from: a .safetensors file of weights
     ],
     extras_require={
-        # output.trackers: mlflow (the tracking client; its local file store needs no server) and wandb
+        # output.trackers: mlflow (the tracking client; its local file store needs no server; `mlflow ui` and
+        # database stores need the full package, pip install mlflow, docs/outputs.md) and wandb
         "mlflow": ["mlflow-skinny==3.17.2"],
         "wandb": ["wandb==0.31.0"],
         # tests/integration/test_trackers.py reads both back

@@ -239,10 +239,18 @@ def _command_usage(command: str) -> str:
     return "\n".join(lines).strip()
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a refusal in one line (argparse prints the usage first, two to six lines of it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` shows the usage)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="distfl", usage=USAGE)
+    # the subcommands' parsers are of the same class
+    parser = OneLineParser(prog="distfl", usage=USAGE)
     parser.add_argument("--version", action="version", version=f"distfl {__version__}")
     # prog: a command's own --help shows `distfl COMMAND`, not the whole USAGE glued in front.
     sub = parser.add_subparsers(dest="command", required=True, prog="distfl")

@@ -50,7 +50,7 @@ class RunLogger:
         resume_step = start_round - 1 if resume_step is None else resume_step
         self._truncate_after(resume_step)
         self.metrics_file = open(self.metrics_path, "a")
-        self.trackers = tracking.open_trackers(self.run_dir, output_cfg, resume_step + 1, self._params(),
+        self.trackers = tracking.open_trackers(self.run_dir, output_cfg, resume_step + 1, self._params(), self.info,
                                                walltime=None if timings else self.t0)
         self.previous = params.clone() if params is not None and self.trackers else None
 
@@ -129,8 +129,24 @@ class RunLogger:
 
     def _scalars(self, values: dict, step: int) -> None:
         numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        for tracker in self.trackers:
-            tracker.scalars(numbers, step)
+        for tracker in list(self.trackers):
+            self._observe(tracker, lambda: tracker.scalars(numbers, step), f"round {step}")
+
+    def _observe(self, tracker, action, when: str) -> None:
+        """An observer's call (MLflow, W&B): if it fails, one warning line, the tracker is dropped for the
+        rest of the run, and training and metrics.jsonl go on. TensorBoard writes into the run directory, as
+        metrics.jsonl does: its failure (a full disk) fails the run."""
+        if isinstance(tracker, tracking.TensorBoard):
+            action()
+            return
+        try:
+            action()
+        except Exception as exc:
+            self.trackers.remove(tracker)
+            tracker.abandon()
+            self.info(f"warning: the {tracker.name} tracker failed at {when} ({type(exc).__name__}: "
+                      f"{' '.join(str(exc).split())[:200]}); it is off for the rest of this run, which goes on, and "
+                      f"metrics.jsonl keeps every round")
 
     def log_phase(self, row: dict) -> None:
         """A row from a phase after training (e.g. calibration): `round` is its checkpoint step and
@@ -154,8 +170,8 @@ class RunLogger:
         for key, value in self.last_clients.items():
             metrics.setdefault(f"final_{key}", float(value))
         params = self._params(config)
-        for tracker in self.trackers:
-            tracker.hparams(params, metrics, step)
+        for tracker in list(self.trackers):
+            self._observe(tracker, lambda: tracker.hparams(params, metrics, step), "the end of the run")
         self.status = "completed"
 
     def _progress(self, row: dict) -> None:
@@ -194,11 +210,14 @@ class RunLogger:
                 self.metrics_file.close()
         except OSError as exc:
             errors.append(exc)
-        for tracker in self.trackers:
-            try:
-                tracker.close(self.status)
-            except Exception as exc:  # every tracker is closed; the first error is raised
-                errors.append(exc)
+        for tracker in list(self.trackers):
+            if isinstance(tracker, tracking.TensorBoard):
+                try:
+                    tracker.close(self.status)
+                except Exception as exc:  # every tracker is closed; the first error is raised
+                    errors.append(exc)
+            else:
+                self._observe(tracker, lambda: tracker.close(self.status), "its close")
         if errors:
             raise errors[0]
 
@@ -226,6 +245,10 @@ def result_lines(summary: dict, run_dir: Path) -> list[str]:
     took = f" in {summary['wall_s']:.1f}s" if summary.get("wall_s") is not None else ""  # private: withheld
     lines = [f"final test accuracy {final} ({where}), {summary['rounds']} rounds{took}; "
              f"summary: {Path(run_dir) / 'summary.json'}"]
+    if summary.get("rounds_without_reports") and summary["rounds_without_reports"] >= summary["rounds"]:
+        lines.append(f"warning: no client reported in any of the {summary['rounds']} rounds (each was late, dropped "
+                     "out or offline), so no client trained the model: check the system section (deadline, "
+                     "dropout, availability)")
     clients = summary.get("final_client_acc")
     if clients:
         tuned = summary.get("client_finetune_epochs")

@@ -10,7 +10,10 @@ metrics, besides metrics.jsonl. One interface, three trackers:
                  (`output.wandb_mode`: offline by default, no network); a resumed run continues it (its id
                  is kept in RUN_DIR/trackers.json)
 
-Every tracker gets the same names: the scalars' tags (`tag`), the run's name (`run_name`: the run
+`check_trackers` refuses, before any work and before the run directory exists, a tracker that cannot
+work (a missing package, an MLflow URI that cannot be written or reached, W&B online without a login).
+MLflow and W&B are observers: one that fails mid-run is dropped with one warning line (logging.py) and
+the run goes on. Every tracker gets the same names: the scalars' tags (`tag`), the run's name (`run_name`: the run
 directory, with its sweep point for a sweep's `k=v/seed=S`), the config keys worth a column (`hparams`:
 those that differ from their defaults, and what names the run) and the final metrics.
 """
@@ -38,6 +41,10 @@ TAGS = {
     "eval_s": "time/eval_s",
     "wall_s": "time/wall_s",
     "virtual_time_s": "time/virtual_time_s",
+    "round_virtual_s": "time/round_virtual_s",
+    "global_train_loss": "train/global_loss",
+    "global_train_acc": "train/global_accuracy",
+    "client_model_round": "test/client_model_round",
     "samples_per_s": "time/samples_per_s",
     "bytes_reduced": "comm/bytes_reduced",
     "bytes_up": "comm/bytes_up",
@@ -45,18 +52,24 @@ TAGS = {
     "clients_never_sampled": "test/clients_never_sampled",
 }
 PREFIXES = {"client_acc_": "test/client_acc_", "privacy_": "privacy/"}
+# The system section's counters of a round (system/clock.py) or an asynchronous step (system/asynchronous.py).
+SYSTEM = ("sampled", "finished", "partial", "late", "dropped", "updates", "discarded", "in_flight", "staleness_mean",
+          "staleness_max")
 # Keys that name a run: always HParams columns, whatever their value.
 IDENTITY = ("algorithm.name", "data.dataset", "model.name", "partition.scheme", "seed")
 PACKAGES = {"mlflow": "mlflow-skinny", "wandb": "wandb"}
 
 
 def tag(key: str) -> str:
-    """The tracker name of a metrics.jsonl key: test_acc -> test/accuracy, lr -> train/lr, ..."""
+    """The tracker name of a metrics.jsonl key: test_acc -> test/accuracy, lr -> train/lr, dropped ->
+    system/dropped, a method's own key -> method/KEY, ..."""
     if key in TAGS:
         return TAGS[key]
     for prefix, namespace in PREFIXES.items():
         if key.startswith(prefix):
             return namespace + key[len(prefix):]
+    if key in SYSTEM:
+        return f"system/{key}"
     return f"method/{key}"
 
 
@@ -89,12 +102,121 @@ def check_installed(names) -> None:
                               f"'distfl[{name}]' (or pip install {PACKAGES[name]})")
 
 
+# Seconds a tracker's server has to accept a connection when the run is checked, before any work.
+CONNECT_TIMEOUT_S = 5
+# MLflow's HTTP client retries 7 times with growing waits, over two minutes of silence when its server goes
+# away mid-run; distfl's runs give it these instead (a user's own MLFLOW_HTTP_* variables are kept).
+MLFLOW_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+
+
+def check_trackers(v: dict) -> None:
+    """ConfigError in one line, before any work and before the run directory is made, for a tracker that
+    cannot work: its package missing, an MLflow URI that cannot be written or reached, W&B online
+    without a login or without a reachable server. `v`: the dotted config values."""
+    names = [n for n in v["output.trackers"] if n != "tensorboard" or v["output.tensorboard"]]
+    check_installed(names)
+    if "mlflow" in names:
+        _check_mlflow_uri(v["output.mlflow_uri"])
+    if "wandb" in names and v["output.wandb_mode"] == "online":
+        _check_wandb_online()
+
+
+def mlflow_uri(configured: str) -> str:
+    """output.mlflow_uri, or the default: the file store ./mlruns of the working directory."""
+    return configured or (Path.cwd() / "mlruns").as_uri()
+
+
+def _check_mlflow_uri(configured: str) -> None:
+    from urllib.parse import urlparse
+
+    uri = mlflow_uri(configured)
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+")[0] if "://" in uri else "file"
+    key = f"output.mlflow_uri={configured}" if configured else "output.mlflow_uri (default ./mlruns)"
+    if scheme == "file":
+        _check_writable_folder(key, parsed.path if "://" in uri else uri, "MLflow's file store")
+    elif scheme in DATABASE_SCHEMES:
+        import importlib.util
+
+        if importlib.util.find_spec("sqlalchemy") is None or importlib.util.find_spec("alembic") is None:
+            raise ConfigError(f"{key}: an MLflow database store needs the full MLflow package (pip install "
+                              f"mlflow=={_mlflow_version()}), which distfl[mlflow] (mlflow-skinny) does not "
+                              "install; or leave output.mlflow_uri empty for the file store ./mlruns")
+        database = uri.partition(":///")[2]  # sqlite:///REL/PATH.db or sqlite:////ABS/PATH.db
+        if scheme == "sqlite" and database not in ("", ":memory:"):
+            _check_writable_folder(key, str(Path(database).parent), "the SQLite file")
+    elif scheme in ("http", "https"):
+        _check_reachable(key, parsed.hostname or "", parsed.port or (443 if scheme == "https" else 80),
+                         "MLflow tracking server")
+
+
+def _mlflow_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("mlflow-skinny")
+    except Exception:  # not installed: check_installed said so first
+        return "3.17.2"
+
+
+def _check_writable_folder(key: str, path: str, what: str) -> None:
+    """`path` (to be made if missing) must be a folder distfl can write: not under /proc, /sys or /dev, not
+    inside a file, and its first existing ancestor writable."""
+    folder = Path(os.path.abspath(os.path.expanduser(path)))
+    real = os.path.realpath(folder)
+    if any(real == p or real.startswith(p + "/") for p in PSEUDO_FILESYSTEMS):
+        raise ConfigError(f"{key}: {what} would be in {real}, on a system pseudo-filesystem (/proc, /sys, /dev); "
+                          "give a folder on disk")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {what} would be inside {existing}, which is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: {what} would be in {existing}, which this user cannot write")
+
+
+def _check_reachable(key: str, host: str, port: int, what: str) -> None:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConfigError(f"{key}: no {what} answers at {host}:{port} within {CONNECT_TIMEOUT_S} s "
+                          f"({exc.strerror or exc}); start it, or check the address") from None
+
+
+def _check_wandb_online() -> None:
+    """output.wandb_mode=online needs a W&B login (WANDB_API_KEY, or `wandb login`'s ~/.netrc entry) and
+    its server reachable."""
+    import netrc
+    from urllib.parse import urlparse
+
+    base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    host = urlparse(base).hostname or ""
+    logged_in = bool(os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"))
+    if not logged_in:
+        try:
+            logged_in = netrc.netrc(os.environ.get("NETRC") or None).authenticators(host) is not None
+        except (OSError, netrc.NetrcParseError):
+            logged_in = False
+    if not logged_in:
+        raise ConfigError(f"output.wandb_mode=online needs a W&B login for {host} (run `wandb login`, or set "
+                          "WANDB_API_KEY); output.wandb_mode=offline needs none and `wandb sync` uploads later")
+    _check_reachable("output.wandb_mode=online", host, urlparse(base).port or (443 if base.startswith("https")
+                                                                                else 80), "W&B server")
+
+
 class Tracker:
     """What RunLogger calls. Scalars arrive by tag; `params` are the HParams columns."""
 
     # The time stamped on every scalar: None, the clock; a fixed time (a private run without
     # privacy.release_timings) keeps the rounds' wall times out of the tracker's records.
     walltime: float | None = None
+    name = "tensorboard"
 
     def scalars(self, values: dict, step: int) -> None:
         raise NotImplementedError
@@ -104,6 +226,9 @@ class Tracker:
 
     def close(self, status: str) -> None:
         """`status`: completed | diverged | failed | interrupted."""
+
+    def abandon(self) -> None:
+        """After a failed call: let go of the tracker quietly (nothing raised, nothing printed)."""
 
 
 class TensorBoard(Tracker):
@@ -166,10 +291,14 @@ def _save_ids(run_dir: Path, ids: dict) -> None:
 
 
 class MLflow(Tracker):
+    name = "mlflow"
+
     def __init__(self, run_dir: Path, output_cfg, name: str, params: dict):
+        for variable, value in MLFLOW_HTTP.items():
+            os.environ.setdefault(variable, value)
         from mlflow.tracking import MlflowClient
 
-        uri = output_cfg.mlflow_uri or (Path.cwd() / "mlruns").as_uri()
+        uri = mlflow_uri(output_cfg.mlflow_uri)
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 asks for this opt-in before it writes its (maintained, not developed) file store.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -214,8 +343,13 @@ class MLflow(Tracker):
     def close(self, status: str = "completed") -> None:
         self.client.set_terminated(self.run_id, {"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
 
+    def abandon(self) -> None:
+        pass  # MLflow's client holds nothing open
+
 
 class Wandb(Tracker):
+    name = "wandb"
+
     def __init__(self, run_dir: Path, output_cfg, name: str, params: dict):
         import wandb
 
@@ -241,11 +375,14 @@ class Wandb(Tracker):
     def close(self, status: str = "completed") -> None:
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
+    def abandon(self) -> None:
+        _end_wandb(self.run)
 
-def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict,
+def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict, warn=print,
                   walltime: float | None = None) -> list[Tracker]:
-    """The trackers `output.trackers` lists (TensorBoard also needs output.tensorboard), opened; `walltime`:
-    the fixed time they stamp on every scalar (None: the clock)."""
+    """The trackers `output.trackers` lists (TensorBoard also needs output.tensorboard), opened. MLflow or
+    W&B failing to open (its server gone since the config was checked) is one `warn` line; the run goes
+    on without it. `walltime`: the fixed time they stamp on every scalar (None: the clock)."""
     names = [n for n in output_cfg.trackers if n != "tensorboard" or output_cfg.tensorboard]
     check_installed(names)
     name = run_name(run_dir)
@@ -253,10 +390,15 @@ def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict,
     for tracker in names:
         if tracker == "tensorboard":
             found.append(TensorBoard(run_dir, purge_step))
-        elif tracker == "mlflow":
-            found.append(MLflow(run_dir, output_cfg, name, params))
-        else:
-            found.append(Wandb(run_dir, output_cfg, name, params))
+            continue
+        kind = MLflow if tracker == "mlflow" else Wandb
+        try:
+            found.append(kind(run_dir, output_cfg, name, params))
+        except Exception as exc:
+            if kind is Wandb:
+                _end_wandb()
+            warn(f"warning: the {tracker} tracker failed to start ({type(exc).__name__}: "
+                 f"{' '.join(str(exc).split())[:200]}); this run goes on without it, and metrics.jsonl keeps every round")
     for tracker in found:
         tracker.walltime = walltime
     return found

@@ -207,7 +207,7 @@ class OutputConfig:
     progress: str = key("auto", choices=["auto", "bar", "log", "none"], resumable=True)  # auto (a bar on a terminal, a line per eval otherwise) | bar | log | none
     trackers: list = key(["tensorboard"], choices=TRACKERS, resumable=True)  # where rank 0 logs the round's scalars, the config and the final metrics, besides metrics.jsonl: any of tensorboard (RUN_DIR/tb), mlflow (pip install distfl[mlflow]; output.mlflow_uri), wandb (pip install distfl[wandb]; output.wandb_mode). A YAML list, or tensorboard,mlflow in an override; [] for none
     experiment: str = key("distfl", resumable=True)  # output.trackers: the MLflow experiment and the W&B project the run is logged under
-    mlflow_uri: str = key("", resumable=True)  # output.trackers has mlflow: its tracking URI; "" = file:./mlruns (a local file store in the working directory; view it with `mlflow ui --backend-store-uri ./mlruns`)
+    mlflow_uri: str = key("", resumable=True)  # output.trackers has mlflow: its tracking URI; "" = file:./mlruns (a local file store in the working directory; view it with `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri ./mlruns`, which needs the full package: pip install mlflow), or an MLflow server's http(s):// URI; a database URI (sqlite:///...) needs the full mlflow package. Checked before the run starts (docs/outputs.md)
     wandb_mode: str = key("offline", choices=["offline", "online"], resumable=True)  # output.trackers has wandb: offline (written to RUN_DIR/wandb, no network; upload later with `wandb sync`) | online (needs `wandb login`)
 
 

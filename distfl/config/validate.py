@@ -159,9 +159,9 @@ def validate(cfg: Config) -> None:
     for key in KEYS.values():
         _check_key(key, v[key.name])
     _check_synthetic(v)
-    from distfl.trackers import check_installed
+    from distfl.trackers import check_trackers
 
-    check_installed(v["output.trackers"])
+    check_trackers(v)
     if not v["output.dir"].strip() or "\0" in v["output.dir"]:
         raise ConfigError(f"output.dir must name a directory (not empty, no NUL character), got {v['output.dir']!r}")
     if not 0 < float32(v["server.eps"] ** 2) < math.inf:

@@ -34,12 +34,15 @@ import numpy as np
 from distfl.data import leaf_text
 from distfl.data.natural import Federated, concatenate
 from distfl.errors import DataError
+from distfl.plain_pickle import brief
 
 ALL_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 FEMNIST_CLASSES = 62
 FEMNIST_PIXELS = 28 * 28
 TRAIN_FRACTION = 0.9  # split_data.py's --frac default
 SPLITS = ("sample", "user")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_LABEL = 2**31 - 1  # class numbers beyond it would be an output layer of billions of units
 
 
 def _json_files(folder: str) -> list[str]:
@@ -50,7 +53,8 @@ def _json_files(folder: str) -> list[str]:
 
 
 def read_leaf_file(path: str, digest) -> dict:
-    """One LEAF JSON file, checked: users, num_samples and user_data agree, every x pairs with a y."""
+    """One LEAF JSON file, checked: users (distinct ids), num_samples and user_data agree, every x pairs
+    with a y. DataError naming the file (and the user) otherwise."""
     with open(path, "rb") as f:
         raw = f.read()
     digest.update(os.path.basename(path).encode() + b"\0" + hashlib.sha256(raw).hexdigest().encode())
@@ -58,32 +62,59 @@ def read_leaf_file(path: str, digest) -> dict:
         data = json.loads(raw)
     except ValueError as exc:
         raise DataError(f"data.path: {path} is not JSON ({exc}); LEAF's files are JSON objects") from None
+    except RecursionError:
+        raise DataError(f"data.path: {path} nests its values thousands of levels deep; LEAF's files nest a "
+                        "few") from None
     missing = [k for k in ("users", "num_samples", "user_data") if not isinstance(data, dict) or k not in data]
     if missing:
         raise DataError(f"data.path: {path} lacks {', '.join(missing)}; a LEAF file holds users, num_samples and "
                         "user_data (and optionally hierarchies)")
-    users, counts = data["users"], data["num_samples"]
+    users, counts, user_data = data["users"], data["num_samples"], data["user_data"]
+    if not isinstance(users, list) or not all(isinstance(u, str) for u in users):
+        bad = next((u for u in users if not isinstance(u, str)), None) if isinstance(users, list) else users
+        raise DataError(f"data.path: {path}: users must be a list of user ids (strings, the keys of user_data), "
+                        f"got {brief(bad)}")
+    if not isinstance(counts, list) or not all(type(c) is int and c >= 0 for c in counts):
+        raise DataError(f"data.path: {path}: num_samples must be a list of sample counts (integers >= 0), got "
+                        f"{brief(counts)}")
+    if not isinstance(user_data, dict):
+        raise DataError(f"data.path: {path}: user_data must map each user id to its {{x, y}}, got "
+                        f"{type(user_data).__name__} {brief(user_data)}")
     if len(users) != len(counts):
         raise DataError(f"data.path: {path} lists {len(users)} users but {len(counts)} num_samples")
+    listed = set()
     for user, count in zip(users, counts):
-        entry = data["user_data"].get(user)
+        if user in listed:
+            raise DataError(f"data.path: {path} lists user {brief(user)} twice in users; each LEAF user is one "
+                            "client, listed once")
+        listed.add(user)
+        entry = user_data.get(user)
         if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
-            raise DataError(f"data.path: {path}: user_data has no {{x, y}} for user {user!r}")
+            raise DataError(f"data.path: {path}: user_data has no {{x, y}} for user {brief(user)}")
+        if not isinstance(entry["x"], list) or not isinstance(entry["y"], list):
+            raise DataError(f"data.path: {path}: user {brief(user)}: x and y must be lists of samples, got "
+                            f"{type(entry['x']).__name__} and {type(entry['y']).__name__}")
         if leaf_text.is_reddit(entry) and len(entry["x"]) != len(entry["y"]):
             # preprocess.py keeps the user's whole comment count in every split: only x and y must agree
-            raise DataError(f"data.path: {path}: user {user!r} has {len(entry['x'])} x and {len(entry['y'])} y; "
+            raise DataError(f"data.path: {path}: user {brief(user)} has {len(entry['x'])} x and {len(entry['y'])} y; "
                             "each Reddit comment's chunks (x) need their targets (y)")
         if not len(entry["x"]) == len(entry["y"]) == count and not leaf_text.is_reddit(entry):
-            raise DataError(f"data.path: {path}: user {user!r} has {len(entry['x'])} x and {len(entry['y'])} y but "
-                            f"num_samples says {count}; x, y and num_samples must agree")
+            raise DataError(f"data.path: {path}: user {brief(user)} has {len(entry['x'])} x and {len(entry['y'])} y "
+                            f"but num_samples says {count}; x, y and num_samples must agree")
     return data
 
 
-def _read_folder(folder: str, digest) -> list[tuple[str, dict]]:
-    """[(user, {x, y})] of every file in `folder`, in file-name order, then each file's users order."""
+def _read_folder(folder: str, digest, file_of: dict) -> list[tuple[str, dict]]:
+    """[(user, {x, y})] of every file in `folder`, in file-name order, then each file's users order; each
+    user's file into `file_of`."""
     out = []
     for path in _json_files(folder):
         data = read_leaf_file(path, digest)
+        for user in data["users"]:
+            if user in file_of:
+                raise DataError(f"data.path: user {brief(user)} is listed in both {file_of[user]} and {path}; each "
+                                "LEAF user is one client, in one file of a folder")
+            file_of[user] = path
         out += [(u, data["user_data"][u]) for u in data["users"]]
     return out
 
@@ -145,24 +176,35 @@ def _convert(samples_x: list, samples_y: list, where: str, files: _Files) -> tup
     try:
         x = np.asarray(samples_x, dtype=np.float64)
         y = np.asarray(samples_y)
-    except (ValueError, TypeError):
+    except OverflowError:
+        raise DataError(f"data.path: {where}: x holds an integer beyond float's range; samples are float32 numbers "
+                        f"(|x| <= {FLOAT32_MAX:.4g})") from None
+    except (ValueError, TypeError, RecursionError):
         raise DataError(f"data.path: {where}: x must be equal-length lists of numbers (ragged or mixed rows)") from None
     if x.ndim != 2 or not np.isfinite(x).all():
         raise DataError(f"data.path: {where}: x must be equal-length lists of finite numbers, got shape {x.shape}")
+    if (np.abs(x) > FLOAT32_MAX).any():  # stored as float32, where it would be inf
+        sample = int(np.argmax((np.abs(x) > FLOAT32_MAX).any(axis=1)))
+        raise DataError(f"data.path: {where}, sample {sample}: x holds {brief(x[sample][np.abs(x[sample]) > FLOAT32_MAX][0].item())}, "
+                        f"beyond float32's range (|x| <= {FLOAT32_MAX:.4g}) in which samples are stored")
     if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer) or
-                           (np.issubdtype(y.dtype, np.floating) and (y == np.round(y)).all())) or (y < 0).any():
-        raise DataError(f"data.path: {where}: y must be class numbers 0..K-1, got {y.dtype} {y[:3].tolist()}")
+                           (np.issubdtype(y.dtype, np.floating) and (y == np.round(y)).all())):
+        raise DataError(f"data.path: {where}: y must be class numbers 0..K-1, got {y.dtype} {brief(y[:3].tolist())}")
+    if ((y < 0) | (y > MAX_LABEL)).any():  # also inf, and 1e300 (int64 would wrap them)
+        sample = int(np.argmax((y < 0) | (y > MAX_LABEL)))
+        raise DataError(f"data.path: {where}, sample {sample}: label {brief(y[sample].item())} is not a class "
+                        f"number 0..K-1 (K <= {MAX_LABEL + 1})")
     return x.astype(np.float32), y.astype(np.int64), "femnist" if x.shape[1] == FEMNIST_PIXELS else "vector"
 
 
-def _arrays(users: list[tuple[str, dict]], root: str, files: _Files) -> tuple[list, list, set]:
+def _arrays(users: list[tuple[str, dict]], file_of: dict, files: _Files) -> tuple[list, list, set]:
     xs, ys, kinds = [], [], set()
     for user, entry in users:
         if len(entry["y"]) == 0:
             xs.append(None)
             ys.append(None)
             continue
-        x, y, kind = _convert(entry["x"], entry["y"], f"{root}, user {user!r}", files)
+        x, y, kind = _convert(entry["x"], entry["y"], f"{file_of[user]}, user {brief(user)}", files)
         xs.append(x)
         ys.append(y)
         kinds.add(kind)
@@ -172,12 +214,14 @@ def _arrays(users: list[tuple[str, dict]], root: str, files: _Files) -> tuple[li
 def load_leaf(path: str, split: str, seed: int, embeddings: str = "", vocabulary: str = "") -> Federated:
     train_dir, test_dir, all_dir = (os.path.join(path, d) for d in ("train", "test", "all_data"))
     digest = hashlib.sha256()
+    train_files, test_files = {}, {}
     if os.path.isdir(train_dir) and os.path.isdir(test_dir):
-        train, test = _read_folder(train_dir, digest), _read_folder(test_dir, digest)
+        train, test = _read_folder(train_dir, digest, train_files), _read_folder(test_dir, digest, test_files)
     elif os.path.isdir(all_dir):
         if split not in SPLITS:
             raise DataError(f"data.leaf_split must be one of {', '.join(SPLITS)}, got {split!r}")
-        users = _read_folder(all_dir, digest)
+        users = _read_folder(all_dir, digest, train_files)
+        test_files = train_files
         rng = random.Random(seed)
         train, test = split_by_sample(users, rng) if split == "sample" else split_by_user(users, rng)
     else:
@@ -194,8 +238,8 @@ def load_leaf(path: str, split: str, seed: int, embeddings: str = "", vocabulary
     test_ordered = [(u, own_of.get(u, {"x": [], "y": []})) for u in clients] + others
 
     files = _Files(embeddings, vocabulary)
-    train_xs, train_ys, kinds = _arrays(train, path, files)
-    test_xs, test_ys, test_kinds = _arrays(test_ordered, path, files)
+    train_xs, train_ys, kinds = _arrays(train, train_files, files)
+    test_xs, test_ys, test_kinds = _arrays(test_ordered, test_files, files)
     kinds |= test_kinds
     if len(kinds) != 1:
         raise DataError(f"data.path {path}: users hold samples of different kinds ({', '.join(sorted(kinds))})")

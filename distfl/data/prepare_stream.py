@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from distfl.data.natural import Federated
-from distfl.data.prepared import read_source, staging, write_meta, write_prepared
+from distfl.data.prepared import check_out, read_source, staging, write_meta, write_prepared
 from distfl.data.tff import TEXT, client_groups, find_federation
 from distfl.data.tff_text import TextFederation, text_federation
 from distfl.errors import DataError
@@ -96,6 +96,7 @@ def prepare(name: str, folder: str, out: str, split: str = "sample", seed: int =
             vocabulary: str = "", sequence_length: int = 0, oov_buckets: int = 0) -> None:
     """`distfl data prepare NAME --from folder --out out`: TFF's text federations client by client, the
     others (LEAF, TFF's images) read whole and written (prepared.write_prepared)."""
+    check_out(out)  # before reading the source, which can take minutes
     if name == "tff" and find_federation(folder) in TEXT:
         prefix = find_federation(folder)
         prepare_text(text_federation(folder, prefix, sequence_length, oov_buckets), out, name, folder)

@@ -26,7 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import sys
 from contextlib import contextmanager
 
 import numpy as np
@@ -58,12 +61,38 @@ def read_source(name: str, folder: str, split: str, seed: int, embeddings: str =
     raise DataError(f"distfl data prepare: unknown dataset {name!r}; valid: {', '.join(SOURCES)}")
 
 
-@contextmanager
-def staging(out: str):
-    """A temporary folder beside `out`, renamed to `out` when the block ends well, removed otherwise."""
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def check_out(out: str) -> None:
+    """Before any work: DataError if `out` exists; the temporary folders a killed `distfl data prepare`
+    left beside it (OUT.HOST.PID.tmp of this host whose process is gone; OUT.PID.tmp, as earlier versions
+    named them) are removed, each with a line."""
     if os.path.exists(out):
         raise DataError(f"--out {out} exists; remove it or give another folder")
-    tmp = f"{out}.{os.getpid()}.tmp"
+    folder, name = os.path.split(os.path.abspath(out))
+    pattern = re.compile(re.escape(name) + r"\.(?:(?P<host>.+)\.)?(?P<pid>\d+)\.tmp")
+    for entry in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        found = pattern.fullmatch(entry)
+        if found and found["host"] in (None, socket.gethostname()) and _gone(int(found["pid"])):
+            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+            print(f"removed {os.path.join(folder, entry)}, left by a `distfl data prepare` that was killed "
+                  f"(process {found['pid']} is gone)", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def staging(out: str):
+    """A temporary folder beside `out` (OUT.HOST.PID.tmp), renamed to `out` when the block ends well, removed
+    otherwise."""
+    check_out(out)
+    tmp = f"{out}.{socket.gethostname()}.{os.getpid()}.tmp"
     try:
         os.makedirs(tmp)
         yield tmp

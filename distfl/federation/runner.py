@@ -451,6 +451,8 @@ class Trainer:
                 row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
                     else self.run_round(t)
                 round_s = time.perf_counter() - t0
+                if row["samples"] == 0:  # no client reported (all late, dropped or offline): summary.json counts them
+                    self.state.progress["rounds_without_reports"] = self.state.progress.get("rounds_without_reports", 0) + 1
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
                 for key in ("samples", *release.withheld(cfg)):  # DP: no un-noised client statistic, no timing
                     metrics.pop(key, None)

@@ -86,6 +86,10 @@ def build(context, status: str, error: str | None, stopped_because: str | None =
         # eval.test_samples, eval.train_samples: {"test": {"scored", "of"}, "train": ... or None without
         # eval.train_metrics}, the samples each evaluation scored of the split's (a fixed sample when fewer)
         "eval_samples": context.eval_sample.to_json(),
+        # training rounds in which no client reported (all late, dropped out or offline): the model did not
+        # learn in them; None under DP (it would tell an empty Poisson cohort)
+        "rounds_without_reports": (context.state.progress.get("rounds_without_reports", 0)
+                                   if context.privacy is None else None),
         "best_test_acc": context.state.progress["best_test_acc"],
         "best_round": context.state.progress["best_round"],
         "rounds": last.get("round") if status != "completed" else last_round,

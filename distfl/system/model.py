@@ -69,6 +69,11 @@ class Spec:
         return np.asarray(self.values, dtype=np.float64)[pick]
 
 
+# The keyed draws reach z = ndtri(2^-54) = -8.3 (and +8.3); exp() of more than 709 is inf and of less
+# than -708 rounds towards 0 (a zero bandwidth divides by zero).
+LOGNORMAL_REACH, LOGNORMAL_EXPONENT = 9, 700
+
+
 def parse_spec(key: str, text: str, allow_inf: bool = False) -> Spec:
     """`text` as a Spec; ValueError with one line naming `key` and the valid forms."""
     valid = (f"{key} must be constant:V, uniform:LO,HI, lognormal:MU,SIGMA or list:V1,V2,... with positive values"
@@ -86,6 +91,9 @@ def parse_spec(key: str, text: str, allow_inf: bool = False) -> Spec:
     if kind == "lognormal":
         if not all(math.isfinite(v) for v in values) or values[1] < 0:
             raise ValueError(valid + " (lognormal: a finite MU and SIGMA >= 0)")
+        if abs(values[0]) + LOGNORMAL_REACH * values[1] > LOGNORMAL_EXPONENT:
+            raise ValueError(valid + f" (lognormal: |MU| + {LOGNORMAL_REACH} SIGMA <= {LOGNORMAL_EXPONENT}, so that "
+                             "every client's exp(MU + SIGMA z) is a positive finite number)")
     elif any(v <= 0 or (math.isinf(v) and not allow_inf) for v in values):
         raise ValueError(valid)
     if kind == "uniform" and values[0] > values[1]:

@@ -23,15 +23,21 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from ..plain_pickle import convert_command, load_plain
+from ..plain_pickle import brief, convert_command, load_plain
 
 FEDSCALE_DEFAULT_CAPACITY = {"computation": 1.0, "communication": 1.0}
 
 
 def _number(path, what, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{path}: {what} must be a finite number, got {value!r}")
-    return float(value)
+    """`value` as a float; ConfigError naming the file and entry unless it is a finite number (an integer
+    past float's range, 10**400, is not)."""
+    try:
+        number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+    except OverflowError:
+        number = None
+    if number is None or not math.isfinite(number):
+        raise ConfigError(f"{path}: {what} must be a finite number, got {brief(value)}")
+    return number
 
 
 def _key(key):
@@ -50,12 +56,12 @@ def read_capacity(path: str) -> dict:
     out = {}
     for key, entry in data.items():
         if not isinstance(entry, dict) or not {"computation", "communication"} <= set(entry):
-            raise ConfigError(f"{path}: entry {key!r} must hold computation (ms per sample) and communication "
-                              f"(kbit/s), got {entry!r}")
-        compute, bandwidth = (_number(path, f"entry {key!r} {name}", entry[name])
+            raise ConfigError(f"{path}: entry {brief(key)} must hold computation (ms per sample) and communication "
+                              f"(kbit/s), got {brief(entry)}")
+        compute, bandwidth = (_number(path, f"entry {brief(key)} {name}", entry[name])
                               for name in ("computation", "communication"))
         if compute < 0 or bandwidth <= 0:
-            raise ConfigError(f"{path}: entry {key!r} needs computation >= 0 and communication > 0")
+            raise ConfigError(f"{path}: entry {brief(key)} needs computation >= 0 and communication > 0")
         out[_key(key)] = (compute, bandwidth)
     return out
 
@@ -106,16 +112,16 @@ def read_behaviour(path: str) -> list[Behaviour]:
     out = []
     for key, entry in data.items():
         if not isinstance(entry, dict) or not {"active", "inactive", "finish_time"} <= set(entry):
-            raise ConfigError(f"{path}: entry {key!r} must hold active, inactive (lists of seconds) and finish_time")
+            raise ConfigError(f"{path}: entry {brief(key)} must hold active, inactive (lists of seconds) and finish_time")
         active, inactive = entry["active"], entry["inactive"]
         if not isinstance(active, (list, tuple)) or not isinstance(inactive, (list, tuple)) or \
                 len(active) != len(inactive) or not active:
-            raise ConfigError(f"{path}: entry {key!r}: active and inactive must be lists of the same non-zero length")
-        finish = _number(path, f"entry {key!r} finish_time", entry["finish_time"])
+            raise ConfigError(f"{path}: entry {brief(key)}: active and inactive must be lists of the same non-zero length")
+        finish = _number(path, f"entry {brief(key)} finish_time", entry["finish_time"])
         if finish <= 0:
-            raise ConfigError(f"{path}: entry {key!r}: finish_time must be > 0")
-        out.append(Behaviour(tuple(_number(path, f"entry {key!r} active", a) for a in active),
-                             tuple(_number(path, f"entry {key!r} inactive", b) for b in inactive), finish))
+            raise ConfigError(f"{path}: entry {brief(key)}: finish_time must be > 0")
+        out.append(Behaviour(tuple(_number(path, f"entry {brief(key)} active", a) for a in active),
+                             tuple(_number(path, f"entry {brief(key)} inactive", b) for b in inactive), finish))
     if not any(b.intervals for b in out):
         raise ConfigError(f"{path}: no entry has an online interval (active[i] <= inactive[i], active[i] < "
                           "finish_time), so no client would ever be online")

@@ -165,6 +165,20 @@ def test_femnist_images(tmp_path):
     (lambda d: d["user_data"]["u1"].update(x=[[0.1, 0.2, 0.3], [0.1, 0.2]]), "ragged or mixed rows"),
     (lambda d: d["user_data"]["u1"].update(y=["a", "b"]), "y must be class numbers"),
     (lambda d: d["user_data"].pop("u1"), "user_data has no {x, y} for user 'u1'"),
+    (lambda d: d.update(users=5), "users must be a list of user ids (strings, the keys of user_data), got 5"),
+    (lambda d: d.update(users=[["u0"], "u1"]), "users must be a list of user ids (strings, the keys of user_data), "
+                                                "got ['u0']"),
+    (lambda d: d.update(user_data=[1, 2]), "user_data must map each user id to its {x, y}, got list"),
+    (lambda d: d.update(num_samples="22"), "num_samples must be a list of sample counts"),
+    (lambda d: d["user_data"]["u1"].update(x=5), "user 'u1': x and y must be lists of samples, got int and list"),
+    (lambda d: d.update(users=["u0", "u0"]), "lists user 'u0' twice in users"),
+    # JSON's Infinity and 1e300 would be int64's minimum as labels, 1e39 float32's inf as an input
+    (lambda d: d["user_data"]["u1"].update(y=[1, float("inf")]), "user 'u1', sample 1: label inf is not a class"),
+    (lambda d: d["user_data"]["u1"].update(y=[1e300, 1]), "user 'u1', sample 0: label 1e+300 is not a class"),
+    (lambda d: d["user_data"]["u1"].update(x=[[0.1, 0.2, 0.3], [0.1, 1e39, 0.3]]),
+     "user 'u1', sample 1: x holds 1e+39, beyond float32's range"),
+    (lambda d: d["user_data"]["u1"].update(x=[[0.1, 0.2, 0.3], [0.1, 10**400, 0.3]]),
+     "user 'u1': x holds an integer beyond float's range"),
 ])
 def test_malformed_files_are_refused_in_one_line(tmp_path, damage, message):
     data = {"users": ["u0", "u1"], "num_samples": [2, 2],
@@ -176,6 +190,29 @@ def test_malformed_files_are_refused_in_one_line(tmp_path, damage, message):
     with pytest.raises(DataError, match=".*") as info:
         load_leaf(str(tmp_path), "sample", 0)
     assert message in str(info.value) and "\n" not in str(info.value)
+    assert str(tmp_path / "train" / "d.json") in str(info.value)
+
+
+def test_deep_nesting_is_refused_naming_the_file(tmp_path):
+    for which in ("train", "test"):
+        (tmp_path / which).mkdir()
+        (tmp_path / which / "d.json").write_text('{"users": ["u0"], "num_samples": [1], "user_data": {"u0": '
+                                                 '{"x": [%s], "y": [0]}}}' % ("[" * 100_000 + "]" * 100_000))
+    with pytest.raises(DataError, match=".*") as info:
+        load_leaf(str(tmp_path), "sample", 0)
+    assert f"data.path: {tmp_path / 'train' / 'd.json'} nests its values thousands of levels deep" in str(info.value)
+
+
+def test_a_user_in_two_files_of_a_folder_is_refused(tmp_path):
+    """LEAF writes each user into one file of a folder; listed in two it would become two clients."""
+    entry = {"x": [[0.1, 0.2]] * 2, "y": [0, 1]}
+    for which in ("train", "test"):
+        for name in ("a.json", "b.json"):
+            _write(tmp_path / which / name, ["u0", "f" + name[0]], {"u0": entry, "f" + name[0]: entry})
+    with pytest.raises(DataError, match=".*") as info:
+        load_leaf(str(tmp_path), "sample", 0)
+    assert str(info.value) == (f"data.path: user 'u0' is listed in both {tmp_path / 'train' / 'a.json'} and "
+                               f"{tmp_path / 'train' / 'b.json'}; each LEAF user is one client, in one file of a folder")
 
 
 def test_models_match_leafs_shapes():

@@ -194,3 +194,13 @@ def test_output_to_a_closed_pipe_does_not_stop_training(tmp_path, small_config):
     assert proc.stdout.strip().endswith("status 0"), proc.stdout + proc.stderr
     s = summary(run)
     assert s["status"] == "completed" and s["rounds"] == 6 and not (run / "error.log").exists()
+
+
+def test_command_line_mistakes_are_one_line(tmp_path):
+    """argparse's refusals print the usage first (two to six lines): one line, naming the --help to read."""
+    for args, says in ((["train", "--bogus"], "distfl: error: unrecognized arguments: --bogus"),
+                       (["data", "prepare", "leaf", "--from", str(tmp_path)],
+                        "distfl data: error: the following arguments are required: --out"),
+                       (["train", "c.yaml", "--nproc", "two"], "distfl train: error: argument --nproc: invalid int")):
+        proc = run_cli(args, subprocess_=True)
+        assert proc.returncode == 2 and proc.stderr.startswith(says) and len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import run_cli, train_ok, write_config
+from conftest import REPO, run_cli, train_ok, write_config
 from distfl.data.leaf import load_leaf
 from distfl.data.prepared import load_prepared
 from distfl.errors import DataError
@@ -92,3 +96,29 @@ def test_bad_folders_are_refused(tmp_path, damage, message):
     with pytest.raises(DataError) as info:
         load_prepared(str(out))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_rerun_removes_what_a_killed_prepare_left(tmp_path):
+    """A kill -9 inside the staging folder leaves OUT.HOST.PID.tmp (many GB for StackOverflow): the rerun
+    removes it, with a line, and keeps those of live processes and of other hosts."""
+    _leaf_vectors(tmp_path / "leaf")
+    out = tmp_path / "prepared"
+    killed = subprocess.run([sys.executable, "-c", "import os, signal\nfrom distfl.data.prepared import staging\n"
+                             f"with staging({str(out)!r}) as tmp:\n"
+                             "    open(os.path.join(tmp, 'train_x.npy'), 'wb').write(bytes(1000))\n"
+                             "    print(tmp, flush=True)\n    os.kill(os.getpid(), signal.SIGKILL)\n"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    left = Path(killed.stdout.strip())
+    pid = left.name.split(".")[-2]
+    assert left.name == f"prepared.{socket.gethostname()}.{pid}.tmp" and left.is_dir()
+    older = tmp_path / f"prepared.{pid}.tmp"  # as earlier versions named it
+    live = tmp_path / f"prepared.{socket.gethostname()}.{os.getppid()}.tmp"  # a live process
+    elsewhere = tmp_path / f"prepared.another-host.{pid}.tmp"
+    for folder in (older, live, elsewhere):
+        folder.mkdir()
+    proc = run_cli(["data", "prepare", "leaf", "--from", str(tmp_path / "leaf"), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert f"removed {left}, left by a `distfl data prepare` that was killed" in proc.stderr
+    assert not left.exists() and not older.exists() and live.is_dir() and elsewhere.is_dir()
+    assert load_prepared(str(out)).num_clients == 6

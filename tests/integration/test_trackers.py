@@ -150,3 +150,99 @@ def test_a_missing_tracker_package_is_one_line_before_any_data_loads(tmp_path, m
         load_config(None, ["output.trackers=tensorboard,wandb"])
     proc = run_cli(["train", write_config(tmp_path / "c.yaml"), "output.trackers=[tensorboard, mlfow]"])
     assert proc.returncode == 2 and "did you mean 'mlflow'" in proc.stderr
+
+
+# ---- a tracker is an observer: checked before any work, never stopping a run --------------------------------
+def _no_wandb_env(tmp_path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "NETRC"))}
+    return {**env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HOME": str(tmp_path), **extra}
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["output.mlflow_uri=file:///proc/mlruns"], "output.mlflow_uri=file:///proc/mlruns: MLflow's file store would be "
+                                                "in /proc/mlruns, on a system pseudo-filesystem"),
+    (["output.mlflow_uri={tmp}/c.yaml/mlruns"], "output.mlflow_uri={tmp}/c.yaml/mlruns: MLflow's file store would be "
+                                                "inside {tmp}/c.yaml, which is a file, not a folder"),
+    (["output.mlflow_uri=http://127.0.0.1:9"], "output.mlflow_uri=http://127.0.0.1:9: no MLflow tracking server "
+                                               "answers at 127.0.0.1:9 within 5 s"),
+])
+def test_a_tracker_uri_that_cannot_work_is_refused_before_the_run_directory(tmp_path, overrides, says):
+    """One line, exit 2, no run directory to --overwrite; a closed port answers in seconds (a fresh process
+    under a hang guard: MLflow's own client would retry for minutes)."""
+    cfg = write_config(tmp_path / "c.yaml", output={"trackers": ["mlflow"], "progress": "none"})
+    run = tmp_path / "run"
+    proc = run_cli(["train", cfg, f"output.dir={run}", *(o.format(tmp=tmp_path) for o in overrides)], subprocess_=True,
+                   timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"distfl: error: {says.format(tmp=tmp_path)}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not run.exists()
+
+
+def test_mlflow_database_store_without_its_package_is_refused(tmp_path):
+    """mlflow-skinny has no database store (sqlalchemy, alembic): sqlite:///mlflow.db would fail at set-up."""
+    import importlib.util
+
+    if importlib.util.find_spec("sqlalchemy") is not None and importlib.util.find_spec("alembic") is not None:
+        pytest.skip("the full MLflow package is installed: its database store works")
+    cfg = write_config(tmp_path / "c.yaml", output={"trackers": ["mlflow"], "progress": "none"})
+    proc = run_cli(["train", cfg, f"output.dir={tmp_path / 'run'}", "output.mlflow_uri=sqlite:///mlflow.db"])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "output.mlflow_uri=sqlite:///mlflow.db: an MLflow database store needs the full MLflow package (pip " \
+           "install mlflow==" in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_wandb_online_without_a_login_is_refused_before_the_run_directory(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", output={"trackers": ["wandb"], "wandb_mode": "online"})
+    proc = subprocess.run([sys.executable, "-m", "distfl", "train", cfg, f"output.dir={tmp_path / 'run'}"],
+                          env=_no_wandb_env(tmp_path), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "distfl: error: output.wandb_mode=online needs a W&B login for api.wandb.ai (run `wandb login`"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+FAIL_AT_ROUND_3 = """
+import os
+from distfl import trackers
+
+def fail(self, values, step, _real=trackers.{cls}.scalars):
+    if step == 3:
+        {break_it}
+    return _real(self, values, step)
+
+trackers.{cls}.scalars = fail
+"""
+
+
+@pytest.mark.parametrize("tracker, cls, break_it", [
+    ("mlflow", "MLflow", "raise ConnectionError('the tracking server went away')"),
+    # W&B's service process killed: its own exit hook would print a 30-line traceback
+    ("wandb", "Wandb", "import psutil; [p.kill() for p in psutil.Process().children(recursive=True)]; "
+                       "_real(self, values, step); raise ConnectionError('W&B service is gone')"),
+])
+def test_a_tracker_failing_mid_run_is_one_warning_and_the_run_completes(tmp_path, tracker, cls, break_it):
+    from conftest import env_with_sitecustomize
+
+    cfg = write_config(tmp_path / "c.yaml", output={"trackers": [tracker], "progress": "none",
+                                                    "mlflow_uri": (tmp_path / "mlruns").as_uri()})
+    run = tmp_path / "run"
+    env = env_with_sitecustomize(tmp_path, FAIL_AT_ROUND_3.format(cls=cls, break_it=break_it), HOME=str(tmp_path))
+    env = {k: v for k, v in env.items() if not k.startswith("WANDB_")}
+    proc = subprocess.run([sys.executable, "-m", "distfl", "train", cfg, f"output.dir={run}"], env=env,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: the {tracker} tracker failed at round 3 ("), \
+        proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+    assert summary(run)["status"] == "completed" and [r["round"] for r in metrics(run)] == list(range(1, 7))
+
+
+def test_system_counters_are_logged_under_system(tmp_path):
+    """A round's counts of the system section go to system/, not method/ (a method's own statistics)."""
+    cfg = write_config(tmp_path / "c.yaml", output={"tensorboard": True, "progress": "none"})
+    run = tmp_path / "run"
+    train_ok(cfg, f"output.dir={run}", "system.speed=lognormal:0,1", "system.round=deadline", "system.deadline_s=0.5",
+             "system.dropout=0.2")
+    tags = set(_events(run).Tags()["scalars"])
+    assert {"system/sampled", "system/finished", "system/late", "system/dropped", "time/virtual_time_s",
+            "time/round_virtual_s"} <= tags and not any(t.startswith("method/") for t in tags), tags
+    assert {"sampled", "finished", "late", "dropped", "round_virtual_s"} <= set(metrics(run)[0])
