@@ -7,8 +7,9 @@ At the start of a round, instead of overwriting theta_k with the global model Th
     theta^ = Theta                               on the lower layers
     theta^ = theta_k + (Theta - theta_k) * W_k   on the top layers      (adaptive local aggregation)
 learning W_k first on a fraction s of its data: per batch, W_k <- clip[0,1](W_k - eta * grad_theta^ L(theta^) * (Theta - theta_k)).
-The first time (the start phase) passes repeat until the standard deviation of the last num_pre_loss
-batch losses is below threshold (at most start_passes passes); later rounds take one pass. Then ordinary
+Each pass records one loss, its last batch's (as the authors' ALA.py). The first time (the start phase)
+passes repeat until more than num_pre_loss passes have run and the standard deviation of the last
+num_pre_loss recorded losses is below threshold (at most start_passes passes); later rounds take one pass. Then ordinary
 local SGD from theta^; the server averages the trained models (FedAvg). A client sampled for the first
 time starts from Theta (nothing to aggregate with). eval.clients scores theta^ built from the client's
 theta_k and W_k with the current global model (the model it would start its next round from).
@@ -35,8 +36,8 @@ class FedALA(Algorithm):
     class Options:
         eta: float = field(default=1.0, metadata={"range": "> 0"})  # step size of W's gradient step (the authors' default 1.0)
         sample_fraction: float = field(default=0.8, metadata={"range": "(0, 1]"})  # the share of the client's samples one ALA pass covers (the authors' rand_percent 80%)
-        threshold: float = field(default=0.1, metadata={"range": ">= 0"})  # the start phase ends when the std of the last num_pre_loss batch losses is below it (0.1)
-        num_pre_loss: int = field(default=10, metadata={"range": ">= 1"})  # how many recent batch losses the start phase's criterion reads (the authors' 10)
+        threshold: float = field(default=0.1, metadata={"range": ">= 0"})  # the start phase ends when the std of the last num_pre_loss passes' losses (each pass's last batch) is below it (0.1)
+        num_pre_loss: int = field(default=10, metadata={"range": ">= 1"})  # how many recent passes' losses the start phase's criterion reads; it ends after more than this many passes (the authors' 10)
         start_passes: int = field(default=50, metadata={"range": ">= 1"})  # at most this many ALA passes in the start phase (ours: the authors' loop has no cap)
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
@@ -45,7 +46,7 @@ class FedALA(Algorithm):
         self.top_index = self.top.nonzero().squeeze(1)
         self.views = flat_views(worker)
         self.nothing = torch.zeros_like(self.top)  # trainable mask of the ALA passes: no coordinate moves
-        self.losses: list[float] = []
+        self.last_loss = torch.tensor(float("nan"))  # the loss of the ALA pass's latest batch
 
     def evaluated_finetune_epochs(self) -> int:
         return 0
@@ -63,11 +64,12 @@ class FedALA(Algorithm):
                 state["W"] = torch.ones(len(self.top_index), device=self.device)
             steps = math.ceil(run.num_samples * self.options.sample_fraction / self.cfg.train.batch_size)
             passes = 1 if state.get("started") else self.options.start_passes
-            self.losses = []
+            pass_losses = []  # one a pass: the loss of its last batch
             for _ in range(passes):
                 run.train(steps=steps, trainable=self.nothing, name="ala", record=False)
-                recent = self.losses[-self.options.num_pre_loss:]
-                if len(self.losses) > self.options.num_pre_loss and float(np.std(recent)) < self.options.threshold:
+                pass_losses.append(float(self.last_loss))
+                recent = pass_losses[-self.options.num_pre_loss:]
+                if len(pass_losses) > self.options.num_pre_loss and float(np.std(recent)) < self.options.threshold:
                     break
             state["started"] = torch.ones((), dtype=torch.bool, device=self.device)
             worker.params.copy_(self._aggregated(run.global_params, state))
@@ -80,7 +82,7 @@ class FedALA(Algorithm):
         theta = self._aggregated(theta_g, state).requires_grad_()
         loss = model.loss(call_at(model, self.views, theta, x), y)
         (grad,) = torch.autograd.grad(loss, theta)
-        self.losses.append(float(loss.detach()))
+        self.last_loss = loss.detach()
         top = self.top_index
         state["W"] = (state["W"] - self.options.eta * grad[top] * (theta_g[top] - state["theta"][top])).clamp(0, 1)
         return sum(p.sum() for p in model.parameters()) * 0.0  # the model's own step in this pass is masked out

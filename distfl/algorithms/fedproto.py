@@ -6,8 +6,9 @@ training, `LocalOnly`: v_k from w^0 in the client-state store). Round t, client 
 with features z = represent(x):
     L = CE(head(z), y) + lambda * MSE(z, P^t[y])     (MSE over the batch and the feature dimensions;
                                                      a sample whose class has no global prototype: 0)
-and its local prototypes C_k[c] = the mean of the features z of its class-c samples over every batch of
-the round (as the authors' code collects them, from the model as it trains). Server: the global prototype
+and its local prototypes C_k[c] = the mean of the features z of its class-c samples over the batches of
+the round's last local epoch (as the authors' code collects them, from the model as it trains, afresh each
+epoch; with train.local_steps: the last pass's worth of batches, all of them when there are fewer). Server: the global prototype
 of class c is the unweighted mean of the cohort's C_k[c] over the clients that hold class c; P^{t+1} has
 the classes the round's cohort held (the others have none, as in the authors' code). No weights are
 aggregated: the global model stays w^0. eval.clients scores each client's own model.
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..federation.aggregate import Segment
+from ..federation.local import local_steps
 from .local import LocalOnly
 
 
@@ -35,18 +37,23 @@ class FedProto(LocalOnly):
         self.protos = torch.zeros(self.num_classes, self.dim, device=device)  # P^t
         self.present = torch.zeros(self.num_classes, dtype=torch.bool, device=device)
         self._sum = self._count = None  # the client training now: feature sums and counts per class
+        self._batch = self._first_kept = 0  # the client training now: its batch count, the first batch its prototypes read
 
     def begin_client(self, run, worker):
         super().begin_client(run, worker)
         self._sum = torch.zeros(self.num_classes, self.dim, device=self.device)
         self._count = torch.zeros(self.num_classes, device=self.device)
+        one_epoch = local_steps(run.num_samples, self.cfg.train.batch_size, 1, fold_single=worker.fold_single)
+        self._batch, self._first_kept = 0, max(0, run.steps - one_epoch)  # the last epoch's batches
 
     def local_loss(self, model, x, y, run):
         z = model.represent(x)
         loss = model.loss(model.head(z), y)
-        with torch.no_grad():
-            self._sum.index_add_(0, y, z.detach().float())
-            self._count += torch.bincount(y, minlength=self.num_classes).float()
+        if self._batch >= self._first_kept:
+            with torch.no_grad():
+                self._sum.index_add_(0, y, z.detach().float())
+                self._count += torch.bincount(y, minlength=self.num_classes).float()
+        self._batch += 1
         if not bool(self.present.any()):
             return loss
         target = torch.where(self.present[y].unsqueeze(1), self.protos[y], z.detach())

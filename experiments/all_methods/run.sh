@@ -25,9 +25,12 @@ esac
 # 0.03 and the protocol's lr 0.05 as eta (the paper's 0.09 and 0.005 diverged: results.md, "pFedMe's
 # setting"; experiments/all_methods/pfedme_search.sh); FedAvg + CCVR and
 # FedAvg + FFC at their defaults (CCVR: 100 virtual features a class, 10 passes; FFC: lambda 0).
+# fedavg_e11: FedAvg at 11 local epochs, FedRep's gradient steps a round (the compute-matched row; not in ORDER:
+# METHODS=fedavg_e11 runs it).
 declare -A KEYS=(
   [fedavg]="algorithm.name=fedavg"
   [fedavg_ft]="algorithm.name=fedavg eval.finetune_epochs=5"
+  [fedavg_e11]="algorithm.name=fedavg train.local_epochs=11"
   [fedprox]="algorithm.name=fedprox algorithm.mu=0.01"
   [scaffold]="algorithm.name=scaffold"
   [feddyn]="algorithm.name=feddyn"

@@ -1,9 +1,10 @@
-"""FedProto: two rounds recomputed with plain nn.Modules (round 1: cross-entropy alone and the clients'
-prototypes from every batch's features; the server's unweighted mean per class; round 2: cross-entropy +
+"""FedProto: two rounds recomputed with plain nn.Modules at 1 and 2 local epochs and with local steps
+(round 1: cross-entropy alone and the clients' prototypes from the last local epoch's features; the server's unweighted mean per class; round 2: cross-entropy +
 lambda MSE to the global prototypes), lambda = 0 == local-only training bit for bit, 1 rank == 2 ranks ==
 stopped-and-resumed (the global prototypes are server state). docs/algorithms/fedproto.md."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -12,15 +13,16 @@ from test_personalised import (personal_one_two_resumed, _client_states, _flat, 
                                _trainer)
 
 
-def _train(module, batches, lr, protos=None, present=None, lam=0.0, num_classes=10):
+def _train(module, batches, lr, protos=None, present=None, lam=0.0, num_classes=10, keep_from=0):
     """Plain SGD of CE(head(z)) + lam MSE(z, P[y]) (samples of classes without a prototype: 0); returns the
-    mean feature per class over every batch (features before each step) and which classes were seen."""
+    mean feature per class over the batches from index keep_from on (features before each step) and which
+    classes were seen there."""
     sums, counts = torch.zeros(num_classes, module.feature_dim), torch.zeros(num_classes)
-    for x, y in batches:
+    for b, (x, y) in enumerate(batches):
         module.zero_grad(set_to_none=True)
         z = module.features(x)
         loss = F.cross_entropy(module.head(z), y)
-        for c in range(num_classes):
+        for c in range(num_classes if b >= keep_from else 0):
             sums[c] += z.detach()[y == c].sum(0)
             counts[c] += int((y == c).sum())
         if present is not None and bool(present.any()):
@@ -35,12 +37,15 @@ def _train(module, batches, lr, protos=None, present=None, lam=0.0, num_classes=
     return sums / counts.clamp_min(1).unsqueeze(1), held
 
 
-def test_two_rounds_recomputed(tmp_path):
-    from distfl.federation.local import local_batches
+@pytest.mark.parametrize("local", ["train.local_epochs=1", "train.local_epochs=2", "train.local_steps=7"])
+def test_two_rounds_recomputed(tmp_path, local):
+    """Each client's prototypes are its last local epoch's (the authors' code starts them afresh each
+    epoch); with train.local_steps, the last epoch's worth of batches."""
+    from distfl.federation.local import local_batches, pass_sizes
     from distfl.federation.population import client_seed
 
     lam = 0.5
-    trainer = _trainer(tmp_path, "proto", "algorithm.name=fedproto", f"algorithm.options.lam={lam}")
+    trainer = _trainer(tmp_path, "proto", "algorithm.name=fedproto", f"algorithm.options.lam={lam}", local)
     cfg, initial = trainer.cfg, trainer.global_params.clone()
     models, protos, present = {}, None, None
     for t in (1, 2):
@@ -52,8 +57,10 @@ def test_two_rounds_recomputed(tmp_path):
             module = _initial_model(trainer)
             _load_flat(module, models.get(client, initial))
             torch.manual_seed(client_seed(cfg.seed, t, client))
-            means, held = _train(module, local_batches(trainer.data, trainer.client_indices[client], cfg.train),
-                                 cfg.train.lr, protos, present, lam)
+            batches = list(local_batches(trainer.data, trainer.client_indices[client], cfg.train))  # the MLP draws nothing more
+            one_epoch = len(pass_sizes(len(trainer.client_indices[client]), cfg.train.batch_size))
+            means, held = _train(module, batches, cfg.train.lr, protos, present, lam,
+                                 keep_from=max(0, len(batches) - one_epoch))
             models[client] = _flat(module)
             assert torch.allclose(trainer.store.peek(client)["v"], models[client], rtol=1e-4, atol=1e-6), (t, client)
             total += torch.where(held.unsqueeze(1), means, 0.0)

@@ -1,5 +1,6 @@
-"""LG-FedAvg: local bodies, a global head. Two rounds recomputed with plain nn.Modules (each client from
-its own body and the global head; the head averaged by the clients' weights, the global body never
+"""LG-FedAvg: local bodies, a global head (or, global_layers=conv, global convolutional layers and local
+fully connected ones). Two rounds recomputed with plain nn.Modules, both splits (each client from
+its own local layers and the global ones; the head averaged by the clients' weights, the global body never
 moving), eval.clients scoring (body_k, head^t), 1 rank == 2 ranks == stopped-and-resumed, refusals.
 docs/algorithms/lgfedavg.md."""
 from __future__ import annotations
@@ -12,12 +13,31 @@ from test_personalised import (assert_clients_scored_with, personal_one_two_resu
                                _initial_model, _load_flat, _plain_sgd, _record, _trainer)
 
 
-def test_two_rounds_recomputed_and_each_client_scored_with_its_own_body(tmp_path):
+def _conv_mask(trainer) -> torch.Tensor:
+    """The flat coordinates of the model's Conv2d layers, read from the module's own layers."""
+    module, mask = trainer.worker.module, torch.zeros(trainer.worker.num_params, dtype=torch.bool)
+    conv = {f"{name}.{p}" for name, m in module.named_modules() if isinstance(m, torch.nn.Conv2d)
+            for p in ("weight", "bias")}
+    for name, where in trainer.worker.param_slices.items():
+        mask[where] = name in conv
+    return mask
+
+
+@pytest.mark.parametrize("split", ["head", "conv"])
+def test_two_rounds_recomputed_and_each_client_scored_with_its_own_body(tmp_path, split):
+    """global_layers=head: the head averaged, the body local; conv (the authors' CNN split, on SimpleCNN):
+    the convolutional layers averaged, the fully connected ones (head included) local. `head` below names
+    the global coordinates, `~head` the client's own."""
     from distfl.federation.local import local_batches
     from distfl.federation.population import client_seed
 
-    trainer = _trainer(tmp_path, "lg", "algorithm.name=lgfedavg", "eval.clients=true")
-    cfg, head = trainer.cfg, _head_mask(trainer)
+    model = ["model.name=simplecnn", "data.synthetic_image_size=16"] if split == "conv" else []
+    trainer = _trainer(tmp_path, "lg", "algorithm.name=lgfedavg", "eval.clients=true",
+                       f"algorithm.options.global_layers={split}", *model)
+    cfg = trainer.cfg
+    head = _head_mask(trainer) if split == "head" else _conv_mask(trainer)
+    if split == "conv":
+        assert 0 < int(head.sum()) < int((~head).sum()) and not bool((head & _head_mask(trainer)).any())
     initial = trainer.global_params.clone()
     seen = _record(trainer)
     bodies = {}
@@ -64,6 +84,8 @@ def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
     (["model.head=fixed_random"], "use model.head=linear"),
     (["calibration.method=ffc"], "calibration.method=none"),
     (["eval.clients=true", "eval.finetune_epochs=2"], "is personalised"),
+    (["algorithm.options.global_layers=conv"], "model.name=mlp has none"),
+    (["algorithm.options.global_layers=fc"], "algorithm.options.global_layers"),
 ])
 def test_refused_before_any_work(tmp_path, small_config, overrides, says):
     assert_refused(small_config, tmp_path / "r", ["algorithm.name=lgfedavg", *overrides], says)
