@@ -378,6 +378,23 @@ class Wandb(Tracker):
     def abandon(self) -> None:
         _end_wandb(self.run)
 
+def _end_wandb(run=None) -> None:
+    """After W&B failed: its own exit hook would print the failure (some 30 lines) when the process ends,
+    so the run and W&B's service are ended now, their errors and prints silenced."""
+    import contextlib
+    import io
+
+    import wandb
+
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for end in ((lambda: run.finish(exit_code=1)) if run is not None else None, wandb.teardown):
+            try:
+                if end is not None:
+                    end()
+            except Exception:
+                pass
+
+
 def open_trackers(run_dir: Path, output_cfg, purge_step: int, params: dict, warn=print,
                   walltime: float | None = None) -> list[Tracker]:
     """The trackers `output.trackers` lists (TensorBoard also needs output.tensorboard), opened. MLflow or
