@@ -91,6 +91,12 @@ class ModelConfig:
     feature_norm: str = key("auto", choices=["auto", "on", "off"])  # auto (on for head=sphere) | on | off: L2-normalise the features before the head
     mse_reduction: str = key("mean", choices=["mean", "sum"])  # loss=mse: mean over classes (torch.nn.MSELoss) | sum over classes (||Wz - y||^2)
     embedding: str = key("frozen", choices=["frozen", "trained", "learned"], applies=("model.name", ["sent140_lstm"]))  # sent140_lstm: frozen (the vectors of data.embeddings, never trained, kept out of aggregation and checkpoints: FedProx's Sent140 model) | trained (those vectors as the start, trained and aggregated) | learned (LEAF's stacked_lstm.py as it runs: a (words + 1) x 100 table drawn at random and trained; the file gives only the vocabulary)
+    freeze: list = key([])  # parameters to freeze (never trained, summed, sent or stored per client: linear probing, partial fine-tuning), as fnmatch patterns on their names (`features.*`, `*.bias`; names as in model.named_parameters()); a pattern that matches no parameter is refused (docs/foundation.md)
+    lora_rank: int = key(0, range=">= 0", limit=65536)  # LoRA: rank r of the adapters (also written model.lora.rank); 0 = off. On: every parameter of the model is frozen and each targeted Linear / Conv2d trains B A (r x d_in and d_out x r, B = 0 at the start), injected by PEFT (docs/foundation.md)
+    lora_alpha: float = key(8.0, range="> 0")  # LoRA (also model.lora.alpha): the update is (alpha / r) B A (PEFT's scaling)
+    lora_dropout: float = key(0.0, range="[0, 1)")  # LoRA (also model.lora.dropout): dropout on the adapters' input; only 0 (a dropout draw would not be keyed by the client and round)
+    lora_targets: list = key([])  # LoRA (also model.lora.targets): fnmatch patterns on module names (model.named_modules(): `features.*`, `head`) of the Linear and Conv2d layers that get adapters; [] = every Linear and Conv2d. A pattern that matches none of them is refused
+    lora_aggregate: str = key("fedit", choices=["fedit", "ffa"])  # LoRA (also model.lora.aggregate): fedit (A and B trained and averaged separately, FedIT, Zhang et al. 2024) | ffa (A drawn once from the seed and frozen, shared by every client and never sent; only B trained, so the average of the B_i is exactly the average of the products B_i A: FFA-LoRA, Sun et al., ICLR 2024)
 
 
 @dataclass
