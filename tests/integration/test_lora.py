@@ -33,10 +33,14 @@ def base_hash(trainer) -> str:
     return digest.hexdigest()
 
 
-def test_round_zero_outputs_are_bit_identical_to_the_base_model(tmp_path, config):
+CNN = ("model.name=simplecnn", "data.synthetic_image_size=28")
+
+
+@pytest.mark.parametrize("arch", [(), CNN], ids=["mlp", "simplecnn"])
+def test_round_zero_outputs_are_bit_identical_to_the_base_model(tmp_path, config, arch):
     outputs = {}
     for name, overrides in {"base": (), "lora": LORA}.items():
-        trainer = build_trainer(config, tmp_path / name, *overrides)
+        trainer = build_trainer(config, tmp_path / name, *arch, *overrides)
         try:
             model = trainer.worker.module.eval()
             x = trainer.data.test_x[:64].float()
@@ -78,6 +82,29 @@ def test_the_frozen_base_is_bit_identical_after_training(tmp_path, config, mode)
             trainer.run_round(r)
         assert not torch.equal(trainer.global_params, start)
         assert base_hash(trainer) == before
+    finally:
+        trainer.close()
+
+
+def test_convolutions_get_adapters_of_their_size(tmp_path, config):
+    """SimpleCNN at rank r: a Conv2d(C_in, C_out, k) trains r C_in k k + C_out r numbers, a Linear r (d_in + d_out)."""
+    trainer = build_trainer(config, tmp_path / "run", *CNN, *LORA)
+    try:
+        expected = 0
+        for _, m in trainer.worker.module.named_modules():
+            if hasattr(m, "lora_A"):
+                base = m.base_layer
+                if isinstance(base, torch.nn.Conv2d):
+                    k = base.kernel_size[0] * base.kernel_size[1]
+                    expected += RANK * base.in_channels * k + base.out_channels * RANK
+                else:
+                    expected += RANK * (base.in_features + base.out_features)
+        kinds = {type(m.base_layer).__name__ for m in trainer.worker.module.modules() if hasattr(m, "lora_A")}
+        assert kinds == {"Conv2d", "Linear"}
+        assert trainer.worker.num_params == expected
+        start = trainer.global_params.clone()
+        trainer.run_round(1)
+        assert not torch.equal(trainer.global_params, start)
     finally:
         trainer.close()
 
