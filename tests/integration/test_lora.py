@@ -248,3 +248,19 @@ def test_a_transformers_model_trains_with_lora_on_its_attention(tmp_path, config
         assert base_hash(trainer) == before
     finally:
         trainer.close()
+
+
+def test_central_dp_clips_and_noises_the_adapters_only(tmp_path, config):
+    """privacy.mechanism=gaussian on a LoRA run: the noise is on the sum of the adapters (the flat vector),
+    the base stays bit-identical."""
+    trainer = build_trainer(config, tmp_path / "run", *LORA, "model.lora.aggregate=ffa", "privacy.mechanism=gaussian",
+                            "privacy.noise_multiplier=1.0", "privacy.delta=1e-5", "algorithm.weighting=uniform")
+    try:
+        before, start = base_hash(trainer), trainer.global_params.clone()
+        trainer.run_round(1)
+        assert not torch.equal(trainer.global_params, start) and torch.isfinite(trainer.global_params).all()
+        assert trainer.global_params.numel() == sum(RANK * m.out_features for m in trainer.worker.module.modules()
+                                                    if hasattr(m, "lora_A"))
+        assert base_hash(trainer) == before
+    finally:
+        trainer.close()
