@@ -25,8 +25,11 @@ setup(
         # database stores need the full package, pip install mlflow, docs/outputs.md) and wandb
         "mlflow": ["mlflow-skinny==3.17.2"],
         "wandb": ["wandb==0.31.0"],
-        # tests/integration/test_trackers.py reads both back
-        "test": ["pytest", "mlflow-skinny==3.17.2", "wandb==0.31.0"],
+        # model.lora_rank > 0: PEFT injects the LoRA adapters (docs/foundation.md); transformers for plugin
+        # models that wrap a Hugging Face model read from a local folder
+        "lora": ["peft==0.21.2", "transformers==5.25.0"],
+        # tests/integration/test_trackers.py reads both trackers back; test_lora.py trains a transformers model with LoRA
+        "test": ["pytest", "mlflow-skinny==3.17.2", "wandb==0.31.0", "peft==0.21.2", "transformers==5.25.0"],
     },
     entry_points={"console_scripts": ["distfl=distfl.cli:main"]},
 )

@@ -43,12 +43,24 @@ RENAMED = {
 # Other spellings of today's keys, read as the key itself without a warning (both are documented).
 # `async` is a Python keyword, so the schema's field is `system.async_mode`; configs may write `system.async`.
 SPELLINGS = {"system.async": "system.async_mode"}
+# The LoRA keys, model.lora_rank ..., may also be written as a nested `lora` mapping of the model section.
+SPELLINGS.update({f"model.lora.{leaf}": f"model.lora_{leaf}" for leaf in ("rank", "alpha", "dropout", "targets", "aggregate")})
 
 
 def respelled(d: dict, source: str) -> dict:
     """The nested config dict `d` with each other spelling (SPELLINGS) under its key's own name; a key
     given under both names is refused in one line."""
     out = dict(d)
+    for section, sub in d.items():  # a nested mapping (model: {lora: {rank: 4}}) read as its dotted keys
+        if isinstance(sub, dict) and any(isinstance(v, dict) and f"{section}.{k}." in " ".join(SPELLINGS)
+                                         for k, v in sub.items()):
+            flat = {}
+            for k, v in sub.items():
+                if isinstance(v, dict) and all(f"{section}.{k}.{leaf}" in SPELLINGS for leaf in v):
+                    flat.update({f"{k}.{leaf}": value for leaf, value in v.items()})
+                else:
+                    flat[k] = v
+            out[section] = flat
     for other, key in SPELLINGS.items():
         section, _, leaf = other.partition(".")
         sub = out.get(section)

@@ -185,6 +185,9 @@ def validate(cfg: Config) -> None:
                           "(train.local_epochs=1 with local_steps, or train.local_steps=0)")
 
     check_feature_dim(v["model.name"], v["model.feature_dim"])
+    from distfl.models.adapters import check_adapter_keys
+
+    check_adapter_keys(v)
 
     if v["eval.client_split"] == "holdout" and not v["eval.clients"]:
         raise ConfigError("eval.client_split=holdout holds out part of every client's training data for per-client "

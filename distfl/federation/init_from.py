@@ -117,13 +117,30 @@ def read(path: str, model: torch.nn.Module, model_config: dict) -> tuple[dict[st
     return state, file, sha256
 
 
+def onto_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A base model's weights named for a model with LoRA adapters (models/adapters.py): PEFT keeps each
+    adapted layer's own weights under NAME.base_layer.*, and its adapters (NAME.lora_A/B) keep their start.
+    A state that already has adapter names (a LoRA run's checkpoint) is returned as it is."""
+    own = model.state_dict()
+    if not any(".base_layer." in name for name in own) or any(".base_layer." in name for name in state):
+        return state
+    mapped, used = {}, set()
+    for name in own:
+        base = name.replace(".base_layer.", ".")
+        if base in state:
+            mapped[name] = state[base]
+            used.add(base)
+    mapped.update({name: tensor for name, tensor in state.items() if name not in used})  # named as unexpected
+    return mapped
+
+
 def first_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str | None:
     """What first keeps `state` from loading into `model`: a parameter it lacks, a name the model does not
     have, or another shape. Buffers it lacks keep the model's own values."""
     own = model.state_dict()
     parameters = {name for name, _ in model.named_parameters()}
     for name in own:
-        if name not in state and name in parameters:
+        if name not in state and name in parameters and ".lora_" not in name:  # adapters keep their start
             return f"missing key {name} (the model's parameter of shape {tuple(own[name].shape)})"
     for name in state:
         if name not in own:
@@ -139,6 +156,7 @@ def load_into(model: torch.nn.Module, model_config) -> tuple[Path, str]:
     `model_config.init_from` (the run's model.* section), after checking names and shapes. Returns the
     file read and its SHA-256."""
     state, file, sha256 = read(model_config.init_from, model, dataclasses.asdict(model_config))
+    state = onto_adapters(model, state)
     wrong = first_mismatch(model, state)
     if wrong is not None:
         raise ConfigError(f"model.init_from: {file} does not fit model.name={model_config.name}: {wrong}")

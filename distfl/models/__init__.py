@@ -152,7 +152,9 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes
         model = as_classifier(builder(shape, num_classes), cfg.name, num_classes)
     model.set_projection(cfg.projection_dim)
     model.set_head(cfg.head, cfg.head_seed, cfg.loss, cfg.feature_norm, cfg.mse_reduction)
-    return model
+    from distfl.models.adapters import adapt
+
+    return adapt(model, cfg)
 
 
 def as_classifier(module: nn.Module, name: str, num_classes: int) -> Classifier:
