@@ -160,8 +160,8 @@ def plot(all_runs: dict) -> None:
     colors = {"fedavg": "black", "topk1": "tab:red", "topk1_ef": "tab:orange", "topk10": "tab:blue",
               "topk10_ef": "tab:cyan", "qsgd2": "tab:green", "qsgd4": "tab:olive", "qsgd8": "tab:purple"}
     fig, (ax, ax_time) = plt.subplots(1, 2, figsize=(13, 4.6), sharey=True)
-    for (name, seed), run in sorted(all_runs.items()):
-        points = curve(run)
+    for name, seed in [(name, seed) for name in NAMES for seed in SEEDS if (name, seed) in all_runs]:
+        points = curve(all_runs[name, seed])
         style = dict(color=colors[name], linestyle=("-", "--")[seed], linewidth=1.2, marker=".", markersize=3)
         ax.plot([p["bytes_up"] for p in points], [p["acc"] for p in points], label=f"{LABELS[name]}, seed {seed}",
                 **style)
