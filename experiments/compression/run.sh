@@ -1,5 +1,5 @@
 #!/bin/bash
-# The evidence rows of docs/compression.md (docs/evidence.md, rows C1-C3). From the repository root:
+# The evidence rows of docs/compression.md (docs/evidence.md, rows U1-U3). From the repository root:
 #   [JOBS=2] [ROUNDS=50] experiments/compression/run.sh SEED [NAME ...]
 # runs, on experiments/compression/fmnist.yaml (the quickstart's setting on a virtual clock with slow uploads):
 #   fedavg              uncompressed float32 updates

@@ -1,4 +1,4 @@
-"""Tables and plot of experiments/compression/run.sh's runs (docs/evidence.md rows C1, C2, C3), from each
+"""Tables and plot of experiments/compression/run.sh's runs (docs/evidence.md rows U1, U2, U3), from each
 run's committed summary.json and metrics.jsonl only (trains nothing):
 
     python experiments/compression/table.py [--plot] > experiments/compression/results.md
@@ -6,7 +6,8 @@ run's committed summary.json and metrics.jsonl only (trains nothing):
 
 --plot writes experiments/compression/acc_vs_bytes.png and .pdf (test accuracy against cumulative upload
 bytes, every run; beside it, against simulated seconds). --check recomputes the tables and fails (exit 1),
-naming them, if numbers in the measured column of docs/evidence.md's rows C1-C3 are not among them.
+naming them, if numbers in the measured column or the verdict of docs/evidence.md's rows U1-U3 are not
+among them.
 """
 from __future__ import annotations
 
@@ -122,8 +123,19 @@ def compare_table(all_runs: dict, names: tuple, title: str, note: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def feedback_gain(all_runs: dict) -> str:
+    """Last-5 mean accuracy with error feedback minus without, per seed, at each density."""
+    cells = []
+    for density in ("1", "10"):
+        gains = [statistics.mean([p["acc"] for p in curve(all_runs[f"topk{density}_ef", seed])][-LAST:])
+                 - statistics.mean([p["acc"] for p in curve(all_runs[f"topk{density}", seed])][-LAST:])
+                 for seed in SEEDS if (f"topk{density}_ef", seed) in all_runs and (f"topk{density}", seed) in all_runs]
+        cells.append(f"{density}%: " + (", ".join(f"{g:+.2f}" for g in gains) or "not run"))
+    return "Error feedback's gain (last-5 mean with it minus without), per seed: " + "; ".join(cells) + ".\n"
+
+
 def time_table(all_runs: dict) -> str:
-    out = ["## C3: simulated time to accuracy on slow uploads", "",
+    out = ["## U3: simulated time to accuracy on slow uploads", "",
            "Virtual seconds (`virtual_time_s`, docs/system.md) at the first evaluation with test accuracy at or above "
            "the target, and FedAvg's time divided by the run's (above 1: the compressed run got there sooner), per seed. "
            "Every run waits for all 10 clients a round; a round lasts as long as its slowest client's download + "
@@ -210,10 +222,11 @@ def report() -> str:
                "`experiments/compression/run.sh SEED NAME`.\n\n" if missing else ""))
     return (head + per_run_table(all_runs) + "\n"
             + compare_table(all_runs, ("topk1", "topk1_ef", "topk10", "topk10_ef"),
-                            "C1: top-k with and without error feedback against FedAvg",
+                            "U1: top-k with and without error feedback against FedAvg",
                             "Stich et al. 2018: top-k with memory converges at the rate of uncompressed SGD. Last-5 mean = "
                             "test accuracy averaged over the last 5 evaluations (rounds 42-50).")
-            + "\n" + compare_table(all_runs, ("qsgd2", "qsgd4", "qsgd8"), "C2: QSGD at 2, 4 and 8 bits against FedAvg",
+            + "\n" + feedback_gain(all_runs)
+            + "\n" + compare_table(all_runs, ("qsgd2", "qsgd4", "qsgd8"), "U2: QSGD at 2, 4 and 8 bits against FedAvg",
                                    "FedPAQ (Reisizadeh et al. 2020): quantised updates reach near FedAvg's accuracy at a "
                                    "fraction of the bits.")
             + "\n" + time_table(all_runs))
@@ -227,17 +240,18 @@ def numbers(text: str) -> set[str]:
 
 
 def check(evidence: Path) -> int:
-    """Every number in the measured column ("ours") of rows C1-C3 must be one the recomputed tables print
-    (a signed difference with its sign)."""
+    """Every number in the measured column ("ours") and the verdict of rows U1-U3 must be one the recomputed
+    tables print (a signed difference with its sign)."""
     printed = numbers(report())
     printed |= {n.lstrip("+-") for n in printed}
     missing = []
     for line in evidence.read_text().splitlines():
-        if not re.match(r"\| C[123] \|", line):
+        if not re.match(r"\| U[123] \|", line):
             continue
-        row, ours = line.split("|")[1].strip(), line.split("|")[4]
+        cells = line.split("|")
+        row, ours = cells[1].strip(), cells[4] + cells[-2]
         missing += [f"{row}: {n}" for n in sorted(numbers(ours)) if n not in printed]
-    print("\n".join(missing) if missing else "every number in the measured column of rows C1-C3 is in the recomputed tables")
+    print("\n".join(missing) if missing else "every number in the measured column and the verdict of rows U1-U3 is in the recomputed tables")
     return 1 if missing else 0
 
 
