@@ -1,0 +1,43 @@
+#!/bin/bash
+# The evidence rows of docs/compression.md (docs/evidence.md, rows U1-U3). From the repository root:
+#   [JOBS=2] [ROUNDS=50] experiments/compression/run.sh SEED [NAME ...]
+# runs, on experiments/compression/fmnist.yaml (the quickstart's setting on a virtual clock with slow uploads):
+#   fedavg              uncompressed float32 updates
+#   topk1, topk1_ef     top-k at 1% density, without and with error feedback (Stich et al. 2018's memory)
+#   topk10, topk10_ef   top-k at 10%
+#   qsgd2, qsgd4, qsgd8 QSGD at 2, 4 and 8 bits a coordinate (FedPAQ's quantiser; no error feedback)
+# (all of them, or the NAMEs given), JOBS at a time, each with one thread at nice 10. A run that ended is skipped.
+# Then: python experiments/compression/table.py > experiments/compression/results.md
+set -e
+. "$(dirname "$0")/../lib.sh"  # ended DIR
+seed=${1:?usage: run.sh SEED [NAME ...]}; shift
+names=${*:-fedavg topk1_ef topk1 topk10_ef topk10 qsgd2 qsgd4 qsgd8}
+out=experiments/compression/runs
+mkdir -p "$out"
+export OMP_NUM_THREADS=1
+overrides() {  # name -> the compression keys of that run
+  case $1 in
+    fedavg) echo "" ;;
+    topk1) echo "compression.up=topk compression.density=0.01" ;;
+    topk1_ef) echo "compression.up=topk compression.density=0.01 compression.error_feedback=true" ;;
+    topk10) echo "compression.up=topk compression.density=0.1" ;;
+    topk10_ef) echo "compression.up=topk compression.density=0.1 compression.error_feedback=true" ;;
+    qsgd2|qsgd4|qsgd8) echo "compression.up=qsgd compression.bits=${1#qsgd}" ;;
+    *) echo "run.sh: unknown run name '$1' (valid: fedavg topk1 topk1_ef topk10 topk10_ef qsgd2 qsgd4 qsgd8)" >&2
+       return 1 ;;
+  esac
+}
+for name in $names; do overrides "$name" > /dev/null; done  # every name checked before anything runs
+run() {  # name
+  local dir="$out/$1_s$seed" keys
+  keys=$(overrides "$1")
+  ended "$dir" && return
+  local cmd="python -m distfl train experiments/compression/fmnist.yaml seed=$seed train.rounds=${ROUNDS:-50} output.dir=$dir $keys"
+  echo "$cmd" > "$dir.cmd"
+  nice -n 10 $cmd --overwrite > "$dir.log" 2>&1
+}
+for name in $names; do
+  while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-2}" ]; do wait -n || true; done
+  run "$name" &
+done
+wait

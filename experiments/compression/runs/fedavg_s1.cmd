@@ -1,0 +1,1 @@
+python -m distfl train experiments/compression/fmnist.yaml seed=1 train.rounds=50 output.dir=experiments/compression/runs/fedavg_s1 

@@ -1,0 +1,1 @@
+python -m distfl train experiments/compression/fmnist.yaml seed=0 train.rounds=50 output.dir=experiments/compression/runs/qsgd8_s0 compression.up=qsgd compression.bits=8

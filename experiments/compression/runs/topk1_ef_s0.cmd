@@ -1,0 +1,1 @@
+python -m distfl train experiments/compression/fmnist.yaml seed=0 train.rounds=50 output.dir=experiments/compression/runs/topk1_ef_s0 compression.up=topk compression.density=0.01 compression.error_feedback=true
