@@ -284,6 +284,17 @@ class CompressionConfig:
 
 
 @dataclass
+class SecAggConfig:
+    bits: int = key(0, range=">= 0", limit=56)  # secure aggregation (docs/secagg.md): each client's update travels as integers modulo 2^bits under pairwise and self masks that cancel in the sum (Bonawitz et al. 2017; SecAgg+ with secagg.neighbours); 0: off (the exact sum). 2-56 when on
+    clip: float = key(1.0, range="> 0")  # secagg: each value a client adds to a secured segment (its weighted update) is clipped to [-clip, clip] before rounding
+    scale_bits: int = key(16, range=">= 0", limit=52)  # secagg: values are scaled by 2^scale_bits and rounded stochastically (keyed by seed, round, client) to integers, so the sum's resolution is 2^-scale_bits
+    threshold: int = key(1, range=">= 1")  # secagg: the fewest clients that must report (survive) for the masks to be removed; a round with fewer fails (secagg.on_failure)
+    neighbours: int = key(0, range=">= 0")  # secagg: each client's neighbours in the masking graph: 0 (SecAgg's complete graph) | k (SecAgg+'s k-regular graph, k even, fewer messages)
+    on_failure: str = key("skip", choices=["skip", "stop"])  # secagg: a round with fewer survivors than secagg.threshold: skip (the model stays as it was; the round is logged with secagg_failed=1) | stop (the run stops with an error)
+    verify: bool = False  # secagg: also sum the clients' integers without masks and check that the unmasked modular sum equals it (for tests and checks)
+
+
+@dataclass
 class Config:
     seed: int = key(0, range=">= 0", seed_max=2**32 - 1)  # seeds partition, model init, cohorts and every client's local randomness
     data: DataConfig = field(default_factory=DataConfig)
@@ -302,6 +313,7 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
+    secagg: SecAggConfig = field(default_factory=SecAggConfig)
 
 
 # The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.

@@ -39,7 +39,7 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import mechanism as dp, rules as dp_rules
 from ..system import build as build_system
-from .aggregate import Aggregator, round_aggregator, wire_bytes
+from .aggregate import Aggregator, round_aggregator, round_segments, wire_bytes
 from .client_eval import best_round_scores
 from .split_eval import evaluate
 from .eval_sample import EvalSample
@@ -315,12 +315,25 @@ class Trainer:
         """The round's aggregator (aggregation.aggregator) over the method's segments and the bookkeeping,
         for the cohort's terms and `extra_terms` more (the server's own: FedAsync's)."""
         largest = max((self.samples_trained(k) for k in cohort), default=1)
+        if self.cfg.secagg.bits:  # secure aggregation (docs/secagg.md): the sampled clients mask, the cohort reports
+            from ..secagg.aggregator import SecureAggregator
+
+            return SecureAggregator(round_segments(self.algorithm.segments(), largest), self.device,
+                                    len(cohort) + extra_terms, cfg=self.cfg, round_idx=self.state.last_round,
+                                    selected=self.plan.sampled if self.plan else cohort, senders=cohort)
         return round_aggregator(self.cfg, self.algorithm.segments(), largest, self.device, len(cohort) + extra_terms)
 
     def payload_bytes(self) -> tuple[int, int]:
         """What each client of a round downloads and uploads, in bytes: the segments the server sends it
         (`download_segments`) and those it sends back (`segments`), at their wire sizes."""
-        return wire_bytes(self.algorithm.download_segments()), wire_bytes(self.algorithm.segments())
+        down, up = wire_bytes(self.algorithm.download_segments()), wire_bytes(self.algorithm.segments())
+        if self.cfg.secagg.bits:  # the masked integers and the protocol's messages (secagg/cost.py)
+            from ..secagg import aggregator as secagg
+
+            clients = self.cfg.train.clients_per_round
+            down += secagg.cost.download_bytes(secagg.neighbour_count(self.cfg, clients))
+            up = secagg.upload_bytes(self.cfg, self.algorithm.segments(), clients)
+        return down, up
 
     def finish_round(self, round_idx: int, cohort: list[int], stats: Aggregator, extra: dict) -> dict:
         """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
@@ -328,7 +341,9 @@ class Trainer:
         stats.add("stop", stopping.stop_code(self.stop))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = self._reduce(round_idx, stats)
-        if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
+        failure = getattr(reduced, "failure", None)  # secure aggregation with too few survivors: the round is skipped
+        self.round_note = failure
+        if failure is None and (cohort or self.privacy is not None):  # an empty Poisson cohort leaves a non-private model as it is
             self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
             raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
@@ -339,7 +354,8 @@ class Trainer:
                 "bytes_up": clients * up, "bytes_down": clients * down, "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
                 "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
                 **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
-                   if self.privacy is not None and self.ctx.is_main else {}), **extra}
+                   if self.privacy is not None and self.ctx.is_main else {}),
+                **getattr(reduced, "metrics", {}), **({"secagg_failed": 1} if failure else {}), **extra}
 
     def _cohort(self, round_idx: int) -> tuple[list[int], list[list[int]]]:
         """The round's cohort, and this rank's share of it as packs (of one client each at pack_size 1)."""
@@ -420,6 +436,7 @@ class Trainer:
     def contribute(self, run: ClientRun, stats: Aggregator) -> None:
         """Add a client's statistics. A NaN/inf (counted here on the device, without waiting for it) or
         out-of-range value stops the round after the all_reduce, so every rank still joins it."""
+        stats.begin([run.client_id])
         stats.add("loss_sum", run.loss_sum)
         low, high = torch.aminmax(self.worker.params)
         stats.add("nonfinite", ~(torch.isfinite(low) & torch.isfinite(high)))
@@ -434,6 +451,7 @@ class Trainer:
     def _contribute_pack(self, runs: list[ClientRun], params: torch.Tensor, buffers: torch.Tensor,
                          loss_sums: torch.Tensor, stats: Aggregator) -> None:
         """`contribute` of every client of a pack at once (`pack.pack_statistics`): the same sums, bit for bit."""
+        stats.begin([run.client_id for run in runs])
         stats.add_rows("loss_sum", loss_sums, [1.0] * len(runs))
         low, high = torch.aminmax(params, dim=1)
         stats.add("nonfinite", (~(torch.isfinite(low) & torch.isfinite(high))).sum())
@@ -487,6 +505,8 @@ class Trainer:
                 self.where = f"round {t}"
                 row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
                     else self.run_round(t)
+                if getattr(self, "round_note", None):
+                    logger.info(self.round_note)
                 round_s = time.perf_counter() - t0
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
                 for key in ("samples", *(dp.WITHHELD if self.privacy else ())):  # DP: no un-noised client statistic

@@ -1,0 +1,214 @@
+"""Secure aggregation as a round's aggregator (`secagg.bits` > 0; docs/secagg.md).
+
+The model's update segments (fixed-point segments that travel, wire_bytes > 0) are summed as a secure
+aggregation sums them. Each client, for each such segment:
+
+    1. clips its term (weight x value) to [-clip, clip] coordinate-wise,
+    2. scales it by 2^scale_bits and rounds it stochastically to integers (unbiased; keyed by seed, round,
+       client, segment and the add's number, so any rank draws the same),
+    3. wraps it modulo 2^bits and adds its masks (masks.py: pairwise masks with its neighbours and a
+       self-mask, keyed by the run's seed and the round).
+
+The rank's masked terms are summed modulo 2^bits, the ranks' sums by one exact int64 all_reduce and then
+modulo 2^bits, so the sum is the same on any number of ranks and in any order. The server removes the
+self-masks of the clients that reported and the pairwise masks of the clients that were sampled but did
+not report (the clock's dropouts and deadlines), takes the signed residue in [-2^(bits-1), 2^(bits-1))
+and divides by 2^scale_bits.
+
+The simulator also sums the clients' integers without masks or wrapping (which a real server never sees):
+the coordinates of that sum outside the modular range are the round's wraps (`secagg_wraps`), and with
+`secagg.verify` the unmasked modular sum is checked against it. Bookkeeping segments (loss_sum, samples,
+clients, nonfinite, stop, and any segment with wire_bytes 0) are metadata outside the secure sum and are
+summed exactly, as without secure aggregation."""
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import torch
+
+from .. import dist
+from ..errors import ConfigError, DistflError, PluginError
+from ..federation.aggregate import Aggregator, Segment, StatBuffer, Sums
+from . import cost
+from .masks import MaskedRound
+from .rounding import conditional_round
+
+
+class SecAggFailure(DistflError):
+    """A round with fewer survivors than secagg.threshold, under secagg.on_failure=stop."""
+
+
+def secured(segment: Segment) -> bool:
+    """Whether a segment goes through the secure sum: a real-valued segment that travels."""
+    return segment.kind == "fixed" and segment.wire_bytes > 0 and segment.numel > 0
+
+
+def check_config(v: dict) -> None:
+    """One line for a secure-aggregation setting no run can serve (called by config validation)."""
+    bits = v["secagg.bits"]
+    if bits == 0:
+        return
+    if bits < 2:
+        raise ConfigError(f"secagg.bits must be 0 (off) or in [2, 56], got {bits}")
+    for name, off, why in (
+            ("privacy.mechanism", "none", "central DP adds its noise at the server, which secure aggregation hides "
+                                          "the clients' updates from"),
+            ("compression.up", "none", "a compressor's encoding is not summable modulo 2^bits"),
+            ("system.async_mode", "none", "an asynchronous server step sums one update at a time"),
+            ("aggregation.aggregator", "exact", "secure aggregation is itself the round's aggregator")):
+        if v[name] != off:
+            raise ConfigError(f"secagg.bits={bits} with {name}={v[name]}: {why}; set {name}={off} or secagg.bits=0")
+    if v["secagg.neighbours"] % 2:
+        raise ConfigError(f"secagg.neighbours must be even (SecAgg+'s k-regular ring graph) or 0 (complete), got "
+                          f"{v['secagg.neighbours']}")
+    largest = v["secagg.clip"] * 2.0 ** v["secagg.scale_bits"] * max(1, v["train.clients_per_round"]) * 2
+    if largest >= 2.0**62:
+        raise ConfigError(f"secagg.clip x 2^secagg.scale_bits x train.clients_per_round must stay below 2^61 (exact "
+                          f"int64 sums), got {largest / 2:.3g}; lower secagg.scale_bits or secagg.clip")
+
+
+def neighbour_count(cfg, clients: int) -> int:
+    """How many neighbours each of `clients` clients masks with (SecAgg: all others; SecAgg+: k)."""
+    k = cfg.secagg.neighbours
+    return clients - 1 if k == 0 else min(k, clients - 1)
+
+
+def upload_bytes(cfg, segments, clients: int) -> int:
+    """A client's upload under secure aggregation: cost.upload_bytes of each secured segment (its masked
+    integers and the protocol's messages, which are counted once) and the other segments' wire bytes."""
+    degree = neighbour_count(cfg, clients)
+    bits = cfg.secagg.bits
+    masked = sum((s.numel * bits + 7) // 8 for s in segments if secured(s))
+    protocol = cost.upload_bytes(0, bits, degree)
+    return protocol + masked + sum(s.nbytes for s in segments if not secured(s))
+
+
+def _generator(*key: int) -> torch.Generator:
+    digest = hashlib.blake2b(struct.pack(f"<{len(key)}q", *key), digest_size=8, person=b"distfl-sround").digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+class SecureAggregator(Aggregator):
+    """One round's secure sum (see the module's docstring). `selected`: the clients that took part in the
+    key agreement (sampled); `senders`: those whose update is summed (the round's cohort)."""
+
+    def __init__(self, segments, device: torch.device, max_terms: int, *, cfg, round_idx: int,
+                 selected: list[int], senders: list[int]):
+        self.cfg, self.round_idx = cfg, round_idx
+        self.bits, self.scale = cfg.secagg.bits, 2.0**cfg.secagg.scale_bits
+        self.modulus = 2**self.bits
+        self.secure = [s for s in segments if secured(s)]
+        self.plain = StatBuffer([s for s in segments if not secured(s)], device, max_terms)
+        self.index = {s.name: i for i, s in enumerate(self.secure)}
+        degree = cfg.secagg.neighbours or None
+        self.masks = {s.name: MaskedRound(sorted(selected), s.numel, self.bits, cfg.seed, round_idx, degree)
+                      for s in self.secure}
+        self.senders = set(senders)
+        self.device = device
+        self.masked = {s.name: torch.zeros(s.numel, dtype=torch.int64) for s in self.secure}
+        self.exact = {s.name: torch.zeros(s.numel, dtype=torch.int64) for s in self.secure}
+        self.current: list[int] = []
+        self.pending: dict[int, dict[str, torch.Tensor]] = {}
+        self.adds: dict[tuple[int, str], int] = {}
+        self._reduced = False
+
+    def begin(self, clients: list[int]) -> None:
+        self._flush()
+        self.current = list(clients)
+
+    def _term(self, client: int, name: str, value: torch.Tensor, weight: float) -> None:
+        count = self.adds.get((client, name), 0)
+        self.adds[client, name] = count + 1
+        clip = self.cfg.secagg.clip
+        x = (value.reshape(-1).to("cpu", torch.float64) * float(weight)).clamp_(-clip, clip) * self.scale
+        rounded = conditional_round(x, 0.0, _generator(self.cfg.seed, self.round_idx, client, self.index[name], count))
+        held = self.pending.setdefault(client, {})
+        held[name] = held[name] + rounded if name in held else rounded
+
+    def _flush(self) -> None:
+        """Mask and add the pending clients' terms (each client's own sum over its adds, masked once)."""
+        for client, terms in self.pending.items():
+            for name, term in terms.items():
+                self.exact[name] += term
+                sent = self.masks[name].masked(client, torch.remainder(term, self.modulus))
+                self.masked[name] = torch.remainder(self.masked[name] + sent, self.modulus)
+        self.pending = {}
+
+    def _client(self, name: str) -> int:
+        if len(self.current) != 1:
+            raise PluginError(f"secure aggregation: a value was added to segment {name!r} outside a client's "
+                              "contribution (Aggregator.begin names the client); this method cannot run with secagg")
+        return self.current[0]
+
+    def add(self, name: str, value, weight: float = 1.0) -> None:
+        if self._reduced:
+            raise RuntimeError("SecureAggregator.add after reduce")
+        if name not in self.index:
+            self.plain.add(name, value, weight)
+            return
+        self._term(self._client(name), name, torch.as_tensor(value), weight)
+
+    def add_rows(self, name: str, rows: torch.Tensor, weights: list[float]) -> None:
+        if name not in self.index:
+            self.plain.add_rows(name, rows, weights)
+            return
+        if len(self.current) != len(weights):
+            raise PluginError(f"secure aggregation: {len(weights)} rows added to {name!r} for "
+                              f"{len(self.current)} client(s) named by Aggregator.begin")
+        for client, row, weight in zip(self.current, rows.reshape(len(weights), -1), weights):
+            self._term(client, name, row, weight)
+
+    def reduce(self, ctx: dist.DistContext, name: str = "round_stats") -> "SecureSums":
+        self._flush()
+        self._reduced = True
+        plain = self.plain.reduce(ctx, name)
+        names = [s.name for s in self.secure]
+        flat = torch.cat([self.masked[n] for n in names] + [self.exact[n] for n in names]).to(self.device)
+        dist.all_reduce_sum(flat, ctx, name=f"{name}_secagg")
+        flat = flat.cpu()
+        half = self.modulus // 2
+        sums, wraps, offset = {}, 0, 0
+        total = sum(s.numel for s in self.secure)
+        survivors = len(self.senders)
+        failure = None
+        if survivors < self.cfg.secagg.threshold:
+            failure = (f"round {self.round_idx}: secure aggregation failed: {survivors} client(s) reported, fewer than "
+                       f"secagg.threshold={self.cfg.secagg.threshold}")
+            if self.cfg.secagg.on_failure == "stop":
+                raise SecAggFailure(f"{failure} (secagg.on_failure=stop)")
+        for s in self.secure:
+            masked = torch.remainder(flat[offset:offset + s.numel], self.modulus)
+            exact = flat[total + offset:total + offset + s.numel]
+            offset += s.numel
+            wraps += int(((exact < -half) | (exact >= half)).sum())
+            unmasked = self.masks[s.name].unmask(masked, self.senders)
+            if self.cfg.secagg.verify and not torch.equal(unmasked, torch.remainder(exact, self.modulus)):
+                raise RuntimeError(f"round {self.round_idx}: secagg.verify: the unmasked sum of segment {s.name} differs "
+                                   "from the plain modular sum")
+            signed = torch.where(unmasked >= half, unmasked - self.modulus, unmasked)
+            sums[s.name] = (signed.to(torch.float64) / self.scale).to(self.device)
+        revealed = sum(m.revealed(self.senders) for m in self.masks.values()) // max(1, len(self.masks))
+        return SecureSums(plain, sums, {"secagg_wraps": wraps, "secagg_revealed": revealed,
+                                        "secagg_survivors": survivors}, failure)
+
+    def unit(self, name: str) -> float:
+        return 1.0 / self.scale if name in self.index else self.plain.unit(name)
+
+    @property
+    def nbytes(self) -> int:
+        return self.plain.nbytes + 8 * 2 * sum(s.numel for s in self.secure)
+
+
+class SecureSums(Sums):
+    """The plain bookkeeping sums and the decoded secure sums; `metrics` for the round's row; `failure`: the
+    line saying why the round failed (fewer survivors than the threshold), else None."""
+
+    def __init__(self, plain: Sums, secure: dict, metrics: dict, failure: str | None):
+        self.plain, self.secure, self.metrics, self.failure = plain, secure, metrics, failure
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.secure[name].clone() if name in self.secure else self.plain[name]
+
+    def problems(self) -> dict[str, str]:
+        return self.plain.problems()
