@@ -84,7 +84,7 @@ class Trainer:
         self.directory = run_dir.RunDirectory(self.run_dir, ctx, overwrite)
 
         # privacy.target_epsilon: the noise multiplier the accountant calibrates, before any work.
-        self.noise_multiplier = None if cfg.privacy.mechanism == "none" else _accountant().resolve_noise_multiplier(cfg)
+        self.noise_multiplier = None if cfg.privacy.mechanism in ("none", *dp_rules.DISTRIBUTED) else _accountant().resolve_noise_multiplier(cfg)
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
         # A next-token dataset has no class a sample (data/tokens.py): no labels, no class counts.
@@ -151,7 +151,11 @@ class Trainer:
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory,
                                          self.noise_multiplier, ctx)
         self.privacy, self.ledger = None, None
-        if cfg.privacy.mechanism != "none":
+        if cfg.privacy.mechanism in dp_rules.DISTRIBUTED:  # the clients noise (secagg/aggregator.py)
+            from ..secagg.aggregator import DistributedLedger
+
+            self.ledger = DistributedLedger(cfg, self.algorithm.segments(), lambda: self.state.progress)
+        elif cfg.privacy.mechanism != "none":
             self.privacy = self.algorithm.mechanism
             self.ledger = _accountant().Ledger.of(cfg, self.noise_multiplier, len(self.population))
         self.sticky = self._sticky_placement()
@@ -343,6 +347,8 @@ class Trainer:
         reduced = self._reduce(round_idx, stats)
         failure = getattr(reduced, "failure", None)  # secure aggregation with too few survivors: the round is skipped
         self.round_note = failure
+        if failure is None and hasattr(self.ledger, "record"):  # distributed DP: the survivors' noise counts
+            self.ledger.record(int(reduced.metrics["secagg_survivors"]))
         if failure is None and (cohort or self.privacy is not None):  # an empty Poisson cohort leaves a non-private model as it is
             self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         if not bool(torch.isfinite(self.global_params).all()):
@@ -354,7 +360,7 @@ class Trainer:
                 "bytes_up": clients * up, "bytes_down": clients * down, "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
                 "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
                 **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
-                   if self.privacy is not None and self.ctx.is_main else {}),
+                   if self.ledger is not None and self.ctx.is_main else {}),
                 **getattr(reduced, "metrics", {}), **({"secagg_failed": 1} if failure else {}), **extra}
 
     def _cohort(self, round_idx: int) -> tuple[list[int], list[list[int]]]:
@@ -541,7 +547,7 @@ class Trainer:
             last = self.state.progress["last_eval"] or {}
             final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
                      "best_test_acc": self.state.progress["best_test_acc"]}
-            if self.privacy is not None:
+            if self.ledger is not None:
                 final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.step, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.state.step)
         except Interrupted as exc:  # checkpointed after the round (or TCT stage-2 round) the ranks agreed on

@@ -16,7 +16,9 @@ from .stopping import resume_command
 def privacy_guarantee(context, rounds) -> dict | None:
     """The guarantee the released models carry: (epsilon, delta) at user level after `rounds` rounds."""
     if context.privacy is None:
-        return None
+        distributed = getattr(context.ledger, "guarantee", None)
+        return distributed(min(context.state.step, context.cfg.train.rounds) if rounds is None else rounds) \
+            if distributed else None
     p = context.cfg.privacy
     trained = min(context.state.step, context.cfg.train.rounds) if rounds is None else rounds
     eps = context.ledger.epsilon_after(trained)

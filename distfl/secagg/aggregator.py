@@ -23,6 +23,7 @@ summed exactly, as without secure aggregation."""
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 
 import torch
@@ -30,6 +31,8 @@ import torch
 from .. import dist
 from ..errors import ConfigError, DistflError, PluginError
 from ..federation.aggregate import Aggregator, Segment, StatBuffer, Sums
+from ..compression.rotation import Rotation
+from ..privacy.distributed import DistributedDP
 from . import cost
 from .masks import MaskedRound
 from .rounding import conditional_round
@@ -51,9 +54,11 @@ def check_config(v: dict) -> None:
         return
     if bits < 2:
         raise ConfigError(f"secagg.bits must be 0 (off) or in [2, 56], got {bits}")
+    if v["privacy.mechanism"] not in ("none", "ddgauss", "skellam"):
+        raise ConfigError(f"secagg.bits={bits} with privacy.mechanism={v['privacy.mechanism']}: central DP adds its noise "
+                          "at the server, which secure aggregation hides the clients' updates from; use "
+                          "privacy.mechanism=ddgauss or skellam (each client adds its own noise)")
     for name, off, why in (
-            ("privacy.mechanism", "none", "central DP adds its noise at the server, which secure aggregation hides "
-                                          "the clients' updates from"),
             ("compression.up", "none", "a compressor's encoding is not summable modulo 2^bits"),
             ("system.async_mode", "none", "an asynchronous server step sums one update at a time"),
             ("aggregation.aggregator", "exact", "secure aggregation is itself the round's aggregator")):
@@ -108,6 +113,14 @@ class SecureAggregator(Aggregator):
         self.device = device
         self.masked = {s.name: torch.zeros(s.numel, dtype=torch.int64) for s in self.secure}
         self.exact = {s.name: torch.zeros(s.numel, dtype=torch.int64) for s in self.secure}
+        self.dp = distributed_dp(cfg, self.secure)
+        if self.dp is not None:  # one vector of all secured segments, rotated: masked as one
+            self.numel = sum(s.numel for s in self.secure)
+            self.rotation = Rotation(self.numel, _generator(cfg.seed, round_idx, -1))
+            self.vector = MaskedRound(sorted(selected), self.rotation.size, self.bits, cfg.seed, round_idx, degree)
+            self.masked["_dp"] = torch.zeros(self.rotation.size, dtype=torch.int64)
+            self.exact["_dp"] = torch.zeros(self.rotation.size, dtype=torch.int64)
+            self.weight = None
         self.current: list[int] = []
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.adds: dict[tuple[int, str], int] = {}
@@ -120,6 +133,15 @@ class SecureAggregator(Aggregator):
     def _term(self, client: int, name: str, value: torch.Tensor, weight: float) -> None:
         count = self.adds.get((client, name), 0)
         self.adds[client, name] = count + 1
+        if self.dp is not None:  # the weighted update as it is; DistributedDP clips, rounds and noises it whole
+            if self.weight is None:
+                self.weight = float(weight)
+            elif float(weight) != self.weight:
+                raise PluginError("distributed DP: every client's update must carry the same weight (uniform weighting)")
+            term = value.reshape(-1).to("cpu", torch.float64)
+            held = self.pending.setdefault(client, {})
+            held[name] = held[name] + term if name in held else term
+            return
         clip = self.cfg.secagg.clip
         x = (value.reshape(-1).to("cpu", torch.float64) * float(weight)).clamp_(-clip, clip) * self.scale
         rounded = conditional_round(x, 0.0, _generator(self.cfg.seed, self.round_idx, client, self.index[name], count))
@@ -129,6 +151,13 @@ class SecureAggregator(Aggregator):
     def _flush(self) -> None:
         """Mask and add the pending clients' terms (each client's own sum over its adds, masked once)."""
         for client, terms in self.pending.items():
+            if self.dp is not None:
+                update = torch.cat([terms.get(s.name, torch.zeros(s.numel, dtype=torch.float64)) for s in self.secure])
+                z = self.dp.encode(update, self.rotation, _generator(self.cfg.seed, self.round_idx, client, -2))
+                self.exact["_dp"] += z
+                sent = self.vector.masked(client, torch.remainder(z, self.modulus))
+                self.masked["_dp"] = torch.remainder(self.masked["_dp"] + sent, self.modulus)
+                continue
             for name, term in terms.items():
                 self.exact[name] += term
                 sent = self.masks[name].masked(client, torch.remainder(term, self.modulus))
@@ -163,13 +192,21 @@ class SecureAggregator(Aggregator):
         self._flush()
         self._reduced = True
         plain = self.plain.reduce(ctx, name)
-        names = [s.name for s in self.secure]
-        flat = torch.cat([self.masked[n] for n in names] + [self.exact[n] for n in names]).to(self.device)
+        names = ["_dp"] if self.dp is not None else [s.name for s in self.secure]
+        # Distributed DP: the clients' common weight, which a rank without clients learns from the others (the
+        # float64's bit pattern in two 32-bit halves, summed over the ranks that have it, divided by their count).
+        pattern = (torch.tensor([self.weight], dtype=torch.float64).view(torch.int64).item()
+                   if self.dp is not None and self.weight is not None else None)
+        weight = torch.tensor([0, 0, 0] if pattern is None else [pattern >> 32, pattern & 0xFFFFFFFF, 1])
+        flat = torch.cat([self.masked[n] for n in names] + [self.exact[n] for n in names] + [weight]).to(self.device)
         dist.all_reduce_sum(flat, ctx, name=f"{name}_secagg")
         flat = flat.cpu()
+        high, low, ranks = (int(v) for v in flat[-3:])
+        if ranks:
+            self.weight = torch.tensor([(high // ranks) << 32 | (low // ranks)]).view(torch.float64).item()
         half = self.modulus // 2
         sums, wraps, offset = {}, 0, 0
-        total = sum(s.numel for s in self.secure)
+        total = sum(self.masked[n].numel() for n in names)
         survivors = len(self.senders)
         failure = None
         if survivors < self.cfg.secagg.threshold:
@@ -177,18 +214,26 @@ class SecureAggregator(Aggregator):
                        f"secagg.threshold={self.cfg.secagg.threshold}")
             if self.cfg.secagg.on_failure == "stop":
                 raise SecAggFailure(f"{failure} (secagg.on_failure=stop)")
-        for s in self.secure:
-            masked = torch.remainder(flat[offset:offset + s.numel], self.modulus)
-            exact = flat[total + offset:total + offset + s.numel]
-            offset += s.numel
+        masks = {"_dp": self.vector} if self.dp is not None else self.masks
+        for name in names:
+            numel = self.masked[name].numel()
+            masked = torch.remainder(flat[offset:offset + numel], self.modulus)
+            exact = flat[total + offset:total + offset + numel]
+            offset += numel
             wraps += int(((exact < -half) | (exact >= half)).sum())
-            unmasked = self.masks[s.name].unmask(masked, self.senders)
+            unmasked = masks[name].unmask(masked, self.senders)
             if self.cfg.secagg.verify and not torch.equal(unmasked, torch.remainder(exact, self.modulus)):
-                raise RuntimeError(f"round {self.round_idx}: secagg.verify: the unmasked sum of segment {s.name} differs "
+                raise RuntimeError(f"round {self.round_idx}: secagg.verify: the unmasked sum of segment {name} differs "
                                    "from the plain modular sum")
+            if self.dp is not None:  # rotated back and unscaled, times the clients' common weight
+                decoded, start = self.dp.decode(unmasked, self.rotation) * (self.weight or 0.0), 0
+                for s in self.secure:
+                    sums[s.name] = decoded[start:start + s.numel].to(self.device)
+                    start += s.numel
+                continue
             signed = torch.where(unmasked >= half, unmasked - self.modulus, unmasked)
-            sums[s.name] = (signed.to(torch.float64) / self.scale).to(self.device)
-        revealed = sum(m.revealed(self.senders) for m in self.masks.values()) // max(1, len(self.masks))
+            sums[name] = (signed.to(torch.float64) / self.scale).to(self.device)
+        revealed = sum(m.revealed(self.senders) for m in masks.values()) // max(1, len(masks))
         return SecureSums(plain, sums, {"secagg_wraps": wraps, "secagg_revealed": revealed,
                                         "secagg_survivors": survivors}, failure)
 
@@ -197,7 +242,8 @@ class SecureAggregator(Aggregator):
 
     @property
     def nbytes(self) -> int:
-        return self.plain.nbytes + 8 * 2 * sum(s.numel for s in self.secure)
+        names = ["_dp"] if self.dp is not None else [s.name for s in self.secure]
+        return self.plain.nbytes + 8 * (2 * sum(self.masked[n].numel() for n in names) + 3)
 
 
 class SecureSums(Sums):
@@ -212,3 +258,60 @@ class SecureSums(Sums):
 
     def problems(self) -> dict[str, str]:
         return self.plain.problems()
+
+
+def distributed_dp(cfg, secure) -> DistributedDP | None:
+    """The clients' side of distributed DP (privacy.mechanism=ddgauss|skellam), or None: each client's noise
+    has stddev noise_multiplier x clip_norm / sqrt(clients_per_round) in model units, so the expected
+    cohort's noise adds up to the central mechanism's noise_multiplier x clip_norm."""
+    p = cfg.privacy
+    if p.mechanism not in ("ddgauss", "skellam"):
+        return None
+    local = p.noise_multiplier * p.clip_norm / math.sqrt(cfg.train.clients_per_round)
+    return DistributedDP(p.mechanism, p.clip_norm, cfg.secagg.bits, 2.0**cfg.secagg.scale_bits, local)
+
+
+class DistributedLedger:
+    """Epsilon of distributed DP after t rounds (privacy/distributed_accounting.py), with the fewest
+    survivors of any round so far (the least noise a round's sum held: a bound for every round), without
+    sampling amplification (q = 1: the cohorts are not Poisson samples from a secret key). `progress()`:
+    the run's progress dict, where the fewest survivors is kept through checkpoints."""
+
+    def __init__(self, cfg, segments, progress):
+        from ..federation.aggregate import round_segments
+        from ..compression.rotation import padded_size
+
+        self.cfg, self.progress = cfg, progress
+        self.dp = distributed_dp(cfg, None)
+        numel = sum(s.numel for s in round_segments(segments, 1) if secured(s))
+        self.dim = padded_size(numel)
+
+    def record(self, survivors: int) -> None:
+        fewest = self.progress().get("secagg_fewest_survivors")
+        self.progress()["secagg_fewest_survivors"] = survivors if fewest is None else min(fewest, survivors)
+
+    def epsilon_after(self, rounds: int) -> float:
+        from ..privacy import distributed_accounting as accounting
+
+        n = self.progress().get("secagg_fewest_survivors")
+        if not rounds or n is None:
+            return 0.0
+        if n == 0 or self.dp.local_sigma == 0:
+            return math.inf
+        common = dict(scale=self.dp.scale, l2_clip=self.dp.l2_clip, beta=self.dp.beta, dim=self.dim, q=1.0,
+                      steps=rounds, delta=self.cfg.privacy.delta)
+        if self.dp.mechanism == "ddgauss":
+            return accounting.ddgauss_epsilon(local_sigma=self.dp.local_sigma, num_clients=n, **common)
+        return accounting.skellam_epsilon(central_sigma=math.sqrt(n) * self.dp.local_sigma, **common)
+
+    def guarantee(self, rounds: int) -> dict:
+        """summary.json's privacy entry, as central DP's."""
+        eps = self.epsilon_after(rounds)
+        p = self.cfg.privacy
+        return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
+                "rounds": rounds, "noise_multiplier": p.noise_multiplier, "clip_norm": p.clip_norm,
+                "local_sigma": self.dp.local_sigma, "bits": self.cfg.secagg.bits, "scale": self.dp.scale,
+                "beta": self.dp.beta, "dimension": self.dim, "sampling_rate": 1.0,
+                "fewest_survivors": self.progress().get("secagg_fewest_survivors"),
+                "level": "user", "model": "distributed", "noise": "keyed",
+                "accountant": f"{p.mechanism} RDP with the fewest survivors", "cohort": "unamplified"}

@@ -3,6 +3,9 @@ sum, within the rounding bound when the bits are wide; the same on 1 and 2 ranks
 wraps counted at 8 bits; too few survivors skip the round or stop the run; bytes from the protocol's cost."""
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from conftest import (assert_refused, build_trainer, metrics, one_two_resumed, run_cli, trained_model,
@@ -10,6 +13,7 @@ from conftest import (assert_refused, build_trainer, metrics, one_two_resumed, r
 from distfl import dist
 from distfl.config import load_config
 from distfl.federation.aggregate import Segment, StatBuffer, round_segments
+from distfl.privacy.distributed_accounting import ddgauss_epsilon, skellam_epsilon
 from distfl.secagg import cost
 from distfl.secagg.aggregator import SecureAggregator
 
@@ -60,10 +64,18 @@ def test_a_wide_secure_round_gives_the_plain_model_within_the_rounding_bound(tmp
     assert int((difference > 0).sum()) < plain.numel() // 100
 
 
-def test_secure_runs_are_the_same_on_one_two_ranks_and_resumed_with_dropouts(tmp_path):
+DDGAUSS = ("secagg.bits=20", "secagg.scale_bits=12", "privacy.mechanism=ddgauss", "privacy.delta=1e-5",
+           "privacy.clip_norm=1.0", "algorithm.weighting=uniform")
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_secure_runs_are_the_same_on_one_two_ranks_and_resumed_with_dropouts(tmp_path, private):
     config = write_config(tmp_path / "c.yaml", system={"dropout": 0.3})
-    one, _, _ = one_two_resumed(config, tmp_path, "secagg.bits=24", "secagg.scale_bits=16", "secagg.verify=true",
-                                "secagg.neighbours=2")
+    dp = [*DDGAUSS, "privacy.noise_multiplier=0.5"] if private else ["secagg.bits=24", "secagg.scale_bits=16"]
+    one, _, resumed = one_two_resumed(config, tmp_path, *dp, "secagg.verify=true", "secagg.neighbours=2")
+    if private:
+        assert one["privacy"]["epsilon"] == resumed["privacy"]["epsilon"]
+        assert one["privacy"]["fewest_survivors"] < 5  # the accountant counts the survivors' noise only
     rows = metrics(tmp_path / "one")
     assert any(r["secagg_survivors"] < 5 for r in rows) and all(r["secagg_wraps"] == 0 for r in rows)
     # A dropped client's masks with its neighbours are recovered: more secrets revealed than survivors.
@@ -112,3 +124,34 @@ def test_secure_aggregation_refuses_what_it_cannot_serve(tmp_path):
     assert_refused(config, tmp_path / "a", ["secagg.bits=16", "compression.up=topk"], "compression.up=topk")
     assert_refused(config, tmp_path / "b", ["secagg.bits=16", "secagg.neighbours=3"], "secagg.neighbours must be even")
     assert_refused(config, tmp_path / "c", ["secagg.bits=1"], "secagg.bits must be 0 (off) or in [2, 56]")
+
+
+@pytest.mark.parametrize("mechanism", ["ddgauss", "skellam"])
+def test_distributed_dp_trains_and_reports_the_accountants_epsilon(tmp_path, mechanism):
+    config = write_config(tmp_path / "c.yaml")
+    run = tmp_path / mechanism
+    done = train_ok(config, f"output.dir={run}", *DDGAUSS, f"privacy.mechanism={mechanism}",
+                    "privacy.noise_multiplier=0.2")
+    rows = metrics(run)
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    # 5 survivors a round, each adding noise of stddev 0.2 x 1.0 / sqrt(5); the MLP's 8,970 values padded
+    # to 16,384 for the rotation; 2^12 grid steps a unit; no sampling amplification.
+    common = dict(scale=2.0**12, l2_clip=1.0, beta=math.exp(-0.5), dim=16384, q=1.0, delta=1e-5)
+    local = 0.2 / math.sqrt(5)
+    for row in rows:
+        expected = (ddgauss_epsilon(local_sigma=local, num_clients=5, steps=row["round"], **common)
+                    if mechanism == "ddgauss" else
+                    skellam_epsilon(central_sigma=math.sqrt(5) * local, steps=row["round"], **common))
+        assert row["privacy_epsilon"] == expected
+    assert done["privacy"]["epsilon"] == rows[-1]["privacy_epsilon"] and done["privacy"]["model"] == "distributed"
+
+
+def test_distributed_dp_refuses_what_it_cannot_serve(tmp_path):
+    config = write_config(tmp_path / "c.yaml")
+    base = ["privacy.mechanism=ddgauss", "privacy.delta=1e-5", "algorithm.weighting=uniform"]
+    assert_refused(config, tmp_path / "a", [*base, "privacy.noise_multiplier=1"], "set secagg.bits")
+    assert_refused(config, tmp_path / "b", [*base, "secagg.bits=20", "privacy.target_epsilon=3"],
+                   "calibration from privacy.target_epsilon is for the central mechanisms")
+    assert_refused(config, tmp_path / "c", ["secagg.bits=20", "privacy.mechanism=gaussian", "privacy.delta=1e-5",
+                                            "privacy.noise_multiplier=1", "algorithm.weighting=uniform"],
+                   "use privacy.mechanism=ddgauss or skellam")
