@@ -286,7 +286,7 @@ class CompressionConfig:
 @dataclass
 class SecAggConfig:
     bits: int = key(0, range=">= 0", limit=56)  # secure aggregation (docs/secagg.md): each client's update travels as integers modulo 2^bits under pairwise and self masks that cancel in the sum (Bonawitz et al. 2017; SecAgg+ with secagg.neighbours); 0: off (the exact sum). 2-56 when on
-    clip: float = key(1.0, range="> 0")  # secagg: each value a client adds to a secured segment (its weighted update) is clipped to [-clip, clip] before rounding
+    clip: float = key(1.0, range="> 0")  # secagg: each value a client adds to a secured segment (its weighted update) is clipped to [-clip, clip] before rounding (under privacy.mechanism=ddgauss|skellam, privacy.clip_norm bounds the whole update instead)
     scale_bits: int = key(16, range=">= 0", limit=52)  # secagg: values are scaled by 2^scale_bits and rounded stochastically (keyed by seed, round, client) to integers, so the sum's resolution is 2^-scale_bits
     threshold: int = key(1, range=">= 1")  # secagg: the fewest clients that must report (survive) for the masks to be removed; a round with fewer fails (secagg.on_failure)
     neighbours: int = key(0, range=">= 0")  # secagg: each client's neighbours in the masking graph: 0 (SecAgg's complete graph) | k (SecAgg+'s k-regular graph, k even, fewer messages)

@@ -107,20 +107,19 @@ class SecureAggregator(Aggregator):
         self.plain = StatBuffer([s for s in segments if not secured(s)], device, max_terms)
         self.index = {s.name: i for i, s in enumerate(self.secure)}
         degree = cfg.secagg.neighbours or None
-        self.masks = {s.name: MaskedRound(sorted(selected), s.numel, self.bits, cfg.seed, round_idx, degree)
-                      for s in self.secure}
         self.senders = set(senders)
         self.device = device
-        self.masked = {s.name: torch.zeros(s.numel, dtype=torch.int64) for s in self.secure}
-        self.exact = {s.name: torch.zeros(s.numel, dtype=torch.int64) for s in self.secure}
-        self.dp = distributed_dp(cfg, self.secure)
-        if self.dp is not None:  # one vector of all secured segments, rotated: masked as one
-            self.numel = sum(s.numel for s in self.secure)
-            self.rotation = Rotation(self.numel, _generator(cfg.seed, round_idx, -1))
-            self.vector = MaskedRound(sorted(selected), self.rotation.size, self.bits, cfg.seed, round_idx, degree)
-            self.masked["_dp"] = torch.zeros(self.rotation.size, dtype=torch.int64)
-            self.exact["_dp"] = torch.zeros(self.rotation.size, dtype=torch.int64)
-            self.weight = None
+        self.dp = distributed_dp(cfg)
+        self.weight = None  # distributed DP: the clients' common weight, applied to the decoded sum
+        if self.dp is None:  # each secured segment masked and summed on its own
+            sizes = {s.name: s.numel for s in self.secure}
+        else:  # one vector of all secured segments, rotated, masked as one
+            self.rotation = Rotation(sum(s.numel for s in self.secure), _generator(cfg.seed, round_idx, -1))
+            sizes = {"_dp": self.rotation.size}
+        self.masks = {name: MaskedRound(sorted(selected), numel, self.bits, cfg.seed, round_idx, degree)
+                      for name, numel in sizes.items()}
+        self.masked = {name: torch.zeros(numel, dtype=torch.int64) for name, numel in sizes.items()}
+        self.exact = {name: torch.zeros(numel, dtype=torch.int64) for name, numel in sizes.items()}
         self.current: list[int] = []
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.adds: dict[tuple[int, str], int] = {}
@@ -133,7 +132,7 @@ class SecureAggregator(Aggregator):
     def _term(self, client: int, name: str, value: torch.Tensor, weight: float) -> None:
         count = self.adds.get((client, name), 0)
         self.adds[client, name] = count + 1
-        if self.dp is not None:  # the weighted update as it is; DistributedDP clips, rounds and noises it whole
+        if self.dp is not None:  # the update unweighted: DistributedDP clips, rounds and noises it whole
             if self.weight is None:
                 self.weight = float(weight)
             elif float(weight) != self.weight:
@@ -155,7 +154,7 @@ class SecureAggregator(Aggregator):
                 update = torch.cat([terms.get(s.name, torch.zeros(s.numel, dtype=torch.float64)) for s in self.secure])
                 z = self.dp.encode(update, self.rotation, _generator(self.cfg.seed, self.round_idx, client, -2))
                 self.exact["_dp"] += z
-                sent = self.vector.masked(client, torch.remainder(z, self.modulus))
+                sent = self.masks["_dp"].masked(client, torch.remainder(z, self.modulus))
                 self.masked["_dp"] = torch.remainder(self.masked["_dp"] + sent, self.modulus)
                 continue
             for name, term in terms.items():
@@ -214,14 +213,13 @@ class SecureAggregator(Aggregator):
                        f"secagg.threshold={self.cfg.secagg.threshold}")
             if self.cfg.secagg.on_failure == "stop":
                 raise SecAggFailure(f"{failure} (secagg.on_failure=stop)")
-        masks = {"_dp": self.vector} if self.dp is not None else self.masks
         for name in names:
             numel = self.masked[name].numel()
             masked = torch.remainder(flat[offset:offset + numel], self.modulus)
             exact = flat[total + offset:total + offset + numel]
             offset += numel
             wraps += int(((exact < -half) | (exact >= half)).sum())
-            unmasked = masks[name].unmask(masked, self.senders)
+            unmasked = self.masks[name].unmask(masked, self.senders)
             if self.cfg.secagg.verify and not torch.equal(unmasked, torch.remainder(exact, self.modulus)):
                 raise RuntimeError(f"round {self.round_idx}: secagg.verify: the unmasked sum of segment {name} differs "
                                    "from the plain modular sum")
@@ -233,7 +231,7 @@ class SecureAggregator(Aggregator):
                 continue
             signed = torch.where(unmasked >= half, unmasked - self.modulus, unmasked)
             sums[name] = (signed.to(torch.float64) / self.scale).to(self.device)
-        revealed = sum(m.revealed(self.senders) for m in masks.values()) // max(1, len(masks))
+        revealed = next(iter(self.masks.values())).revealed(self.senders) if self.masks else 0
         return SecureSums(plain, sums, {"secagg_wraps": wraps, "secagg_revealed": revealed,
                                         "secagg_survivors": survivors}, failure)
 
@@ -242,8 +240,7 @@ class SecureAggregator(Aggregator):
 
     @property
     def nbytes(self) -> int:
-        names = ["_dp"] if self.dp is not None else [s.name for s in self.secure]
-        return self.plain.nbytes + 8 * (2 * sum(self.masked[n].numel() for n in names) + 3)
+        return self.plain.nbytes + 8 * (2 * sum(m.numel() for m in self.masked.values()) + 3)
 
 
 class SecureSums(Sums):
@@ -260,7 +257,7 @@ class SecureSums(Sums):
         return self.plain.problems()
 
 
-def distributed_dp(cfg, secure) -> DistributedDP | None:
+def distributed_dp(cfg) -> DistributedDP | None:
     """The clients' side of distributed DP (privacy.mechanism=ddgauss|skellam), or None: each client's noise
     has stddev noise_multiplier x clip_norm / sqrt(clients_per_round) in model units, so the expected
     cohort's noise adds up to the central mechanism's noise_multiplier x clip_norm."""
@@ -282,7 +279,7 @@ class DistributedLedger:
         from ..compression.rotation import padded_size
 
         self.cfg, self.progress = cfg, progress
-        self.dp = distributed_dp(cfg, None)
+        self.dp = distributed_dp(cfg)
         numel = sum(s.numel for s in round_segments(segments, 1) if secured(s))
         self.dim = padded_size(numel)
 
