@@ -31,7 +31,7 @@ import torch
 from .. import dist
 from ..errors import ConfigError, DistflError, PluginError
 from ..federation.aggregate import Aggregator, Segment, StatBuffer, Sums
-from ..compression.rotation import Rotation
+from ..compression.rotation import Rotation, padded_size
 from ..privacy.distributed import DistributedDP
 from . import cost
 from .masks import MaskedRound
@@ -85,6 +85,8 @@ def upload_bytes(cfg, segments, clients: int) -> int:
     degree = neighbour_count(cfg, clients)
     bits = cfg.secagg.bits
     masked = sum((s.numel * bits + 7) // 8 for s in segments if secured(s))
+    if distributed_dp(cfg) is not None:  # one rotated vector, padded to a power of two
+        masked = (padded_size(sum(s.numel for s in segments if secured(s))) * bits + 7) // 8
     protocol = cost.upload_bytes(0, bits, degree)
     return protocol + masked + sum(s.nbytes for s in segments if not secured(s))
 
@@ -276,7 +278,6 @@ class DistributedLedger:
 
     def __init__(self, cfg, segments, progress):
         from ..federation.aggregate import round_segments
-        from ..compression.rotation import padded_size
 
         self.cfg, self.progress = cfg, progress
         self.dp = distributed_dp(cfg)

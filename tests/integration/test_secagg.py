@@ -144,6 +144,7 @@ def test_distributed_dp_trains_and_reports_the_accountants_epsilon(tmp_path, mec
                     skellam_epsilon(central_sigma=math.sqrt(5) * local, steps=row["round"], **common))
         assert row["privacy_epsilon"] == expected
     assert done["privacy"]["epsilon"] == rows[-1]["privacy_epsilon"] and done["privacy"]["model"] == "distributed"
+    assert rows[0]["bytes_up"] == 5 * cost.upload_bytes(16384, 20, 4)  # the padded vector, 4 neighbours
 
 
 def test_distributed_dp_refuses_what_it_cannot_serve(tmp_path):
