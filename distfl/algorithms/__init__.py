@@ -58,7 +58,7 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
         from .compressed import Compressed
 
         method = Compressed(method, cfg, worker, report_error=cfg.privacy.mechanism == "none")
-    if cfg.privacy.mechanism != "none":
+    if cfg.privacy.mechanism not in ("none", "ddgauss", "skellam"):  # distributed DP: secagg/aggregator.py
         from ..privacy.mechanism import GaussianMechanism
 
         method = Private(method, GaussianMechanism(cfg, method.segments(), noise_multiplier, device, ctx))

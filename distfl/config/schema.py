@@ -238,11 +238,11 @@ class RuntimeConfig:
 
 @dataclass
 class PrivacyConfig:
-    mechanism: str = key("none", choices=["none", "gaussian", "dp_ftrl", "banded_mf"])  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md) | dp_ftrl: DP-FTRL (Kairouz et al. 2021), the same clipping with tree-aggregated noise correlated across rounds, for train.cohort=sequential (each client once per floor(num_clients / clients_per_round) rounds; no sampling needed) | banded_mf: DP-FTRL with banded matrix factorisation noise (Choquette-Choo et al. 2023; the optimal banded Toeplitz factor), the same participation
-    clip_norm: float = key(1.0, range="> 0", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
-    noise_multiplier: float = key(-1.0, range=">= -1", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
+    mechanism: str = key("none", choices=["none", "gaussian", "dp_ftrl", "banded_mf", "ddgauss", "skellam"])  # none | gaussian: central user-level differential privacy (DP-FedAvg, McMahan et al. 2018): each sampled client's whole update clipped to clip_norm, Gaussian noise added once to the sum, a fixed denominator (docs/privacy.md) | dp_ftrl: DP-FTRL (Kairouz et al. 2021), the same clipping with tree-aggregated noise correlated across rounds, for train.cohort=sequential (each client once per floor(num_clients / clients_per_round) rounds; no sampling needed) | banded_mf: DP-FTRL with banded matrix factorisation noise (Choquette-Choo et al. 2023; the optimal banded Toeplitz factor), the same participation | ddgauss | skellam: distributed DP under secure aggregation (secagg.bits > 0; docs/secagg.md): each client clips its update to clip_norm, rotates, rounds and adds its own discrete Gaussian (Kairouz et al. 2021) or Skellam (Agarwal et al. 2021) noise of stddev noise_multiplier x clip_norm / sqrt(clients_per_round); the server sees only the noisy sum
+    clip_norm: float = key(1.0, range="> 0", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf", "ddgauss", "skellam"]))  # gaussian: L2 bound C on each client's update (every statistic it adds to the round's sum); with adaptive_clip, its value in round 1
+    noise_multiplier: float = key(-1.0, range=">= -1", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf", "ddgauss", "skellam"]))  # gaussian: z, the noise on the sum has std z * C (with adaptive_clip, z is the total the accountant sees, split between the update and the clipped count as Andrew et al. 2021, Thm 1); -1: not set, calibrated from target_epsilon
     target_epsilon: float = key(0.0, range=">= 0", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: calibrate noise_multiplier with the accountant so that train.rounds rounds spend at most this epsilon at delta (printed at start); 0: not set, give noise_multiplier
-    delta: float = key(0.0, range="[0, 1)", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: delta of the (epsilon, delta) guarantee, required in (0, 1); common choice 1 / num_clients^1.1
+    delta: float = key(0.0, range="[0, 1)", applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf", "ddgauss", "skellam"]))  # gaussian: delta of the (epsilon, delta) guarantee, required in (0, 1); common choice 1 / num_clients^1.1
     accountant: str = key("rdp", choices=["rdp", "pld"], applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: rdp (Renyi DP, dp-accounting's RdpAccountant) | pld (privacy loss distributions, tighter; train.cohort=poisson only)
     adaptive_clip: bool = key(False, applies=("privacy.mechanism", ["gaussian", "dp_ftrl", "banded_mf"]))  # gaussian: move clip_norm each round towards the target_quantile of the clients' update norms, from a noised count of unclipped clients (Andrew et al. 2021)
     target_quantile: float = key(0.5, range="(0, 1)")  # adaptive_clip: fraction gamma of clients whose update should fit within the clip
@@ -294,6 +294,17 @@ class CompressionConfig:
 
 
 @dataclass
+class SecAggConfig:
+    bits: int = key(0, range=">= 0", limit=56)  # secure aggregation (docs/secagg.md): each client's update travels as integers modulo 2^bits under pairwise and self masks that cancel in the sum (Bonawitz et al. 2017; SecAgg+ with secagg.neighbours); 0: off (the exact sum). 2-56 when on
+    clip: float = key(1.0, range="> 0")  # secagg: each value a client adds to a secured segment (its weighted update) is clipped to [-clip, clip] before rounding (under privacy.mechanism=ddgauss|skellam, privacy.clip_norm bounds the whole update instead)
+    scale_bits: int = key(16, range=">= 0", limit=52)  # secagg: values are scaled by 2^scale_bits and rounded stochastically (keyed by seed, round, client) to integers, so the sum's resolution is 2^-scale_bits
+    threshold: int = key(1, range=">= 1")  # secagg: the fewest clients that must report (survive) for the masks to be removed; a round with fewer fails (secagg.on_failure)
+    neighbours: int = key(0, range=">= 0")  # secagg: each client's neighbours in the masking graph: 0 (SecAgg's complete graph) | k (SecAgg+'s k-regular graph, k even, fewer messages)
+    on_failure: str = key("skip", choices=["skip", "stop"])  # secagg: a round with fewer survivors than secagg.threshold: skip (the model stays as it was; the round is logged with secagg_failed=1) | stop (the run stops with an error)
+    verify: bool = False  # secagg: also sum the clients' integers without masks and check that the unmasked modular sum equals it (for tests and checks)
+
+
+@dataclass
 class Config:
     seed: int = key(0, range=">= 0", seed_max=2**32 - 1)  # seeds partition, model init, cohorts and every client's local randomness
     data: DataConfig = field(default_factory=DataConfig)
@@ -312,6 +323,7 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
+    secagg: SecAggConfig = field(default_factory=SecAggConfig)
 
 
 # The models whose feature width model.feature_dim can set; any other model.name refuses a non-zero value.

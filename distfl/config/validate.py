@@ -223,6 +223,9 @@ def validate(cfg: Config) -> None:
     from distfl.algorithms.compressed import check_config as check_compression
 
     check_compression(v)
+    from distfl.secagg.aggregator import check_config as check_secagg
+
+    check_secagg(v)
 
 
 def _plugin_or_built_in(name: str) -> type:

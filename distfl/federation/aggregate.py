@@ -121,6 +121,11 @@ class Aggregator:
     (`Sums`) that every rank reads alike. It makes the checks it can make of its own sums (values it
     cannot represent, sums beyond its exact range) and reports them through `Sums.problems`."""
 
+    def begin(self, clients: list[int]) -> None:
+        """The adds that follow, until the next `begin`, are these clients' (one client, or a pack's clients
+        a row each in `add_rows`): for an aggregator that treats each client's terms apart (secure
+        aggregation masks them). The exact sum ignores it."""
+
     def add(self, name: str, value, weight: float = 1.0) -> None:
         """Add `weight * value` (a tensor of the segment's size, or a Python number) into segment `name`."""
         raise NotImplementedError

@@ -8,12 +8,18 @@ from ..plugins import load_plugin
 from .aggregate import Aggregator, StatBuffer, round_segments
 
 
-def round_aggregator(cfg, algorithm_segments, max_samples_trained: int, device: torch.device,
-                     max_terms: int) -> Aggregator:
-    """The round's aggregator, of the class `aggregation.aggregator` names, over the round's segments
-    (`round_segments`): the one place a run's sums are built."""
-    return aggregator_class(cfg.aggregation.aggregator)(round_segments(algorithm_segments, max_samples_trained),
-                                                        device, max_terms)
+def round_aggregator(cfg, algorithm_segments, max_samples_trained: int, device: torch.device, max_terms: int,
+                     round_idx: int = 0, sampled=(), senders=()) -> Aggregator:
+    """The round's aggregator over the round's segments (`round_segments`): the one place a run's sums are
+    built. Secure aggregation (secagg.bits, docs/secagg.md) when it is on: the `sampled` clients mask, the
+    `senders` report; else the class `aggregation.aggregator` names."""
+    segments = round_segments(algorithm_segments, max_samples_trained)
+    if cfg.secagg.bits:
+        from ..secagg.aggregator import SecureAggregator
+
+        return SecureAggregator(segments, device, max_terms, cfg=cfg, round_idx=round_idx, selected=list(sampled),
+                                senders=list(senders))
+    return aggregator_class(cfg.aggregation.aggregator)(segments, device, max_terms)
 
 
 def aggregator_class(name: str) -> type:

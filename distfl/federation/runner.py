@@ -84,7 +84,7 @@ class Trainer:
         self.directory = run_dir.RunDirectory(self.run_dir, ctx, overwrite)
 
         # privacy.target_epsilon: the noise multiplier the accountant calibrates, before any work.
-        self.noise_multiplier = None if cfg.privacy.mechanism == "none" else _accountant().resolve_noise_multiplier(cfg)
+        self.noise_multiplier = None if cfg.privacy.mechanism in ("none", *dp_rules.DISTRIBUTED) else _accountant().resolve_noise_multiplier(cfg)
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
         # A next-token dataset has no class a sample (data/tokens.py): no labels, no class counts.
@@ -154,7 +154,11 @@ class Trainer:
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory,
                                          self.noise_multiplier, ctx)
         self.privacy, self.ledger = None, None
-        if cfg.privacy.mechanism != "none":
+        if cfg.privacy.mechanism in dp_rules.DISTRIBUTED:  # the clients noise (secagg/aggregator.py)
+            from ..secagg.aggregator import DistributedLedger
+
+            self.ledger = DistributedLedger(cfg, self.algorithm.segments(), lambda: self.state.progress)
+        elif cfg.privacy.mechanism != "none":
             self.privacy = self.algorithm.mechanism
             self.ledger = _accountant().Ledger.of(cfg, self.noise_multiplier, len(self.population))
         self.sticky = self._sticky_placement()
@@ -254,12 +258,20 @@ class Trainer:
         """The round's aggregator (aggregation.aggregator) over the method's segments and the bookkeeping,
         for the cohort's terms and `extra_terms` more (the server's own: FedAsync's)."""
         largest = max((self.samples_trained(k) for k in cohort), default=1)
-        return round_aggregator(self.cfg, self.algorithm.segments(), largest, self.device, len(cohort) + extra_terms)
+        return round_aggregator(self.cfg, self.algorithm.segments(), largest, self.device, len(cohort) + extra_terms,
+                                round_idx=self.state.last_round, sampled=self.plan.sampled if self.plan else cohort,
+                                senders=cohort)
 
     def payload_bytes(self) -> tuple[int, int]:
         """What each client of a round downloads and uploads, in bytes: the segments the server sends it
-        (`download_segments`) and those it sends back (`segments`), at their wire sizes."""
-        return wire_bytes(self.algorithm.download_segments()), wire_bytes(self.algorithm.segments())
+        (`download_segments`) and those it sends back (`segments`), at their wire sizes, or what secure
+        aggregation sends (secagg/aggregator.py)."""
+        down, up = wire_bytes(self.algorithm.download_segments()), wire_bytes(self.algorithm.segments())
+        if self.cfg.secagg.bits:
+            from ..secagg.aggregator import payload_bytes
+
+            return payload_bytes(self.cfg, self.algorithm.segments(), down)
+        return down, up
 
     def finish_round(self, round_idx: int, cohort: list[int], stats: Aggregator, extra: dict) -> dict:
         """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
@@ -267,7 +279,11 @@ class Trainer:
         stats.add("stop", stopping.stop_code(self.stop))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = self._reduce(round_idx, stats)
-        if cohort or self.privacy is not None:  # an empty Poisson cohort leaves a non-private model as it is
+        failure = getattr(reduced, "failure", None)  # secure aggregation with too few survivors: the round is skipped
+        self.round_note = failure
+        if failure is None and hasattr(self.ledger, "record"):  # distributed DP: the survivors' noise counts
+            self.ledger.record(int(reduced.metrics["secagg_survivors"]))
+        if failure is None and (cohort or self.privacy is not None):  # an empty Poisson cohort leaves a non-private model as it is
             self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         self.state.model_round = round_idx  # under DP: its noise is in the model from here on
         if not bool(torch.isfinite(self.global_params).all()):
@@ -279,7 +295,8 @@ class Trainer:
                 "bytes_up": clients * up, "bytes_down": clients * down, "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
                 "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
                 **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
-                   if self.privacy is not None and self.ctx.is_main else {}), **extra}
+                   if self.ledger is not None and self.ctx.is_main else {}),
+                **getattr(reduced, "metrics", {}), **({"secagg_failed": 1} if failure else {}), **extra}
 
     def _cohort(self, round_idx: int) -> tuple[list[int], list[list[int]]]:
         """The round's cohort, and this rank's share of it as packs (of one client each at pack_size 1)."""
@@ -374,6 +391,7 @@ class Trainer:
     def contribute(self, run: ClientRun, stats: Aggregator) -> None:
         """Add a client's statistics. A NaN/inf (counted here on the device, without waiting for it) or
         out-of-range value stops the round after the all_reduce, so every rank still joins it."""
+        stats.begin([run.client_id])
         stats.add("loss_sum", run.loss_sum)
         low, high = torch.aminmax(self.worker.params)
         stats.add("nonfinite", ~(torch.isfinite(low) & torch.isfinite(high)))
@@ -388,6 +406,7 @@ class Trainer:
     def _contribute_pack(self, runs: list[ClientRun], params: torch.Tensor, buffers: torch.Tensor,
                          loss_sums: torch.Tensor, stats: Aggregator) -> None:
         """`contribute` of every client of a pack at once (`pack.pack_statistics`): the same sums, bit for bit."""
+        stats.begin([run.client_id for run in runs])
         stats.add_rows("loss_sum", loss_sums, [1.0] * len(runs))
         low, high = torch.aminmax(params, dim=1)
         stats.add("nonfinite", (~(torch.isfinite(low) & torch.isfinite(high))).sum())
@@ -450,6 +469,8 @@ class Trainer:
                 self.where = f"round {t}"
                 row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
                     else self.run_round(t)
+                if getattr(self, "round_note", None):
+                    logger.info(self.round_note)
                 round_s = time.perf_counter() - t0
                 if row["samples"] == 0:  # no client reported (all late, dropped or offline): summary.json counts them
                     self.state.progress["rounds_without_reports"] = self.state.progress.get("rounds_without_reports", 0) + 1
@@ -495,7 +516,7 @@ class Trainer:
             last = self.state.progress["last_eval"] or {}
             final = {"final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
                      "best_test_acc": self.state.progress["best_test_acc"]}
-            if self.privacy is not None:
+            if self.ledger is not None:
                 final["privacy_epsilon"] = self.ledger.epsilon_after(min(self.state.model_round, cfg.train.rounds))
             logger.log_hparams(config_to_dict(cfg), final, self.state.step)
         except Interrupted as exc:  # checkpointed after the round (or TCT stage-2 round) the ranks agreed on

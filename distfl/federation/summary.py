@@ -18,7 +18,9 @@ def privacy_guarantee(context) -> dict | None:
     """The guarantee the released models carry: (epsilon, delta) at user level after the rounds whose noised
     sums the global model holds (its last server step's round, however the run ended: not its last evaluation)."""
     if context.privacy is None:
-        return None
+        distributed = getattr(context.ledger, "guarantee", None)
+        return distributed(min(context.state.step, context.cfg.train.rounds) if rounds is None else rounds) \
+            if distributed else None
     p = context.cfg.privacy
     trained = min(context.state.model_round, context.cfg.train.rounds)
     eps = context.ledger.epsilon_after(trained)

@@ -14,10 +14,39 @@ from ..models.base import NORM_MODELS, has_batchnorm  # built-in models with Bat
 
 
 
+DISTRIBUTED = ("ddgauss", "skellam")  # distributed DP, under secure aggregation (secagg/aggregator.py)
+
+
+def check_distributed(v: dict, algorithm_class) -> None:
+    """One line for a distributed-DP setting no run can serve."""
+    prefix = f"privacy.mechanism={v['privacy.mechanism']}"
+    if not v["secagg.bits"]:
+        raise ConfigError(f"{prefix} adds each client's noise under secure aggregation: set secagg.bits (e.g. 20)")
+    if not 0 < v["privacy.delta"] < 1:
+        raise ConfigError(f"{prefix} needs privacy.delta in (0, 1), the delta of the (epsilon, delta) guarantee")
+    if v["privacy.target_epsilon"] > 0 or v["privacy.noise_multiplier"] < 0:
+        raise ConfigError(f"{prefix} needs privacy.noise_multiplier (>= 0); calibration from privacy.target_epsilon is "
+                          "for the central mechanisms")
+    if v["privacy.adaptive_clip"]:
+        raise ConfigError(f"{prefix}: privacy.adaptive_clip is built for privacy.mechanism=gaussian only")
+    if v["algorithm.weighting"] != "uniform":
+        raise ConfigError(f"{prefix}: algorithm.weighting={v['algorithm.weighting']} weights clients by their sample "
+                          "counts, which leaks them; set algorithm.weighting=uniform")
+    if not algorithm_class.private_release:
+        raise ConfigError(f"{prefix}: algorithm.name={v['algorithm.name']} does not declare private_release = True "
+                          "(docs/privacy.md)")
+    if v["aggregation.mask"] == "gma":
+        raise ConfigError(f"{prefix}: aggregation.mask=gma releases the clients' sign counts unnoised; set "
+                          "aggregation.mask=none")
+
+
 def check(v: dict, algorithm_class) -> None:
     """`v`: dotted key -> value (validated types). `algorithm_class`: the class that declares the method
     (its `private_release` and `why_not_private`)."""
     if v["privacy.mechanism"] == "none":
+        return
+    if v["privacy.mechanism"] in DISTRIBUTED:
+        check_distributed(v, algorithm_class)
         return
     n, m = v["partition.num_clients"], v["train.clients_per_round"]
     name = v["algorithm.name"]
