@@ -493,7 +493,7 @@ class Trainer:
                 self.state.progress["wall_s"] = wall_before + time.time() - session_start
                 if release.timings_released(cfg):
                     metrics["wall_s"] = self.state.progress["wall_s"]
-                self._time_to_acc(metrics)
+                summary.record_time_to_acc(self.state.progress, cfg, metrics)
                 logger.log_round(metrics, trainer=self.context)  # with the round's cohort size and update norm
                 self.state.step = t
                 if out_of_time:
@@ -572,17 +572,6 @@ class Trainer:
         if status != "completed":
             raise DivergenceError(error)
         return result
-
-    def _time_to_acc(self, metrics: dict) -> None:
-        """eval.target_acc: the first evaluation whose accuracy (client_acc_mean with eval.clients, else
-        test_acc) reaches the target, kept for summary.json's time_to_acc: its round, simulated and wall time."""
-        target = self.cfg.eval.target_acc
-        if not target or self.state.progress.get("time_to_acc") is not None:
-            return
-        metric = "client_acc_mean" if self.cfg.eval.clients else "test_acc"
-        if metrics.get(metric) is not None and metrics[metric] >= target:
-            self.state.progress["time_to_acc"] = {"round": metrics["round"], "virtual_time_s": metrics.get("virtual_time_s"),
-                                                  "wall_s": metrics.get("wall_s")}
 
     def _run_phases(self, logger) -> None:
         """Each pending phase runs to its end and is checkpointed; a crash inside one resumes it (from

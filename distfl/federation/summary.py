@@ -184,3 +184,16 @@ def mark_running(run_dir, train_rounds: int, command: str) -> None:
         atomic_write_text(json.dumps(earlier, indent=2) + "\n", path)
     except OSError:  # a full disk: no summary rather than one that says the run is done
         path.unlink(missing_ok=True)
+
+
+def record_time_to_acc(progress: dict, cfg, metrics: dict) -> None:
+    """eval.target_acc: the first evaluation whose accuracy (client_acc_mean with eval.clients, else
+    test_acc) reaches the target, kept in `progress` for summary.json's time_to_acc: its round, simulated
+    and wall time (None where withheld)."""
+    target = cfg.eval.target_acc
+    if not target or progress.get("time_to_acc") is not None:
+        return
+    metric = "client_acc_mean" if cfg.eval.clients else "test_acc"
+    if metrics.get(metric) is not None and metrics[metric] >= target:
+        progress["time_to_acc"] = {"round": metrics["round"], "virtual_time_s": metrics.get("virtual_time_s"),
+                                   "wall_s": metrics.get("wall_s")}
