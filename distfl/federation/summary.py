@@ -19,8 +19,7 @@ def privacy_guarantee(context) -> dict | None:
     sums the global model holds (its last server step's round, however the run ended: not its last evaluation)."""
     if context.privacy is None:
         distributed = getattr(context.ledger, "guarantee", None)
-        return distributed(min(context.state.step, context.cfg.train.rounds) if rounds is None else rounds) \
-            if distributed else None
+        return distributed(min(context.state.model_round, context.cfg.train.rounds)) if distributed else None
     p = context.cfg.privacy
     trained = min(context.state.model_round, context.cfg.train.rounds)
     eps = context.ledger.epsilon_after(trained)
