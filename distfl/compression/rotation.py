@@ -7,7 +7,7 @@ float64 rounding (tested).
 The paper's analyses of DRIVE and EDEN (their unbiasedness and vNMSE limits) assume a uniformly random
 rotation; the Hadamard rotation is what their experiments and everyone's code use, because it costs
 O(n log n) and no memory. It is not exactly unbiased: on a 64-value vector, 16,000 keyed draws of DRIVE's
-unbiased form average to the input with a relative error of 1.9% (tests/unit/test_compression.py).
+unbiased form average to the input with a relative error of 1.9% (tests/unit/test_compressors.py).
 `UniformRotation` (a Haar-random orthogonal matrix, O(d^2) memory and O(d^3) to draw, refused above
 MAX_UNIFORM values) is the paper's rotation, for studies of small segments that need the exact
 unbiasedness."""
