@@ -67,7 +67,7 @@ def test_only_the_adapters_are_flat_summed_and_sent(tmp_path, config, mode):
         count = sum(RANK * (d_in + d_out) if mode == "fedit" else RANK * d_out for d_in, d_out in d.values())
         assert trainer.worker.num_params == trainer.global_params.numel() == count
         assert {s.name: s.numel for s in trainer.algorithm.segments()} == {"delta": count, "buffers": 0}
-        assert trainer.system.model.model_kbit == 4 * count * 8 / 1024  # the adapters' float32 bytes each way
+        assert trainer.payload_bytes() == (4 * count, 4 * count)  # the adapters' float32 bytes each way
     finally:
         trainer.close()
 
