@@ -217,6 +217,7 @@ def test_report_of_all_methods_reproduces_its_table_ranking(tmp_path):
         method = row["algorithm.name"]
         calibrated = row["calibration.method"] in ("ffc", "ccvr")
         method = ("fedavg_ft" if row["eval.finetune_epochs"] == "5" else "gma" if row["aggregation.mask"] == "gma"
+                  else "fedavg_e11" if row.get("train.local_epochs") == "11"
                   else "spherefed" if calibrated and row["model.head"] == "sphere"
                   else row["calibration.method"] if calibrated else method)
         split = {"dirichlet": "Dir(0.1)", "n_classes": "#C=2"}[row["partition.scheme"]]
