@@ -1,6 +1,7 @@
-"""The figures of `distfl report`: one metric of each group of runs against round, wall time and (where
-the runs logged `virtual_time_s`) simulated time, as PNG, PDF and SVG, meant to go into a paper or a
-slide as they are.
+"""The figures of `distfl report`: one metric of each group of runs against round, wall time, (where
+the runs logged `virtual_time_s`) simulated time and (where they logged `bytes_up`) the bytes their
+clients uploaded so far (`*_vs_upload`: accuracy against bytes), as PNG, PDF and SVG, meant to go into a
+paper or a slide as they are.
 
 A line is a group's mean over its seeds at the rounds that all its runs logged; its shaded band is ±1
 sample standard deviation over those seeds (the caption says so, and the legend gives each line's
@@ -21,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMATS = ("png", "pdf", "svg")
+# The x axis of accuracy against bytes: the run's cumulative bytes_up (its clients' uploads) up to each round
+UPLOAD = "upload_bytes"
 # (metrics.jsonl key, axis name, file name part); the time axes get their unit by magnitude
 X_AXES = (("round", "Round", "round"), ("wall_s", "Wall time", "time"),
-          ("virtual_time_s", "Simulated time", "virtual_time"))
+          ("virtual_time_s", "Simulated time", "virtual_time"),
+          (UPLOAD, "Upload", "upload"))
 # --style: figure size (inches), font size (pt), where the legend goes
 STYLES = {"default": {"size": (6.4, 4.0), "font": 10, "legend": "right"},
           "paper": {"size": (3.4, 2.5), "font": 8, "legend": "above"},
@@ -90,8 +94,18 @@ def x_axis(x_key: str, largest: float) -> tuple[float, str]:
     name = next(label for key, label, _ in X_AXES if key == x_key)
     if x_key == "round":
         return 1.0, name
-    scale, unit = unit_of(largest, TIME_UNITS)
+    scale, unit = unit_of(largest, BYTE_UNITS if x_key == UPLOAD else TIME_UNITS)
     return 1.0 / scale, f"{name} ({unit})"
+
+
+def cumulative_upload(run) -> dict[int, float]:
+    """{round: the bytes the run's clients uploaded in it and every round before} (bytes_up, summed);
+    {} for a run that did not log them (withheld under DP)."""
+    total, out = 0.0, {}
+    for row in sorted(run.logged("bytes_up"), key=lambda r: r["round"]):
+        total += row["bytes_up"]
+        out[row["round"]] = total
+    return out
 
 
 def curves(row: dict, metric: str, x_key: str = "round") -> dict | None:
@@ -102,6 +116,9 @@ def curves(row: dict, metric: str, x_key: str = "round") -> dict | None:
     if not runs:
         return None
     by_run = [{e["round"]: e for e in r.logged(metric)} for r in runs]
+    if x_key == UPLOAD:  # every round's uploads count, evaluated or not
+        by_run = [{t: {**e, UPLOAD: uploaded[t]} for t, e in b.items() if t in uploaded}
+                  for b, uploaded in zip(by_run, (cumulative_upload(r) for r in runs))]
     rounds = sorted(set.intersection(*(set(b) for b in by_run)))
     if x_key != "round":
         rounds = [t for t in rounds if all(isinstance(b[t].get(x_key), (int, float)) for b in by_run)]

@@ -369,3 +369,30 @@ def test_report_options_are_never_config_overrides(tmp_path):
     from distfl.report import parse_label
 
     assert parse_label("dropout=0.0, round=wait_all:FedAvg sync") == ("dropout=0.0, round=wait_all", "FedAvg sync")
+
+
+def test_accuracy_against_upload_bytes(tmp_path):
+    """`distfl report` draws accuracy against the bytes the clients uploaded so far (acc_vs_upload): each
+    point's x is the run's cumulative bytes_up at that evaluation, in the unit its size calls for; a
+    top-k run at 5% density ends at about a tenth of the plain run's bytes (values and indices)."""
+    from distfl import figures
+
+    cfg = write_config(tmp_path / "c.yaml", eval={"every": 2})
+    for name, extra in (("plain", ()), ("topk", ("compression.up=topk", "compression.density=0.05"))):
+        proc = run_cli(["train", cfg, f"output.dir={tmp_path / 'runs' / name}", *extra])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "r"
+    proc = run_cli(["report", tmp_path / "runs", "--out", out])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "acc_vs_upload.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Upload (" in (out / "acc_vs_upload.svg").read_text()
+    rows, _ = _report_api([tmp_path / "runs"], "test_acc")
+    ends = []
+    for row in rows:
+        curve = figures.curves(row, "test_acc", figures.UPLOAD)
+        logged = sorted(row["_runs"][0].logged("bytes_up"), key=lambda r: r["round"])
+        cumulative = {r["round"]: sum(e["bytes_up"] for e in logged[:i + 1]) for i, r in enumerate(logged)}
+        assert curve["x"] == [cumulative[t] for t in curve["round"]]
+        ends.append(curve["x"][-1])
+    small, large = sorted(ends)
+    assert len(ends) == 2 and 0.05 < small / large < 0.15
