@@ -153,7 +153,15 @@ class Aggregator:
 
 class Sums:
     """The reduced sums as the server step reads them: `sums[name]` (float64 for fixed segments, int64 for
-    int ones), the same on every rank."""
+    int ones), the same on every rank. `failure`: why the aggregator could not sum this round (secure
+    aggregation with too few survivors; the round is then skipped), else None. `metrics`: the
+    aggregator's own numbers for the round's row."""
+
+    failure: str | None = None
+
+    @property
+    def metrics(self) -> dict:
+        return {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         raise NotImplementedError

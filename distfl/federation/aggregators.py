@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..plugins import load_plugin
-from .aggregate import Aggregator, StatBuffer, round_segments
+from .aggregate import Aggregator, StatBuffer, round_segments, wire_bytes
 
 
 def round_aggregator(cfg, algorithm_segments, max_samples_trained: int, device: torch.device, max_terms: int,
@@ -27,3 +27,15 @@ def aggregator_class(name: str) -> type:
     if name == "exact":
         return StatBuffer
     return load_plugin("aggregation.aggregator", name)
+
+
+def payload_bytes(cfg, algorithm) -> tuple[int, int]:
+    """What each client of a round downloads and uploads, in bytes: the segments the server sends it
+    (`download_segments`) and those it sends back (`segments`), at their wire sizes; under secure
+    aggregation, what its protocol sends (secagg/aggregator.py)."""
+    down, up = wire_bytes(algorithm.download_segments()), wire_bytes(algorithm.segments())
+    if cfg.secagg.bits:
+        from ..secagg.aggregator import payload_bytes as secure_payload_bytes
+
+        return secure_payload_bytes(cfg, algorithm.segments(), down)
+    return down, up

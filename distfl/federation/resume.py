@@ -36,7 +36,7 @@ def restore(trainer) -> None:
         if phase.name in trainer.state.phases_done:
             phase.restore(trainer.context)
     if trainer.store is not None:
-        trainer.store.restore(path / "clients", trainer._hosts, trainer.ctx.is_main)
+        trainer.store.restore(path / "clients", trainer.hosts, trainer.ctx.is_main)
 
 
 def check_data(trainer, saved: dict | None) -> None:

@@ -37,8 +37,8 @@ from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
 from ..privacy import release, rules as dp_rules
 from ..system import build as build_system
-from .aggregate import Aggregator, wire_bytes
-from .aggregators import round_aggregator
+from .aggregate import Aggregator
+from .aggregators import payload_bytes, round_aggregator
 from .client_eval import best_round_scores
 from .split_eval import evaluate
 from .eval_sample import EvalSample
@@ -202,9 +202,10 @@ class Trainer:
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
             global_buffers=self.model.buffers, sticky=self.sticky,
             pack_size=self.pack_size, pack_step=self.pack_step, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
-            state=self.state, stop=self.stop, hosts=self._hosts, evaluate_round=self.evaluate_round,
+            state=self.state, stop=self.stop, hosts=self.hosts, evaluate_round=self.evaluate_round,
             save_phase_checkpoint=self.save_phase_checkpoint)
         self.resume_warnings: list[str] = []
+        self.round_note = None  # why the last round was skipped (an aggregator's failure), said after it
         self.resumed_from, self.skipped = None, []
         if resume:
             restore(self)
@@ -230,7 +231,7 @@ class Trainer:
             return self.algorithm.stateful and store == "memory"
         return placement == "sticky"
 
-    def _hosts(self, client_id: int) -> bool:
+    def hosts(self, client_id: int) -> bool:
         """Under sticky placement, whether this rank hosts `client_id` in every round."""
         return client_id % self.ctx.world_size == self.ctx.rank
 
@@ -263,15 +264,8 @@ class Trainer:
                                 senders=cohort)
 
     def payload_bytes(self) -> tuple[int, int]:
-        """What each client of a round downloads and uploads, in bytes: the segments the server sends it
-        (`download_segments`) and those it sends back (`segments`), at their wire sizes, or what secure
-        aggregation sends (secagg/aggregator.py)."""
-        down, up = wire_bytes(self.algorithm.download_segments()), wire_bytes(self.algorithm.segments())
-        if self.cfg.secagg.bits:
-            from ..secagg.aggregator import payload_bytes
-
-            return payload_bytes(self.cfg, self.algorithm.segments(), down)
-        return down, up
+        """What each client of a round downloads and uploads, in bytes (federation/aggregators.py)."""
+        return payload_bytes(self.cfg, self.algorithm)
 
     def finish_round(self, round_idx: int, cohort: list[int], stats: Aggregator, extra: dict) -> dict:
         """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
@@ -279,10 +273,10 @@ class Trainer:
         stats.add("stop", stopping.stop_code(self.stop))
         self.where = f"round {round_idx}, aggregation and server step"
         reduced = self._reduce(round_idx, stats)
-        failure = getattr(reduced, "failure", None)  # secure aggregation with too few survivors: the round is skipped
+        failure = reduced.failure  # the aggregator could not sum the round (too few survivors): it is skipped
         self.round_note = failure
-        if failure is None and hasattr(self.ledger, "record"):  # distributed DP: the survivors' noise counts
-            self.ledger.record(int(reduced.metrics["secagg_survivors"]))
+        if failure is None and self.ledger is not None:  # distributed DP counts the survivors' noise
+            self.ledger.record_round(reduced)
         if failure is None and (cohort or self.privacy is not None):  # an empty Poisson cohort leaves a non-private model as it is
             self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
         self.state.model_round = round_idx  # under DP: its noise is in the model from here on
@@ -296,7 +290,7 @@ class Trainer:
                 "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
                 **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
                    if self.ledger is not None and self.ctx.is_main else {}),
-                **getattr(reduced, "metrics", {}), **({"secagg_failed": 1} if failure else {}), **extra}
+                **reduced.metrics, **extra}
 
     def _cohort(self, round_idx: int) -> tuple[list[int], list[list[int]]]:
         """The round's cohort, and this rank's share of it as packs (of one client each at pack_size 1)."""
@@ -469,7 +463,7 @@ class Trainer:
                 self.where = f"round {t}"
                 row = self.system.run_async(t) if self.system is not None and self.system.asynchronous \
                     else self.run_round(t)
-                if getattr(self, "round_note", None):
+                if self.round_note:
                     logger.info(self.round_note)
                 round_s = time.perf_counter() - t0
                 if row["samples"] == 0:  # no client reported (all late, dropped or offline): summary.json counts them

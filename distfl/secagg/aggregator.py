@@ -257,7 +257,12 @@ class SecureSums(Sums):
     line saying why the round failed (fewer survivors than the threshold), else None."""
 
     def __init__(self, plain: Sums, secure: dict, metrics: dict, failure: str | None):
-        self.plain, self.secure, self.metrics, self.failure = plain, secure, metrics, failure
+        self.plain, self.secure, self.failure = plain, secure, failure
+        self._metrics = {**metrics, **({"secagg_failed": 1} if failure else {})}
+
+    @property
+    def metrics(self) -> dict:
+        return self._metrics
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.secure[name].clone() if name in self.secure else self.plain[name]
@@ -291,7 +296,9 @@ class DistributedLedger:
         numel = sum(s.numel for s in round_segments(segments, 1) if secured(s))
         self.dim = padded_size(numel)
 
-    def record(self, survivors: int) -> None:
+    def record_round(self, reduced) -> None:
+        """A round summed: its survivors' noise is what it holds."""
+        survivors = int(reduced.metrics["secagg_survivors"])
         fewest = self.progress().get("secagg_fewest_survivors")
         self.progress()["secagg_fewest_survivors"] = survivors if fewest is None else min(fewest, survivors)
 
