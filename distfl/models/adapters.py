@@ -31,11 +31,11 @@ def check_adapter_keys(v: dict) -> None:
         check_stack(v)
 
 
-# What model.lora_aggregate=stack merges is the plain sum of the products: the keys that change a round's sum or
-# server step otherwise, with the value it needs.
-STACK_NEEDS = {"privacy.mechanism": "none", "compression.up": "none", "secagg.bits": 0, "aggregation.mask": "none",
-               "aggregation.fedbn": False, "system.async_mode": "none", "server.optimizer": "sgd",
-               "server.momentum": 0.0, "eval.finetune_from": "last"}
+# What model.lora_aggregate=stack merges is the sum of the products (clipped and noised under central DP): the
+# keys that change a round's sum or server step otherwise, with the values it takes.
+STACK_NEEDS = {"privacy.mechanism": ("none", "gaussian"), "compression.up": ("none",), "secagg.bits": (0,),
+               "aggregation.mask": ("none",), "aggregation.fedbn": (False,), "system.async_mode": ("none",),
+               "server.optimizer": ("sgd",), "server.momentum": (0.0,), "eval.finetune_from": ("last",)}
 
 
 def check_stack(v: dict) -> None:
@@ -47,11 +47,11 @@ def check_stack(v: dict) -> None:
                           f"the server step, which algorithm.name={v['algorithm.name']} has its own of: use a method "
                           "whose server uses only the clients' summed updates (fedavg, fedprox, ...) or "
                           "model.lora_aggregate=fedit|ffa")
-    for key, needed in STACK_NEEDS.items():
-        if v[key] != needed:
+    for key, allowed in STACK_NEEDS.items():
+        if v[key] not in allowed:
             raise ConfigError(f"model.lora_aggregate=stack sums the clients' products exactly and merges them into the "
-                              f"base; {key}={v[key]!r} is not supported with it (set {key}={needed!r}, or "
-                              "model.lora_aggregate=fedit|ffa)")
+                              f"base; {key}={v[key]!r} is not supported with it (set {key} to "
+                              f"{' or '.join(map(repr, allowed))}, or model.lora_aggregate=fedit|ffa)")
 
 
 def freeze(model: nn.Module, patterns: list[str]) -> None:

@@ -311,6 +311,31 @@ def test_a_transformers_model_trains_with_lora_on_its_attention(tmp_path, config
         trainer.close()
 
 
+def test_central_dp_with_stack_clips_and_noises_the_merged_products(tmp_path, config):
+    """privacy.mechanism=gaussian with stack: each client's product is clipped, the noise is on their sum, and
+    the noisy sum is what the base moves by."""
+    trainer = build_trainer(config, tmp_path / "run", *LORA, "model.lora.aggregate=stack", "privacy.mechanism=gaussian",
+                            "privacy.noise_multiplier=1.0", "privacy.delta=1e-5", "algorithm.weighting=uniform")
+    try:
+        seen, noisy = record_client_models(trainer), {}
+        inner = trainer.algorithm.inner.server_update
+
+        def keep(params, buffers, reduced):
+            noisy["sum"] = reduced["lora_products"].clone()
+            inner(params, buffers, reduced)
+
+        trainer.algorithm.inner.server_update = keep
+        before = adapted_weights(trainer)
+        trainer.run_round(1)
+        moved = torch.cat([(a.double() - b.double()).reshape(-1) for a, b in zip(adapted_weights(trainer), before)])
+        assert len(seen) == 5 and torch.isfinite(moved).all()
+        torch.testing.assert_close(moved, noisy["sum"], rtol=0, atol=1e-6)
+        clipped = sum(w * torch.cat([p.reshape(-1) for p in products(trainer, params, {}).values()]) for params, w in seen)
+        assert (noisy["sum"] - 2.0 * clipped).abs().max() > 1e-3  # the noise (std 1 x clip / 5) is on the sum
+    finally:
+        trainer.close()
+
+
 def test_central_dp_clips_and_noises_the_adapters_only(tmp_path, config):
     """privacy.mechanism=gaussian on a LoRA run: the noise is on the sum of the adapters (the flat vector),
     the base stays bit-identical."""
