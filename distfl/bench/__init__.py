@@ -9,7 +9,7 @@ shared harness (harness.py):
   system             the virtual clock's cost per round and the async schedule's rate (system.py)
   privacy            seconds to draw a million parameters' noise, secret (AES-128-CTR) and keyed, and a
                      secret cohort (privacy.py)
-  compression        each compressor's cost per client per million parameters (compression.py)
+  compression        each compressor's cost per client per million parameters, alone and in packs (compression.py)
   whole-run          training seconds of whole runs: pfl-research's CIFAR-10 benchmark config and the
                      quickstart (whole_run.py)
 
@@ -73,7 +73,7 @@ def main_suite(args) -> int:
                                               cross_device.counts(getattr(args, "ranks", ""), "--ranks"), extra)
     elif suite == "whole-run":
         res = whole_run.bench(2 if quick else getattr(args, "rounds", None), log, getattr(args, "device", None), extra)
-    elif suite in ("tct", "privacy"):
+    elif suite in ("tct", "privacy", "compression"):
         res = module.bench(repeats, log, getattr(args, "device", None))
     else:
         res = module.bench(repeats, log)

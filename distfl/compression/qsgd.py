@@ -41,3 +41,16 @@ class QSGD(Compressor):
         up = torch.rand(x.shape, generator=generator, dtype=torch.float64).to(x.device) < (scaled - low)
         level = low + up.to(torch.float64)
         return Compressed((norm * torch.sign(wide) * level / self.levels).to(x.dtype), self.bits(x.numel()))
+
+    def compress_rows(self, rows, generators=None):
+        """The pack at once: each row's norm, then one pass of rounding over the [pack, d] tensor (the
+        uniforms drawn row by row, each from its client's generator)."""
+        if generators is None or len(generators) != rows.shape[0]:
+            raise ValueError("QSGD draws at random: pass one keyed generator a row (keyed_generator)")
+        wide = rows.to(torch.float64)
+        norm = torch.stack([torch.linalg.vector_norm(row) for row in wide]).unsqueeze(1)
+        uniforms = torch.stack([torch.rand(rows.shape[1], generator=g, dtype=torch.float64) for g in generators])
+        scaled = torch.where(norm > 0, wide.abs() / norm * self.levels, 0.0)
+        low = scaled.floor()
+        level = low + (uniforms.to(rows.device) < (scaled - low)).to(torch.float64)
+        return (norm * torch.sign(wide) * level / self.levels).to(rows.dtype)

@@ -59,3 +59,15 @@ def test_download_sizes_follow_their_formulas_and_the_rounding_is_keyed():
     levels = qsgd.decode(params, 3)[:640] / torch.linalg.vector_norm(params[:640].double()).float() * 7
     assert torch.allclose(levels, levels.round(), atol=1e-4)
     assert torch.equal(ModelDownload("bf16", 8, slices, 0).decode(params, 1), params.bfloat16().float())
+
+
+def test_packs_compress_every_row_as_one_at_a_time():
+    """compress_rows over a [pack, d] tensor gives each row what compress gives it alone, bit for bit."""
+    from distfl.compression import HalfPrecision, RandK
+
+    rows = torch.randn(4, 500, generator=keyed_generator(8))
+    rows[2] = 0.0  # a client whose update is zero
+    for compressor in (TopK(density=0.05), QSGD(bits=4), HalfPrecision("bf16"), RandK(density=0.1)):
+        keys = [(1, 2, client) for client in range(4)]
+        alone = torch.stack([compressor.compress(row, keyed_generator(*key)).decoded for row, key in zip(rows, keys)])
+        assert torch.equal(compressor.compress_rows(rows, [keyed_generator(*key) for key in keys]), alone), compressor
