@@ -47,10 +47,12 @@ class QSGD(Compressor):
         uniforms drawn row by row, each from its client's generator)."""
         if generators is None or len(generators) != rows.shape[0]:
             raise ValueError("QSGD draws at random: pass one keyed generator a row (keyed_generator)")
-        wide = rows.to(torch.float64)
+        wide = rows.to(torch.float64, copy=True)  # rounded in place below
         norm = torch.stack([torch.linalg.vector_norm(row) for row in wide]).unsqueeze(1)
-        uniforms = torch.stack([torch.rand(rows.shape[1], generator=g, dtype=torch.float64) for g in generators])
-        scaled = torch.where(norm > 0, wide.abs() / norm * self.levels, 0.0)
+        uniforms = torch.empty(wide.shape, dtype=torch.float64)
+        for row, g in zip(uniforms, generators):
+            torch.rand(rows.shape[1], generator=g, dtype=torch.float64, out=row)
+        scaled = wide.abs_().div_(norm.where(norm > 0, 1.0)).mul_(self.levels)  # a zero row stays zero
         low = scaled.floor()
         level = low + (uniforms.to(rows.device) < (scaled - low)).to(torch.float64)
-        return (norm * torch.sign(wide) * level / self.levels).to(rows.dtype)
+        return (norm * torch.sign(rows).to(torch.float64) * level / self.levels).to(rows.dtype)
