@@ -57,6 +57,9 @@ def test_quantised_downloads_are_the_same_on_one_and_two_ranks_resumed_and_in_pa
 @pytest.mark.parametrize("overrides,says", [
     (["algorithm.name=scaffold", "compression.up=sketch"], "use fedavg or fedprox"),
     (["server.optimizer=adam", "compression.up=sketch"], "use server.optimizer=sgd"),
+    (["compression.up=sketch", "privacy.mechanism=gaussian", "privacy.delta=1e-3", "algorithm.weighting=uniform",
+      "privacy.noise_multiplier=0.5", "privacy.clip_norm=1", "privacy.secure_noise=false"], "a FetchSGD client sends a sketch"),
+    (["compression.up=sketch", "aggregation.fedbn=true", "model.name=simplecnn"], "FedBN keeps BatchNorm coordinates"),
     (["compression.down=fp16", "system.async_mode=fedbuff", "system.buffer_size=5", "system.concurrency=5"],
      "asynchronous clients start from the model version"),
 ])
