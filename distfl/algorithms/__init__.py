@@ -58,10 +58,18 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
         method = GMA(method, cfg.aggregation.tau, cfg.aggregation.mask_applies_to)
     if cfg.aggregation.fedbn:
         method = FedBN(method, worker, cfg.model.name)
-    if cfg.compression.up != "none":
+    if cfg.compression.up == "sketch":
+        from .sketched import Sketched
+
+        method = Sketched(method, cfg)
+    elif cfg.compression.up != "none":
         from .compressed import Compressed
 
         method = Compressed(method, cfg, worker, report_error=cfg.privacy.mechanism == "none")
+    if cfg.compression.down != "none":
+        from .downloaded import Downloaded
+
+        method = Downloaded(method, cfg, worker)
     if cfg.privacy.mechanism not in ("none", "ddgauss", "skellam"):  # distributed DP: secagg/aggregator.py
         from ..privacy.mechanism import GaussianMechanism
 

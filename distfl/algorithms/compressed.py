@@ -40,6 +40,10 @@ ERROR = "compression_vnmse"
 
 def check_config(v: dict) -> None:
     """One line for a compression setting no run can serve (called by config validation)."""
+    if v["compression.down"] != "none":
+        from .downloaded import check_config as check_download
+
+        check_download(v)
     up = v["compression.up"]
     if up == "none":
         return
@@ -59,6 +63,10 @@ def check_config(v: dict) -> None:
                           f"{v['compression.bits']}")
     if up == "eden" and v["compression.bits"] > 8:
         raise ConfigError(f"compression.bits must be at most 8 for compression.up=eden, got {v['compression.bits']}")
+    if up == "sketch":
+        from .sketched import check_config as check_sketch
+
+        check_sketch(v)
 
 
 def build_compressor(cfg):

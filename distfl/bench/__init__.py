@@ -9,7 +9,7 @@ shared harness (harness.py):
   system             the virtual clock's cost per round and the async schedule's rate (system.py)
   privacy            seconds to draw a million parameters' noise, secret (AES-128-CTR) and keyed, and a
                      secret cohort (privacy.py)
-  compression        each compressor's cost per client per million parameters (compression.py)
+  compression        each compressor's cost per client per million parameters, alone and in packs (compression.py)
   lora               memory and seconds per round of LoRA rounds (fedit, stack) against full fine-tuning of
                      the same model, one client at a time and in packs (lora.py)
   whole-run          training seconds of whole runs: pfl-research's CIFAR-10 benchmark config and the
@@ -75,7 +75,7 @@ def main_suite(args) -> int:
                                               cross_device.counts(getattr(args, "ranks", ""), "--ranks"), extra)
     elif suite == "whole-run":
         res = whole_run.bench(2 if quick else getattr(args, "rounds", None), log, getattr(args, "device", None), extra)
-    elif suite == "lora":
+    elif suite in ("tct", "privacy", "compression"):
         res = lora.bench(2 if quick else rounds, repeats, log)
     elif suite in ("tct", "privacy"):
         res = module.bench(repeats, log, getattr(args, "device", None))

@@ -5,6 +5,10 @@ segments, the count sketch), the seconds to compress and decode one client's upd
 values (PowerSGD: a 1000 x 1000 weight), on the CPU with one thread, medians of `repeats` interleaved
 measurements, beside the seconds of a float32 copy of the same vector (the floor). The keyed generator
 is built inside the timing, as a client builds it.
+
+Packs: a pack of PACK clients, each with an update of 10^6 / PACK values, compressed one row at a time
+(`compress`) and at once over the [pack, d] tensor (`compress_rows`: one top-k, one pass of QSGD's
+rounding, ...), in seconds per client per million parameters, on `--device` (default the CPU).
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import statistics
 import time
 
 NUMEL = 1_000_000
+PACK = 8
 
 
 def _cases():
@@ -44,7 +49,41 @@ def _cases():
     }
 
 
-def bench(repeats: int, log) -> dict:
+def _pack_cases():
+    """The compressors with a vectorised `compress_rows` (the others loop over the rows)."""
+    from ..compression import QSGD, HalfPrecision, TopK
+
+    return {"topk 1%": TopK(density=0.01), "qsgd 8 bits": QSGD(bits=8), "bf16": HalfPrecision("bf16")}
+
+
+def bench_packs(repeats: int, log, device) -> dict:
+    """Seconds per client per 10^6 parameters of each pack case, one row at a time and over the pack."""
+    import torch
+
+    from ..compression import keyed_generator
+
+    rows = torch.randn(PACK, NUMEL // PACK, generator=torch.Generator().manual_seed(1)).to(device)
+    sync = torch.cuda.synchronize if rows.is_cuda else (lambda: None)
+    ways = {"one at a time": lambda c, gens: [c.compress(row, g) for row, g in zip(rows, gens)],
+            "pack": lambda c, gens: c.compress_rows(rows, gens)}
+    cases = _pack_cases()
+    times = {name: {way: [] for way in ways} for name in cases}
+    for rep in range(repeats + 1):  # the first pass warms up, untimed
+        for name, compressor in cases.items():
+            for way, fn in ways.items():
+                sync()
+                t0 = time.perf_counter()
+                fn(compressor, [keyed_generator(rep, 1, client) for client in range(PACK)])
+                sync()
+                if rep:
+                    times[name][way].append(time.perf_counter() - t0)
+        log(f"packs: repeat {rep}/{repeats} done" if rep else "packs: warm-up done")
+    return {"pack": PACK, "numel_per_client": NUMEL // PACK, "device": str(rows.device),
+            "median_s_per_million": {name: {way: statistics.median(t) * 1e6 / NUMEL for way, t in by_way.items()}
+                                     for name, by_way in times.items()}}
+
+
+def bench(repeats: int, log, device=None) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -61,11 +100,20 @@ def bench(repeats: int, log) -> dict:
             times[name].append(time.perf_counter() - t0)
         log(f"repeat {rep + 1}/{repeats} done")
     return {"numel": NUMEL, "threads": 1, "seconds": times,
-            "median_s_per_million": {name: statistics.median(t) * 1e6 / NUMEL for name, t in times.items()}}
+            "median_s_per_million": {name: statistics.median(t) * 1e6 / NUMEL for name, t in times.items()},
+            "packs": bench_packs(repeats, log, device or "cpu")}
 
 
 def markdown(res: dict) -> str:
     rows = ["| compressor | seconds per client per 10^6 parameters (median) |", "|---|---|"]
     rows += [f"| {name} | {s:.4f} |" for name, s in res["median_s_per_million"].items()]
     return (f"# Compression cost per client (`{res['bench']}`)\n\nCPU, 1 thread, {res['numel']:,} float32 values, "
-            f"medians over {len(next(iter(res['seconds'].values())))} interleaved repeats.\n\n" + "\n".join(rows) + "\n")
+            f"medians over {len(next(iter(res['seconds'].values())))} interleaved repeats.\n\n" + "\n".join(rows) + "\n"
+            + _packs_markdown(res["packs"]))
+
+
+def _packs_markdown(packs: dict) -> str:
+    rows = ["| compressor | one at a time | over the pack |", "|---|---|---|"]
+    rows += [f"| {name} | {s['one at a time']:.4f} | {s['pack']:.4f} |" for name, s in packs["median_s_per_million"].items()]
+    return (f"\n## In packs\n\n{packs['pack']} clients of {packs['numel_per_client']:,} values on {packs['device']}, "
+            "seconds per client per 10^6 parameters (median).\n\n" + "\n".join(rows) + "\n")

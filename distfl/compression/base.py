@@ -31,6 +31,14 @@ class Compressor:
     def compress(self, x: torch.Tensor, generator: torch.Generator | None = None) -> Compressed:
         raise NotImplementedError
 
+    def compress_rows(self, rows: torch.Tensor, generators: list | None = None) -> torch.Tensor:
+        """The decoded vectors of a pack of clients' updates, one a row of `rows` ([pack, d]), each with its
+        own keyed generator (`generators`, one a row, for a random compressor): the rows `compress` gives
+        one at a time, bit for bit. This default loops over the rows; a compressor that can vectorise over
+        the pack overrides it."""
+        generators = generators if generators is not None else [None] * rows.shape[0]
+        return torch.stack([self.compress(row, g).decoded for row, g in zip(rows, generators)])
+
     def bits(self, numel: int) -> int:
         """The encoded size in bits of a vector of `numel` values (every compressor here has a size that
         depends only on numel, which the clock can read before a client trains)."""

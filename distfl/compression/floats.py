@@ -21,3 +21,6 @@ class HalfPrecision(Compressor):
 
     def compress(self, x, generator=None):
         return Compressed(x.to(DTYPES[self.dtype]).to(x.dtype), self.bits(x.numel()))
+
+    def compress_rows(self, rows, generators=None):
+        return rows.to(DTYPES[self.dtype]).to(rows.dtype)

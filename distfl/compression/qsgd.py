@@ -41,3 +41,18 @@ class QSGD(Compressor):
         up = torch.rand(x.shape, generator=generator, dtype=torch.float64).to(x.device) < (scaled - low)
         level = low + up.to(torch.float64)
         return Compressed((norm * torch.sign(wide) * level / self.levels).to(x.dtype), self.bits(x.numel()))
+
+    def compress_rows(self, rows, generators=None):
+        """The pack at once: each row's norm, then one pass of rounding over the [pack, d] tensor (the
+        uniforms drawn row by row, each from its client's generator)."""
+        if generators is None or len(generators) != rows.shape[0]:
+            raise ValueError("QSGD draws at random: pass one keyed generator a row (keyed_generator)")
+        wide = rows.to(torch.float64, copy=True)  # rounded in place below
+        norm = torch.stack([torch.linalg.vector_norm(row) for row in wide]).unsqueeze(1)
+        uniforms = torch.empty(wide.shape, dtype=torch.float64)
+        for row, g in zip(uniforms, generators):
+            torch.rand(rows.shape[1], generator=g, dtype=torch.float64, out=row)
+        scaled = wide.abs_().div_(norm.where(norm > 0, 1.0)).mul_(self.levels)  # a zero row stays zero
+        low = scaled.floor()
+        level = low + (uniforms.to(rows.device) < (scaled - low)).to(torch.float64)
+        return (norm * torch.sign(rows).to(torch.float64) * level / self.levels).to(rows.dtype)

@@ -18,13 +18,15 @@ from .base import FLOAT32_BITS
 
 
 class CountSketch:
-    def __init__(self, numel: int, rows: int, columns: int, generator: torch.Generator):
+    def __init__(self, numel: int, rows: int, columns: int, generator: torch.Generator,
+                 device: torch.device | str = "cpu"):
         if rows < 1 or columns < 1:
             raise ValueError(f"count sketch: rows and columns must be >= 1, got {rows} x {columns}")
         self.numel, self.rows, self.columns = numel, rows, columns
-        self.buckets = torch.randint(0, columns, (rows, numel), generator=generator)
-        self.signs = torch.randint(0, 2, (rows, numel), generator=generator).to(torch.float64) * 2 - 1
-        self._flat = (self.buckets + columns * torch.arange(rows).unsqueeze(1)).reshape(-1)
+        # Drawn on the CPU from the keyed generator (the same hashes on every device), then moved.
+        self.buckets = torch.randint(0, columns, (rows, numel), generator=generator).to(device)
+        self.signs = (torch.randint(0, 2, (rows, numel), generator=generator).to(torch.float64) * 2 - 1).to(device)
+        self._flat = (self.buckets + columns * torch.arange(rows, device=device).unsqueeze(1)).reshape(-1)
 
     def bits(self) -> int:
         return FLOAT32_BITS * self.rows * self.columns
@@ -32,7 +34,7 @@ class CountSketch:
     def sketch(self, x: torch.Tensor) -> torch.Tensor:
         """The rows x columns table of x (float64)."""
         values = (self.signs * x.reshape(1, -1).to(torch.float64)).reshape(-1)
-        table = torch.zeros(self.rows * self.columns, dtype=torch.float64)
+        table = torch.zeros(self.rows * self.columns, dtype=torch.float64, device=self.signs.device)
         table.index_add_(0, self._flat, values)
         return table.view(self.rows, self.columns)
 
@@ -44,7 +46,7 @@ class CountSketch:
     def unsketch(self, table: torch.Tensor, k: int) -> torch.Tensor:
         """The k coordinates with the largest estimated magnitude, the rest zero (float64)."""
         estimate = self.estimate(table)
-        out = torch.zeros(self.numel, dtype=torch.float64)
+        out = torch.zeros(self.numel, dtype=torch.float64, device=self.signs.device)
         index = torch.topk(estimate.abs(), min(k, self.numel), sorted=False).indices
         out[index] = estimate[index]
         return out

@@ -53,6 +53,14 @@ class TopK(_Sparse):
             out[index] = flat[index]
         return Compressed(out.view_as(x), self.bits(flat.numel()))
 
+    def compress_rows(self, rows, generators=None):
+        """Every row's top-k in one torch.topk over the pack."""
+        k = self.kept(rows.shape[1])
+        if k == rows.shape[1]:
+            return rows.clone()
+        index = torch.topk(rows.abs(), k, dim=1, sorted=False).indices
+        return torch.zeros_like(rows).scatter_(1, index, rows.gather(1, index))
+
 
 class RandK(_Sparse):
     random = True

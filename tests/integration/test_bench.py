@@ -384,7 +384,8 @@ def test_privacy_suite_records_the_seconds_per_million_noise_draws(tmp_path, cap
 
 
 def test_compression_suite_times_every_compressor(tmp_path):
-    """`--suite compression`: a median per compressor per million parameters, with the copy floor."""
+    """`--suite compression`: a median per compressor per million parameters, with the copy floor, and in
+    packs, one row at a time and over the pack."""
     from distfl.compression import COMPRESSORS
 
     out = tmp_path / "compression.json"
@@ -397,6 +398,9 @@ def test_compression_suite_times_every_compressor(tmp_path):
     assert res["numel"] == 10**6 and "copy (floor)" in medians
     assert all(any(name.split()[0] == compressor for name in medians) for compressor in COMPRESSORS if compressor != "fp16")
     assert all(s > 0 for s in medians.values()) and out.with_suffix(".md").exists()
+    packs = res["packs"]["median_s_per_million"]
+    assert {"topk 1%", "qsgd 8 bits"} <= set(packs) and all(s > 0 for ways in packs.values() for s in ways.values())
+    assert "## In packs" in out.with_suffix(".md").read_text()
 
 
 def test_lora_suite_counts_the_tensors_of_a_packed_round():
