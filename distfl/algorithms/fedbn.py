@@ -47,8 +47,8 @@ class FedBN(Feature):
             raise ConfigError(f"privacy.mechanism={mechanism}: aggregation.fedbn averages the clients' own BatchNorm "
                               "layers and statistics outside the clipped update; set aggregation.fedbn=false")
         if v["system.async_mode"] != "none":
-            raise ConfigError(f"system.async_mode={v['system.async_mode']} sums weighted updates only: aggregation.mask "
-                              "and aggregation.fedbn are not defined for it; leave them off")
+            raise ConfigError(f"system.async_mode={v['system.async_mode']} sums weighted updates only: aggregation.fedbn "
+                              "is not defined for it; set aggregation.fedbn=false")
 
     def __init__(self, inner, cfg, setting):
         super().__init__(inner, cfg, setting)

@@ -47,8 +47,8 @@ class GMA(Feature):
             raise ConfigError(f"privacy.mechanism={v['privacy.mechanism']}: aggregation.mask=gma releases the "
                               "per-coordinate sign counts of the clients' updates unnoised; set aggregation.mask=none")
         if v["system.async_mode"] != "none":
-            raise ConfigError(f"system.async_mode={v['system.async_mode']} sums weighted updates only: aggregation.mask "
-                              "and aggregation.fedbn are not defined for it; leave them off")
+            raise ConfigError(f"system.async_mode={v['system.async_mode']} sums weighted updates only: aggregation.mask=gma "
+                              "is not defined for it; set aggregation.mask=none")
 
     def __init__(self, inner, cfg, setting):
         super().__init__(inner, cfg, setting)
