@@ -3,7 +3,8 @@
 
 A built-in method is a `distfl.Algorithm` subclass with its own `name` in a module of this package,
 found here by that alone: adding one touches its file (and its docs), as a plugin would. A built-in
-feature (feature.py: FedBN, GMA, compression, DP) is a `distfl.Feature` subclass found the same way."""
+feature (feature.py: FedBN, GMA, compression, DP) is a `distfl.Feature` subclass found the same way, by
+its `feature_name`."""
 import importlib
 import pkgutil
 
@@ -11,20 +12,21 @@ from .base import Algorithm
 from .feature import Feature
 
 
-def _built_in(base: type) -> dict[str, type]:
-    """name -> class of every `base` subclass defined in a module of this package, in name order."""
+def _built_in(base: type, name: str) -> dict[str, type]:
+    """`name` -> class of every `base` subclass that declares its own `name` in a module of this package,
+    in name order."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
         loaded = importlib.import_module(f"{__name__}.{module.name}")
         for obj in vars(loaded).values():
             if (isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == loaded.__name__
-                    and "name" in vars(obj)):
-                found[obj.name] = obj
+                    and name in vars(obj)):
+                found[getattr(obj, name)] = obj
     return dict(sorted(found.items()))
 
 
-ALGORITHMS = _built_in(Algorithm)
-FEATURES = _built_in(Feature)
+ALGORITHMS = _built_in(Algorithm, "name")
+FEATURES = _built_in(Feature, "feature_name")
 
 
 def algorithm_class(name: str) -> type:

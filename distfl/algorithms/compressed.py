@@ -70,7 +70,7 @@ def build_compressor(cfg):
 
 
 class Compressed(Feature):
-    name = "compression"
+    feature_name = "compression"
     keys = ("compression.up", "compression.density", "compression.bits", "compression.rank", "compression.rotation",
             "compression.unbiased", "compression.error_feedback")
     order = 30  # outside GMA and FedBN; inside DP, which clips and noises the decoded update

@@ -2,7 +2,8 @@
 
 A feature is one class in its own file (a built-in one in this package, found by its `name` alone; your
 own by import path in `algorithm.features`, docs/extending.md). It declares:
-  - `name`, and `keys`: the config keys it reads (they stay in the run's config; users' spellings);
+  - `feature_name` (not `name`: what a feature does not define is the method's, its `name` included),
+    and `keys`: the config keys it reads (they stay in the run's config; users' spellings);
   - `enabled(cfg)`: whether the run has it on (a feature listed in algorithm.features always is);
   - `refuse(v, method)`: what it refuses to combine with, one ConfigError line each, at validation;
   - `order`: its place around the method: a feature with a larger order wraps the ones with smaller
@@ -40,7 +41,7 @@ class FeatureSetting:
 
 
 class Feature(Wrapper):
-    name = "feature"
+    feature_name = "feature"
     keys: tuple[str, ...] = ()  # the config keys it reads (docs/config.md documents them)
     order = 50  # larger: further out (built-in: GMA 10, FedBN 20, compression 30, DP 40)
     private = False  # True: the round releases only noised sums (features inside it report no per-client figures)
@@ -107,10 +108,10 @@ class Feature(Wrapper):
     def server_state(self) -> dict:
         state = self.inner.server_state()
         own = self.state_dict()
-        return {**state, f"feature:{self.name}": own} if own else state
+        return {**state, f"feature:{self.feature_name}": own} if own else state
 
     def load_server_state(self, state: dict) -> None:
-        key = f"feature:{self.name}"
+        key = f"feature:{self.feature_name}"
         self.inner.load_server_state({k: v for k, v in state.items() if k != key})
         if key in state:
             self.load_state_dict(state[key])
@@ -154,7 +155,7 @@ def run_features(cfg) -> list[type]:
 
     found = [cls for cls in FEATURES.values() if cls.enabled(cfg)]
     found += [plugin_feature(name) for name in cfg.algorithm.features]
-    return sorted(found, key=lambda cls: (cls.order, cls.name))
+    return sorted(found, key=lambda cls: (cls.order, cls.feature_name))
 
 
 def plugin_feature(name: str) -> type:
@@ -176,7 +177,7 @@ def plugin_feature(name: str) -> type:
 def check_features(cfg, v: dict, method: type) -> None:
     """Each enabled feature's refusals (config validation, before any data loads)."""
     classes = run_features(cfg)
-    names = [cls.name for cls in classes]
+    names = [cls.feature_name for cls in classes]
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"algorithm.features: two features are named {name!r}; list each feature once")

@@ -21,7 +21,7 @@ from .feature import Feature
 
 
 class FedBN(Feature):
-    name = "fedbn"
+    feature_name = "fedbn"
     keys = ("aggregation.fedbn",)
     order = 20
     stateful = True  # each client keeps its own BatchNorm

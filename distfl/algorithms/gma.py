@@ -26,7 +26,7 @@ class GMA(Feature):
     adds to "delta") also adds its signs to "sign_sum"; the server optimizer's step is masked by the
     round's agreement (a method whose server step does not use the server optimizer is left as it is)."""
 
-    name = "gma"
+    feature_name = "gma"
     keys = ("aggregation.mask", "aggregation.tau", "aggregation.mask_applies_to")
     order = 10  # innermost: the signs are the method's own update's
 

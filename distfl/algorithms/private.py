@@ -17,7 +17,7 @@ from .feature import Feature
 
 
 class Private(Feature):
-    name = "dp"
+    feature_name = "dp"
     keys = ("privacy.*",)
     order = 40  # outermost: what it clips is everything the features inside it add
     private = True

@@ -19,7 +19,7 @@ class HalfUpdate(Feature):
     """Each client's "delta" times 0.5; one more segment counts the round's clients, and the count of every
     client the server has seen is the feature's state (checkpointed) and a metric of each round."""
 
-    name = "half_update"
+    feature_name = "half_update"
     order = 25  # between FedBN (20) and compression (30)
 
     def __init__(self, inner, cfg, setting):
@@ -93,7 +93,7 @@ def test_a_bad_feature_is_refused_before_any_work(tmp_path, small_config, name, 
 
 
 class RefusesScaffold(HalfUpdate):
-    name = "refuses_scaffold"
+    feature_name = "refuses_scaffold"
 
     @classmethod
     def refuse(cls, v, method):
