@@ -60,6 +60,14 @@ class Feature(Wrapper):
     def __init__(self, inner, cfg, setting: FeatureSetting):
         super().__init__(inner)
 
+    def overrides(self, hook: str) -> bool:
+        """Whether `hook` does something: this feature's class (or a base of it) defines it, or a declared
+        transform acts through it (`contribution` through client_statistics: a pack then adds its clients'
+        statistics one by one), or the method inside does."""
+        defined = any(hook in vars(cls) for cls in type(self).__mro__ if cls not in (Feature, Wrapper, object))
+        return defined or any(_defines(self, declared) for declared in _ACTS_THROUGH.get(hook, ())) or \
+            self.inner.overrides(hook)
+
     # ---- what travels ------------------------------------------------------------------------------
     def added_segments(self) -> list[Segment]:
         """The statistics this feature adds to the round's sum (its `add_statistics` adds to them)."""
@@ -115,6 +123,11 @@ class Feature(Wrapper):
         self.inner.load_server_state({k: v for k, v in state.items() if k != key})
         if key in state:
             self.load_state_dict(state[key])
+
+
+# The method hooks through which a feature's declared transforms act.
+_ACTS_THROUGH = {"client_statistics": ("contribution", "add_statistics"), "server_update": ("transform_reduced",),
+                 "segments": ("added_segments", "encoded_bytes")}
 
 
 def _defines(feature: Feature, hook: str) -> bool:

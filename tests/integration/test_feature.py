@@ -65,11 +65,14 @@ def test_a_toy_feature_is_the_same_on_one_two_and_resumed(tmp_path, method):
     assert seen == [row["half_update_clients_seen"] for row in metrics(tmp_path / "stopped")]
 
 
-def test_the_toy_feature_halves_the_server_step(tmp_path, small_config):
-    """FedAvg with server.lr=1: w' = w + 0.5 x sum_i p_i (w_i - w), recomputed from the recorded client models."""
+@pytest.mark.parametrize("pack_size", [1, 4])
+def test_the_toy_feature_halves_the_server_step(tmp_path, small_config, pack_size):
+    """FedAvg with server.lr=1: w' = w + 0.5 x sum_i p_i (w_i - w), recomputed from the recorded client models;
+    in packs too (a pack then adds its clients' statistics one by one, through the feature)."""
     from conftest import build_trainer, record_client_models
 
-    trainer = build_trainer(small_config, tmp_path / "r", TOY)
+    trainer = build_trainer(small_config, tmp_path / "r", TOY, f"runtime.pack_size={pack_size}")
+    assert trainer.pack_size == pack_size
     assert type(trainer.algorithm).__name__ == "HalfUpdate"
     clients = record_client_models(trainer)
     theta = trainer.global_params.double().clone()
