@@ -122,3 +122,13 @@ def test_validation_asks_each_enabled_feature_for_its_refusals(overrides, says):
         load_config(None, ["data.dataset=synthetic", *overrides])
     load_config(None, ["data.dataset=synthetic", *[o for o in overrides if not o.startswith(("algorithm.features",
                                                                                              "system", "aggregation"))]])
+
+
+def test_the_built_in_features_declare_their_keys_and_order():
+    from distfl.algorithms import FEATURES
+    from distfl.config.schema import KEYS
+
+    assert {name: cls.order for name, cls in FEATURES.items()} == {"gma": 10, "fedbn": 20, "compression": 30, "dp": 40}
+    for cls in FEATURES.values():
+        for key in cls.keys:
+            assert key in KEYS or any(k.startswith(key.removesuffix("*")) for k in KEYS), (cls.feature_name, key)
