@@ -1,8 +1,8 @@
 """distfl: federated-learning research trainer on torch.distributed.
 
 The public API for methods and models in your own package (docs/extending.md): `distfl.Algorithm` (the
-hook interface), `distfl.Segment` (a named statistic in the round's one all_reduce) and
-`distfl.Classifier` (features + head, what `model.head` and FedBN work on). From a notebook or a script,
+hook interface), `distfl.Feature` (a cross-cutting feature around any method), `distfl.Segment` (a named
+statistic in the round's one all_reduce) and `distfl.Classifier` (features + head, what `model.head` and FedBN work on). From a notebook or a script,
 `distfl.train(config, **overrides)` runs what `distfl train` runs and `distfl.report(...)` what
 `distfl report` does (distfl.api, docs/python.md). They load
 on first use, so `import distfl` stays free of torch.
@@ -21,9 +21,9 @@ from . import launcher as _launcher  # noqa: E402
 _launcher.start_watch()
 
 __version__ = "0.1.0"
-__all__ = ["Algorithm", "Classifier", "RunResult", "Segment", "__version__", "report", "train"]
+__all__ = ["Algorithm", "Classifier", "Feature", "RunResult", "Segment", "__version__", "report", "train"]
 
-_PUBLIC = {"Algorithm": "distfl.algorithms.base", "Segment": "distfl.federation.aggregate",
+_PUBLIC = {"Algorithm": "distfl.algorithms.base", "Feature": "distfl.algorithms.feature", "Segment": "distfl.federation.aggregate",
            "Classifier": "distfl.models.base", "train": "distfl.api", "report": "distfl.api", "RunResult": "distfl.api"}
 
 

@@ -14,7 +14,7 @@ import inspect
 from distfl.errors import ConfigError
 
 GROUPS = {"algorithm.name": "distfl.algorithms", "model.name": "distfl.models",
-          "aggregation.aggregator": "distfl.aggregators"}
+          "aggregation.aggregator": "distfl.aggregators", "algorithm.features": "distfl.features"}
 
 
 def is_import_path(name: str) -> bool:
@@ -83,6 +83,8 @@ def load_plugin(key: str, name: str):
         if not (isinstance(obj, type) and issubclass(obj, Aggregator)):
             raise ConfigError(f"aggregation.aggregator={name!r} is {obj!r}, not a subclass of "
                               "distfl.federation.aggregate.Aggregator (docs/extending.md, An aggregator)")
+    elif key == "algorithm.features":
+        pass  # algorithms/feature.py checks that it is a Feature
     elif not callable(obj) or not _takes_shape_and_classes(obj):
         raise ConfigError(f"model.name={name!r} is {obj!r}, not a model class or factory: a function or nn.Module "
                           "class called as build(input_shape, num_classes) that returns an nn.Module (docs/extending.md)")

@@ -2,26 +2,31 @@
 `package.module:ClassName`, or a name registered in the entry-point group `distfl.algorithms`.
 
 A built-in method is a `distfl.Algorithm` subclass with its own `name` in a module of this package,
-found here by that alone: adding one touches its file (and its docs), as a plugin would."""
+found here by that alone: adding one touches its file (and its docs), as a plugin would. A built-in
+feature (feature.py: FedBN, GMA, compression, DP) is a `distfl.Feature` subclass found the same way, by
+its `feature_name`."""
 import importlib
 import pkgutil
 
 from .base import Algorithm
+from .feature import Feature
 
 
-def _built_in() -> dict[str, type]:
-    """name -> class of every method defined in a module of this package, in name order."""
+def _built_in(base: type, name: str) -> dict[str, type]:
+    """`name` -> class of every `base` subclass that declares its own `name` in a module of this package,
+    in name order."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
         loaded = importlib.import_module(f"{__name__}.{module.name}")
         for obj in vars(loaded).values():
-            if (isinstance(obj, type) and issubclass(obj, Algorithm) and obj is not Algorithm and obj.__module__ == loaded.__name__
-                    and "name" in vars(obj)):
-                found[obj.name] = obj
+            if (isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == loaded.__name__
+                    and name in vars(obj)):
+                found[getattr(obj, name)] = obj
     return dict(sorted(found.items()))
 
 
-ALGORITHMS = _built_in()
+ALGORITHMS = _built_in(Algorithm, "name")
+FEATURES = _built_in(Feature, "feature_name")
 
 
 def algorithm_class(name: str) -> type:
@@ -40,41 +45,14 @@ def method_class(cfg) -> type:
 def build_algorithm(cfg, population, worker, device, model_factory=None, noise_multiplier: float | None = None,
                     ctx=None):
     """The training algorithm (for TCT, its stage-1 algorithm: its later stages are phases), wrapped in
-    the run's cross-cutting features: GMA, FedBN, compression, then DP outermost (with `noise_multiplier`:
-    what DP clips and noises is the decoded compressed update)."""
+    the run's enabled features in their declared order (feature.py; `noise_multiplier`: DP's)."""
     from .base import check_built_model
-    from .fedbn import FedBN
-    from .gma import GMA
-    from .private import Private
+    from .feature import FeatureSetting, wrap_in_features
 
     cls = method_class(cfg)
     check_built_model(cls, cfg, worker)
     method = cls(cfg, population, worker, device, model_factory)
-    if cfg.model.lora_rank and cfg.model.lora_aggregate == "stack":  # FLoRA: the sum of the products, merged
-        from .lora_stack import LoraStack
-
-        method = LoraStack(method, cfg, worker)
-    if cfg.aggregation.mask == "gma":
-        method = GMA(method, cfg.aggregation.tau, cfg.aggregation.mask_applies_to)
-    if cfg.aggregation.fedbn:
-        method = FedBN(method, worker, cfg.model.name)
-    if cfg.compression.up == "sketch":
-        from .sketched import Sketched
-
-        method = Sketched(method, cfg)
-    elif cfg.compression.up != "none":
-        from .compressed import Compressed
-
-        method = Compressed(method, cfg, worker, report_error=cfg.privacy.mechanism == "none")
-    if cfg.compression.down != "none":
-        from .downloaded import Downloaded
-
-        method = Downloaded(method, cfg, worker)
-    if cfg.privacy.mechanism not in ("none", "ddgauss", "skellam"):  # distributed DP: secagg/aggregator.py
-        from ..privacy.mechanism import GaussianMechanism
-
-        method = Private(method, GaussianMechanism(cfg, method.segments(), noise_multiplier, device, ctx))
-    return method
+    return wrap_in_features(method, cfg, FeatureSetting(worker, device, noise_multiplier, ctx))
 
 
 def build_phases(cfg) -> list:

@@ -20,8 +20,6 @@ and noised.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from ..compression import ErrorFeedback, PowerSGD, build, keyed_generator
@@ -29,7 +27,7 @@ from ..compression.base import Compressed as Message
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from .base import flat_views
-from .wrapper import Wrapper
+from .feature import Feature
 
 # The methods whose clients send only their model update, and the segments that carry it.
 UPDATE_SEGMENTS = {"fedavg": ("delta",), "fedprox": ("delta",), "feddyn": ("delta",),
@@ -40,10 +38,6 @@ ERROR = "compression_vnmse"
 
 def check_config(v: dict) -> None:
     """One line for a compression setting no run can serve (called by config validation)."""
-    if v["compression.down"] != "none":
-        from .downloaded import check_config as check_download
-
-        check_download(v)
     up = v["compression.up"]
     if up == "none":
         return
@@ -63,10 +57,6 @@ def check_config(v: dict) -> None:
                           f"{v['compression.bits']}")
     if up == "eden" and v["compression.bits"] > 8:
         raise ConfigError(f"compression.bits must be at most 8 for compression.up=eden, got {v['compression.bits']}")
-    if up == "sketch":
-        from .sketched import check_config as check_sketch
-
-        check_sketch(v)
 
 
 def build_compressor(cfg):
@@ -79,18 +69,34 @@ def build_compressor(cfg):
     return build(c.up, **options.get(c.up, {}))
 
 
-class Compressed(Wrapper):
-    def __init__(self, inner, cfg, worker, report_error: bool = True):
-        super().__init__(inner)
+class Compressed(Feature):
+    feature_name = "compression"
+    keys = ("compression.up", "compression.density", "compression.bits", "compression.rank", "compression.rotation",
+            "compression.unbiased", "compression.error_feedback")
+    order = 30  # outside GMA and FedBN; inside DP, which clips and noises the decoded update
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.compression.up not in ("none", "sketch")  # sketch: FetchSGD's own feature (sketched.py)
+
+    @classmethod
+    def refuse(cls, v: dict, method: type) -> None:
+        check_config(v)
+
+    def __init__(self, inner, cfg, setting):
+        super().__init__(inner, cfg, setting)
         names = UPDATE_SEGMENTS[cfg.algorithm.name]
+        # Under DP (a private feature around it) the per-client error is not reported: it is unnoised.
+        report_error = not any(feature.private for feature in setting.features)
         self._own(compressor=build_compressor(cfg), names=names, feedback=cfg.compression.error_feedback,
-                  seed=cfg.seed, round_idx=0, report_error=report_error, views=flat_views(worker), vnmse=None)
+                  seed=cfg.seed, round_idx=0, report_error=report_error, views=flat_views(setting.worker), vnmse=None)
 
     # ---- what travels ---------------------------------------------------------------------------
-    def segments(self) -> list[Segment]:
-        out = [replace(s, encoded_bytes=(self._bits(s) + 7) // 8) if s.name in self.names else s
-               for s in self.inner.segments()]
-        return out + ([Segment(ERROR, 1, wire_bytes=0)] if self.report_error else [])
+    def encoded_bytes(self, segment: Segment) -> int | None:
+        return (self._bits(segment) + 7) // 8 if segment.name in self.names else None
+
+    def added_segments(self) -> list[Segment]:
+        return [Segment(ERROR, 1, wire_bytes=0)] if self.report_error else []
 
     def _bits(self, segment: Segment) -> int:
         if isinstance(self.compressor, PowerSGD):

@@ -14,7 +14,7 @@ from dataclasses import replace
 from ..compression.download import ModelDownload
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
-from .wrapper import Wrapper
+from .feature import Feature
 
 
 def check_config(v: dict) -> None:
@@ -25,9 +25,22 @@ def check_config(v: dict) -> None:
                           "uncompressed; use a synchronous run")
 
 
-class Downloaded(Wrapper):
-    def __init__(self, inner, cfg, worker):
-        super().__init__(inner)
+class Downloaded(Feature):
+    feature_name = "download"
+    keys = ("compression.down", "compression.down_bits")
+    order = 35  # outside the upload's compression, inside DP
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.compression.down != "none"
+
+    @classmethod
+    def refuse(cls, v: dict, method: type) -> None:
+        check_config(v)
+
+    def __init__(self, inner, cfg, setting):
+        super().__init__(inner, cfg, setting)
+        worker = setting.worker
         c = cfg.compression
         self._own(download=ModelDownload(c.down, c.down_bits, list(worker.param_slices.values()), cfg.seed),
                   round_idx=0, received=None)

@@ -63,6 +63,7 @@ def kd_loss(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> t
 class FedADC(Algorithm):
     name = "fedadc"
     tct_stage1 = True
+    own_server_step = True  # its server step is its own, not the server optimizer's: GMA's masked step refuses it
     private_release = True
 
     @dataclass
@@ -133,11 +134,6 @@ class FedADC(Algorithm):
             raise ConfigError(
                 "FedADC+ (algorithm.options.kd_lambda > 0) distils softmax outputs with cross-entropy; it is not defined "
                 "for an MSE-trained model (model.head=sphere or model.loss=mse); set algorithm.options.kd_lambda=0")
-        agg = getattr(cfg, "aggregation", None)
-        if agg is not None and getattr(agg, "mask", "none") != "none":
-            raise ConfigError(
-                f"algorithm.name={name} has its own server step and does not apply aggregation.mask="
-                f"{agg.mask}; set aggregation.mask=none")
 
     # ---- client side ---------------------------------------------------------------------------
     def _shift(self, run):

@@ -16,19 +16,47 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
-from .wrapper import Wrapper
+from ..privacy.rules import DISTRIBUTED
+from .feature import Feature
 
 
-class FedBN(Wrapper):
+class FedBN(Feature):
+    feature_name = "fedbn"
+    keys = ("aggregation.fedbn",)
+    order = 20
     stateful = True  # each client keeps its own BatchNorm
 
-    def __init__(self, inner, worker, model_name: str):
-        super().__init__(inner)
-        params, buffers = batchnorm_coordinates(worker, model_name)
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return bool(cfg.aggregation.fedbn)
+
+    @classmethod
+    def refuse(cls, v: dict, method: type) -> None:
+        name, mechanism = v["algorithm.name"], v["privacy.mechanism"]
+        if not getattr(method, "aggregates", True):
+            raise ConfigError(f"algorithm.name={name} aggregates nothing (each client keeps its whole model), so "
+                              "aggregation.fedbn has nothing to act on: set aggregation.fedbn=false")
+        if method.personalised:
+            raise ConfigError(f"algorithm.name={name} keeps a personal model part per client already; aggregation.fedbn "
+                              "(personal BatchNorm) does not compose with it: set aggregation.fedbn=false")
+        if v["eval.finetune_from"] == "best":
+            raise ConfigError("eval.finetune_from=best starts each client's fine-tuning from the best round's global "
+                              "model, but aggregation.fedbn gives each client its latest BatchNorm: set "
+                              "eval.finetune_from=last (or aggregation.fedbn=false)")
+        if mechanism not in ("none", *DISTRIBUTED):
+            raise ConfigError(f"privacy.mechanism={mechanism}: aggregation.fedbn averages the clients' own BatchNorm "
+                              "layers and statistics outside the clipped update; set aggregation.fedbn=false")
+        if v["system.async_mode"] != "none":
+            raise ConfigError(f"system.async_mode={v['system.async_mode']} sums weighted updates only: aggregation.fedbn "
+                              "is not defined for it; set aggregation.fedbn=false")
+
+    def __init__(self, inner, cfg, setting):
+        super().__init__(inner, cfg, setting)
+        params, buffers = batchnorm_coordinates(setting.worker, cfg.model.name)
         # The same coordinates as indices, found once: indexing with a boolean mask finds them again each
-        # time, which on a GPU waits for the queue.
+        # time, which on a GPU waits for the queue. The server step does not set them (`kept_params`).
         self._own(bn_params=params, bn_buffers=buffers, bn_index=params.nonzero().squeeze(1),
-                  bn_buffer_index=buffers.nonzero().squeeze(1))
+                  bn_buffer_index=buffers.nonzero().squeeze(1), kept_params=params)
 
     # ---- client side ---------------------------------------------------------------------------
     def begin_client(self, run, worker) -> None:
@@ -61,8 +89,8 @@ class FedBN(Wrapper):
         self.inner.after_step(w, lr, run)
         w[self.bn_index] = own
 
-    def segments(self) -> list[Segment]:
-        return self.inner.segments() + [Segment("bn_params", int(self.bn_index.numel()))]
+    def added_segments(self) -> list[Segment]:
+        return [Segment("bn_params", int(self.bn_index.numel()))]
 
     def client_statistics(self, run, worker, stats) -> None:
         self.inner.client_statistics(run, worker, stats)

@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from .base import Algorithm
-from .fedbn import batchnorm_coordinates
+from .feature import kept_params
 
 
 def extrapolated_step_size(sq_norm_mean: float, mean_update_sq_norm: float, eps: float) -> float:
@@ -51,14 +51,17 @@ class FedExP(Algorithm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.eps = float(self.options.eps)
-        # Under FedBN the server's BatchNorm is the mean of the clients' own, never a step: eta_g is measured
-        # on the other coordinates only.
-        self.shared = ~batchnorm_coordinates(self.layout, self.cfg.model.name)[0] if self.cfg.aggregation.fedbn else None
+        # The coordinates a feature keeps on the clients (FedBN's BatchNorm: the server's is the mean of the
+        # clients' own, never a step) are left out of eta_g; known once the method is wrapped (`_shared`).
+        self.shared = False
         self.previous_params = self.layout.params.detach().clone()  # w^t, before this round's step
         self.previous_buffers = self.layout.buffers.detach().clone()
         self.steps = 0  # server steps taken (the first one's iterate is evaluated alone)
 
     def _shared(self, vector: torch.Tensor) -> torch.Tensor:
+        if self.shared is False:
+            kept = kept_params(self.outer)
+            self.shared = None if kept is None else ~kept
         return vector if self.shared is None else vector[self.shared]
 
     def segments(self):

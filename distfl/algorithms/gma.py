@@ -16,23 +16,48 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from ..federation.aggregate import Segment
-from .wrapper import Wrapper
+from .feature import Feature
 
 
-class GMA(Wrapper):
+class GMA(Feature):
     """Any method with GMA's mask on its server optimizer's step: each client's update (what the method
     adds to "delta") also adds its signs to "sign_sum"; the server optimizer's step is masked by the
     round's agreement (a method whose server step does not use the server optimizer is left as it is)."""
 
-    def __init__(self, inner, tau: float, applies_to: str):
-        super().__init__(inner)
-        self._own(tau=tau, gma_metrics={})
-        inner.server_opt = MaskedStep(inner.server_opt, self, applies_to)
+    feature_name = "gma"
+    keys = ("aggregation.mask", "aggregation.tau", "aggregation.mask_applies_to")
+    order = 10  # innermost: the signs are the method's own update's
 
-    def segments(self) -> list[Segment]:
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.aggregation.mask == "gma"
+
+    @classmethod
+    def refuse(cls, v: dict, method: type) -> None:
+        name = v["algorithm.name"]
+        if not getattr(method, "aggregates", True):
+            raise ConfigError(f"algorithm.name={name} aggregates nothing (each client keeps its whole model), so "
+                              "aggregation.mask=gma has nothing to act on: set aggregation.mask=none")
+        if getattr(method, "own_server_step", False):
+            raise ConfigError(f"algorithm.name={name} has its own server step and does not apply aggregation.mask=gma; "
+                              "set aggregation.mask=none")
+        if v["privacy.mechanism"] != "none":
+            raise ConfigError(f"privacy.mechanism={v['privacy.mechanism']}: aggregation.mask=gma releases the "
+                              "per-coordinate sign counts of the clients' updates unnoised; set aggregation.mask=none")
+        if v["system.async_mode"] != "none":
+            raise ConfigError(f"system.async_mode={v['system.async_mode']} sums weighted updates only: aggregation.mask=gma "
+                              "is not defined for it; set aggregation.mask=none")
+
+    def __init__(self, inner, cfg, setting):
+        super().__init__(inner, cfg, setting)
+        self._own(tau=cfg.aggregation.tau, gma_metrics={})
+        inner.server_opt = MaskedStep(inner.server_opt, self, cfg.aggregation.mask_applies_to)
+
+    def added_segments(self) -> list[Segment]:
         # Not payload (wire_bytes 0): the server takes each update's signs from the update it receives.
-        return self.inner.segments() + [Segment("sign_sum", self.num_params, kind="int", wire_bytes=0)]
+        return [Segment("sign_sum", self.num_params, kind="int", wire_bytes=0)]
 
     def client_statistics(self, run, worker, stats) -> None:
         self.inner.client_statistics(run, worker, _WithSigns(stats))

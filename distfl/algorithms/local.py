@@ -18,13 +18,13 @@ class LocalOnly(Algorithm):
     name = "local"
     stateful = True
     personalised = True
+    aggregates = False  # nothing of a client's model is summed: the features that act on the sum refuse it
 
     @classmethod
     def check_config(cls, cfg):
-        if cfg.aggregation.mask != "none" or cfg.aggregation.fedbn or cfg.calibration.method != "none":
+        if cfg.calibration.method != "none":
             raise ConfigError(f"algorithm.name={cls.name} aggregates nothing (each client keeps its whole model), so "
-                              "aggregation.mask, aggregation.fedbn and calibration.method have nothing to act on: set "
-                              "aggregation.mask=none aggregation.fedbn=false calibration.method=none")
+                              "calibration.method has nothing to act on: set calibration.method=none")
 
     def __init__(self, cfg, population, worker, device, model_factory=None):
         super().__init__(cfg, population, worker, device, model_factory)

@@ -26,7 +26,7 @@ import torch
 
 from ..compression.base import keyed_generator
 from ..federation.aggregate import Segment
-from .wrapper import Wrapper
+from .feature import Feature
 
 ADAPTER = "default"  # PEFT's adapter name
 _A_STREAM = 0x5A7C  # the keyed stream of the re-drawn A (distinct from every other keyed draw of a run)
@@ -48,9 +48,18 @@ class AdaptedLayer:
         self.rank, self.d_in, self.d_out = rank, d_in, d_out
 
 
-class LoraStack(Wrapper):
-    def __init__(self, inner, cfg, worker):
-        super().__init__(inner)
+class LoraStack(Feature):
+    feature_name = "lora_stack"
+    keys = ("model.lora_rank", "model.lora_aggregate")
+    order = 5  # right around the method: the products replace its update before any other feature sees it
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return bool(cfg.model.lora_rank) and cfg.model.lora_aggregate == "stack"
+
+    def __init__(self, inner, cfg, setting):
+        super().__init__(inner, cfg, setting)
+        worker = setting.worker
         layers = [AdaptedLayer(name, m, worker.param_slices) for name, m in worker.module.named_modules()
                   if hasattr(m, "lora_A") and ADAPTER in getattr(m, "lora_A", {})]
         cohort = cfg.train.clients_per_round

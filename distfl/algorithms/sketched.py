@@ -16,7 +16,7 @@ from ..compression.fetchsgd import FetchSGDServer, kept
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from .compressed import _Staged
-from .wrapper import Wrapper
+from .feature import Feature
 
 SEGMENT = "delta_sketch"
 
@@ -43,9 +43,24 @@ def check_config(v: dict) -> None:
                           "server adds stale model updates, not sketches; use a synchronous run")
 
 
-class Sketched(Wrapper):
-    def __init__(self, inner, cfg):
-        super().__init__(inner)
+class Sketched(Feature):
+    feature_name = "sketch"
+    keys = ("compression.up", "compression.rows", "compression.columns", "compression.density")
+    order = 30  # compression's place (compression.up picks this or compressed.py, never both); inside DP
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.compression.up == "sketch"
+
+    @classmethod
+    def refuse(cls, v: dict, method: type) -> None:
+        from .compressed import check_config as check_compression
+
+        check_compression(v)
+        check_config(v)
+
+    def __init__(self, inner, cfg, setting):
+        super().__init__(inner, cfg, setting)
         c = cfg.compression
         self._own(server=FetchSGDServer(inner.num_params, c.rows, c.columns, kept(c.density, inner.num_params),
                                         cfg.seed, inner.device),

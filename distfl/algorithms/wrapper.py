@@ -1,4 +1,4 @@
-"""A cross-cutting feature around a method: FedBN (fedbn.py), GMA (gma.py), DP (private.py).
+"""What holds a method inside it: the base of every feature (feature.py: FedBN, GMA, compression, DP).
 
 As Flower's DP strategy wrappers and pfl-research's postprocessors do, a feature is an object that holds
 the method it wraps: it defines the hooks it changes (algorithms/base.py's names and signatures) and

@@ -105,6 +105,7 @@ class AlgorithmConfig:
     name: str = "fedavg"  # a built-in method (docs/algorithms/NAME.md; tct: stage 1 by tct.stage1, then TCT's stages; personalised methods are scored by eval.clients), or your own: package.module:ClassName (a distfl.Algorithm) or a name registered in the entry-point group distfl.algorithms (docs/extending.md)
     options: dict = field(default_factory=dict)  # the method's own options, declared by its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable; the table below lists the built-in methods')
     weighting: str = key("samples", choices=["samples", "uniform", "tokens"])  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|) | tokens (t_k / t, a client's non-padding target tokens: next-token data only, TFF's StackOverflow baseline)
+    features: list = key([])  # more features around the method, besides the built-in ones their own keys turn on (aggregation.fedbn, aggregation.mask, compression.up, privacy.mechanism): your own, as import paths package.module:ClassName (a distfl.Feature subclass) or names registered in the entry-point group distfl.features; each wraps the method in its declared order (docs/extending.md, Write a feature)
 
 
 @dataclass

@@ -214,15 +214,14 @@ def validate(cfg: Config) -> None:
             f"partition.classes_per_client ({v['partition.classes_per_client']}) > number of classes "
             f"({classes}, from {source}): a client cannot hold more distinct labels than exist")
 
+    from distfl.algorithms.feature import check_features
     from distfl.privacy import rules as privacy_rules
-
     from distfl.system import rules as system_rules
 
-    privacy_rules.check(v, declared)
+    check_features(cfg, v, declared)  # each enabled feature's refusals (FedBN, GMA, compression, DP, yours)
+    if v["privacy.mechanism"] in privacy_rules.DISTRIBUTED:
+        privacy_rules.check_distributed(v, declared)
     system_rules.check(v)
-    from distfl.algorithms.compressed import check_config as check_compression
-
-    check_compression(v)
     from distfl.secagg.aggregator import check_config as check_secagg
 
     check_secagg(v)
@@ -240,9 +239,6 @@ def _check_personalised(v: dict, method: type) -> None:
     name = v["algorithm.name"]
     if not method.personalised:
         return
-    if v["aggregation.fedbn"]:
-        raise ConfigError(f"algorithm.name={name} keeps a personal model part per client already; aggregation.fedbn "
-                          "(personal BatchNorm) does not compose with it: set aggregation.fedbn=false")
     if method.head_split and v["model.head"] != "linear":
         raise ConfigError(f"algorithm.name={name} splits the model into a shared body and a learnable classifier head; "
                           f"model.head={v['model.head']} is fixed: use model.head=linear")
@@ -278,9 +274,6 @@ def _check_finetune_from_best(v: dict, method: type) -> None:
     if not method.personalised and not v["eval.finetune_epochs"]:
         raise ConfigError(f"{why}, but nothing fine-tunes it (eval.finetune_epochs=0): set eval.finetune_epochs > 0 "
                           "(or eval.finetune_from=last)")
-    if v["aggregation.fedbn"]:
-        raise ConfigError(f"{why}, but aggregation.fedbn gives each client its latest BatchNorm: set "
-                          "eval.finetune_from=last (or aggregation.fedbn=false)")
     if v["calibration.method"] != "none":
         raise ConfigError(f"{why}, but calibration.method={v['calibration.method']} changes the final model after "
                           "training: set eval.finetune_from=last (or calibration.method=none)")

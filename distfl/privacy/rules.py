@@ -1,5 +1,6 @@
 """Which runs keep a user-level guarantee under privacy.mechanism (gaussian, dp_ftrl); every other combination is a
-ConfigError before any work (config.validate calls `check`).
+ConfigError before any work (the DP feature's refusals, algorithms/private.py, call `check`; config validation
+calls `check_distributed`).
 
 The guarantee covers what the server releases from the clients: the noised, clipped sum of their model
 updates, and everything computed from it (the server step is post-processing). A method or option that
@@ -35,19 +36,11 @@ def check_distributed(v: dict, algorithm_class) -> None:
     if not algorithm_class.private_release:
         raise ConfigError(f"{prefix}: algorithm.name={v['algorithm.name']} does not declare private_release = True "
                           "(docs/privacy.md)")
-    if v["aggregation.mask"] == "gma":
-        raise ConfigError(f"{prefix}: aggregation.mask=gma releases the clients' sign counts unnoised; set "
-                          "aggregation.mask=none")
 
 
 def check(v: dict, algorithm_class) -> None:
-    """`v`: dotted key -> value (validated types). `algorithm_class`: the class that declares the method
-    (its `private_release` and `why_not_private`)."""
-    if v["privacy.mechanism"] == "none":
-        return
-    if v["privacy.mechanism"] in DISTRIBUTED:
-        check_distributed(v, algorithm_class)
-        return
+    """The central mechanisms' rules (algorithms/private.py's refusals). `v`: dotted key -> value (validated
+    types). `algorithm_class`: the class that declares the method (its `private_release` and `why_not_private`)."""
     n, m = v["partition.num_clients"], v["train.clients_per_round"]
     name = v["algorithm.name"]
     prefix = f"privacy.mechanism={v['privacy.mechanism']}"
@@ -83,12 +76,6 @@ def check(v: dict, algorithm_class) -> None:
             "clients release nothing but their model update, and whose server uses nothing but its average, may)")
         private = [n for n, cls in ALGORITHMS.items() if cls.private_release]
         raise ConfigError(f"{prefix}: {why}; under DP use one of {', '.join(private)} (any server.optimizer)")
-    if v["aggregation.mask"] == "gma":
-        raise ConfigError(f"{prefix}: aggregation.mask=gma releases the per-coordinate sign counts of the clients' "
-                          "updates unnoised; set aggregation.mask=none")
-    if v["aggregation.fedbn"]:
-        raise ConfigError(f"{prefix}: aggregation.fedbn averages the clients' own BatchNorm layers and statistics "
-                          "outside the clipped update; set aggregation.fedbn=false")
     if v["calibration.method"] != "none":
         raise ConfigError(f"{prefix}: calibration.method={v['calibration.method']} sums every client's feature "
                           "statistics (ffc: Z^T Z, Z^T Y; ccvr: per-class means and covariances) unclipped and unnoised; "

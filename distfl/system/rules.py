@@ -72,9 +72,6 @@ def _check_async(v: dict) -> None:
     if v["train.cohort"] != "random":
         raise ConfigError(f"{mode} samples each new client at random as a slot frees up; train.cohort="
                           f"{v['train.cohort']} does not apply: set train.cohort=random")
-    if v["aggregation.mask"] != "none" or v["aggregation.fedbn"]:
-        raise ConfigError(f"{mode} sums weighted updates only: aggregation.mask and aggregation.fedbn are not "
-                          "defined for it; leave them off")
     if v["calibration.method"] != "none":
         raise ConfigError(f"{mode}: calibration.method={v['calibration.method']} uses the last round's cohort, "
                           "which an asynchronous run does not have; set calibration.method=none")
