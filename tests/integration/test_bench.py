@@ -397,3 +397,34 @@ def test_compression_suite_times_every_compressor(tmp_path):
     assert res["numel"] == 10**6 and "copy (floor)" in medians
     assert all(any(name.split()[0] == compressor for name in medians) for compressor in COMPRESSORS if compressor != "fp16")
     assert all(s > 0 for s in medians.values()) and out.with_suffix(".md").exists()
+
+
+def test_the_plain_loops_train_on_the_batches_the_rounds_train_on(tmp_path, monkeypatch):
+    """The runtime suite's plain loops take the same steps on the same samples as the FL rounds (each
+    client's keyed batch stream), and the lean loop's step is torch.optim.SGD's arithmetic: same model."""
+    import distfl.federation.local as local
+    from distfl.bench.harness import HARNESS, InProcess, fresh_model, plain_loop
+
+    ip = InProcess(2, ["seed=3", "data.dataset=synthetic", "partition.num_clients=12", "model.name=mlp",
+                       "train.rounds=2", "train.clients_per_round=5", "train.batch_size=16", "train.lr=0.1",
+                       *HARNESS, f"output.dir={tmp_path / 'run'}"])
+    trained = []
+    drawn = local.batch_indices
+
+    def recording(*args, **kwargs):
+        for idx in drawn(*args, **kwargs):
+            trained.append(tuple(idx.tolist()))
+            yield idx
+    monkeypatch.setattr(local, "batch_indices", recording)
+    ip.time_fl()
+    planned = [tuple(idx.tolist()) for r in ip.client_batches for idx in r]
+    assert len(planned) == sum(len(r) for r in ip.batches) > 0
+    assert sorted(trained) == sorted(planned)
+
+    data, batches = ip.trainer.data, [idx for r in ip.client_batches for idx in r]
+    models = {step: fresh_model(ip.cfg, data) for step in ("optim", "lean")}
+    for step, model in models.items():
+        plain_loop(model, data.train_x, data.train_y, batches, ip.cfg.train.lr, step)
+    for a, b in zip(models["optim"].state_dict().values(), models["lean"].state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(next(models["lean"].parameters()), next(fresh_model(ip.cfg, data).parameters()))
