@@ -82,16 +82,17 @@ def client_batches_of_rounds(trainer, rounds: int) -> list[list[torch.Tensor]]:
 
 
 def plain_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, batches: list[torch.Tensor],
-               lr: float, step: str = "optim") -> float:
+               lr: float, step: str = "optim") -> dict:
     """A plain PyTorch training loop over `batches` (sample indices, each batch gathered from the training
-    set as it is used, as a client's are); returns the wall time of the loop. `step`: "optim" is the loop a
+    set as it is used, as a client's are); returns the loop's wall time and this process's CPU time
+    (`wall_s`, `cpu_s`). `step`: "optim" is the loop a
     user writes (torch.optim.SGD, zero_grad() then step()); "lean" hands each backward pass's gradients over
     (`.grad` unset) and adds them to the parameters with one `torch._foreach_add_`, the arithmetic of
     distfl's plain-SGD local step with nothing else around it: the stricter reference."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr) if step == "optim" else None
     model.train()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for idx in batches:
         x, y = train_x[idx], train_y[idx]
         loss = F.cross_entropy(model(x), y)
@@ -105,7 +106,7 @@ def plain_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Ten
             torch._foreach_add_(params, [p.grad for p in params], alpha=-lr)
         for p in params:
             p.grad = None
-    return time.perf_counter() - t0
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
 
 
 def centralised_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
@@ -175,19 +176,19 @@ class InProcess:
         calls0 = dist.COLLECTIVE_CALLS["round_stats"]
         bytes0 = dist.COLLECTIVE_BYTES["round_stats"]
         round_s, samples = [], 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for t in range(1, rounds + 1):
             t1 = time.perf_counter()
             row = self.trainer.run_round(t)
             round_s.append(time.perf_counter() - t1)
             samples += row["samples"]
-        total = time.perf_counter() - t0
-        return {"total_s": total, "round_s": round_s, "samples": samples,
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"total_s": total, "cpu_s": cpu, "round_s": round_s, "samples": samples,
                 "all_reduce_calls": dist.COLLECTIVE_CALLS["round_stats"] - calls0,
                 "all_reduce_bytes": dist.COLLECTIVE_BYTES["round_stats"] - bytes0,
                 "bytes_reduced_reported": row["bytes_reduced"]}
 
-    def time_centralised(self, rounds: int | None = None, step: str = "optim") -> float:
+    def time_centralised(self, rounds: int | None = None, step: str = "optim") -> dict:
         """`plain_loop` (`step`) of a fresh model over the batches the clients of the first `rounds` rounds
         (all by default) train on, in their order: the same steps on the same samples as `time_fl`."""
         rounds = self.rounds if rounds is None else rounds
