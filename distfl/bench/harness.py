@@ -85,10 +85,11 @@ def plain_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Ten
                lr: float, step: str = "optim") -> dict:
     """A plain PyTorch training loop over `batches` (sample indices, each batch gathered from the training
     set as it is used, as a client's are); returns the loop's wall time and this process's CPU time
-    (`wall_s`, `cpu_s`). `step`: "optim" is the loop a
-    user writes (torch.optim.SGD, zero_grad() then step()); "lean" hands each backward pass's gradients over
-    (`.grad` unset) and adds them to the parameters with one `torch._foreach_add_`, the arithmetic of
-    distfl's plain-SGD local step with nothing else around it: the stricter reference."""
+    (`wall_s`, `cpu_s`; on a GPU the loop waits for the device at its end, as a round does).
+    `step`: "optim" is the loop a user writes (torch.optim.SGD, zero_grad() then step()); "lean" hands each
+    backward pass's gradients over (`.grad` unset) and adds them to the parameters with one
+    `torch._foreach_add_`, the arithmetic of distfl's plain-SGD local step with nothing else around it: the
+    stricter reference."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr) if step == "optim" else None
     model.train()
@@ -106,6 +107,8 @@ def plain_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Ten
             torch._foreach_add_(params, [p.grad for p in params], alpha=-lr)
         for p in params:
             p.grad = None
+    if params and params[0].is_cuda:
+        torch.cuda.synchronize(params[0].device)
     return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
 
 

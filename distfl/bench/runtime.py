@@ -72,7 +72,7 @@ WORKLOAD = [
 
 
 TARGET_OVERHEAD = 1.15  # FL wall time / the torch.optim plain loop's over the same batches, at most
-TARGET_LEAN_OVERHEAD = 1.05  # FL wall time / the lean plain loop's over the same batches, at most
+TARGET_LEAN_OVERHEAD = 1.05  # FL CPU time / the lean plain loop's over the same batches, at most
 TARGET_DP_OVERHEAD = 1.05  # privacy.mechanism=gaussian rounds / the same rounds without DP, at most
 # DP-FedAvg on the same workload: same cohorts (random) and steps; clipping, keyed noise, the RDP accountant.
 DP_WORKLOAD = ["algorithm.weighting=uniform", "privacy.mechanism=gaussian", "privacy.noise_multiplier=1.0",
