@@ -56,6 +56,62 @@ def batch_sizes_of_rounds(population, cfg, rounds: int) -> list[list[int]]:
     return out
 
 
+def client_batches_of_rounds(trainer, rounds: int) -> list[list[torch.Tensor]]:
+    """Per round, the sample indices of every local SGD step the round's clients take: each client's own
+    keyed batch stream (its generator seeded as `train_client` seeds it, then `federation.local.batch_indices`),
+    so a plain loop over them trains on exactly the batches the FL rounds train on. Drawn outside every
+    timing; the torch RNG state is put back afterwards."""
+    from ..federation.local import batch_indices, seed_local_rng
+    from ..federation.population import client_seed
+
+    cfg, tc = trainer.cfg, trainer.cfg.train
+    rule = {"rule": tc.cohort} if hasattr(tc, "cohort") else {}
+    state = torch.get_rng_state()
+    out = []
+    try:
+        for t in range(1, rounds + 1):
+            batches = []
+            for c in trainer.population.cohort(cfg.seed, t, tc.clients_per_round, **rule):
+                indices = trainer.client_indices[c]
+                seed_local_rng(client_seed(trainer.algorithm.seed, t, c), indices.device)
+                batches += list(batch_indices(indices, tc, fold_single=trainer.worker.fold_single))
+            out.append(batches)
+    finally:
+        torch.set_rng_state(state)
+    return out
+
+
+def plain_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, batches: list[torch.Tensor],
+               lr: float, step: str = "optim") -> dict:
+    """A plain PyTorch training loop over `batches` (sample indices, each batch gathered from the training
+    set as it is used, as a client's are); returns the loop's wall time and this process's CPU time
+    (`wall_s`, `cpu_s`; on a GPU the loop waits for the device at its end, as a round does).
+    `step`: "optim" is the loop a user writes (torch.optim.SGD, zero_grad() then step()); "lean" hands each
+    backward pass's gradients over (`.grad` unset) and adds them to the parameters with one
+    `torch._foreach_add_`, the arithmetic of distfl's plain-SGD local step with nothing else around it: the
+    stricter reference."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=lr) if step == "optim" else None
+    model.train()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for idx in batches:
+        x, y = train_x[idx], train_y[idx]
+        loss = F.cross_entropy(model(x), y)
+        if opt is not None:
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            continue
+        loss.backward()
+        with torch.no_grad():
+            torch._foreach_add_(params, [p.grad for p in params], alpha=-lr)
+        for p in params:
+            p.grad = None
+    if params and params[0].is_cuda:
+        torch.cuda.synchronize(params[0].device)
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
 def centralised_loop(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
                      batch_sizes: list[int], lr: float, seed: int) -> float:
     """Plain SGD over `batch_sizes` batches drawn (without replacement, epoch by epoch) from the
@@ -104,6 +160,9 @@ class InProcess:
         self.init_int = [t.clone() for t in tr.worker._int_snapshot]
         self.init_server = copy.deepcopy(tr.algorithm.server_state())
         self.batches = batch_sizes_of_rounds(tr.population, self.cfg, rounds)
+        self.client_batches = client_batches_of_rounds(tr, rounds)
+        if [[len(b) for b in r] for r in self.client_batches] != self.batches:
+            raise RuntimeError("bench: the clients' batches do not have the sizes of the round's steps")
 
     def reset(self) -> None:
         tr = self.trainer
@@ -120,23 +179,26 @@ class InProcess:
         calls0 = dist.COLLECTIVE_CALLS["round_stats"]
         bytes0 = dist.COLLECTIVE_BYTES["round_stats"]
         round_s, samples = [], 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for t in range(1, rounds + 1):
             t1 = time.perf_counter()
             row = self.trainer.run_round(t)
             round_s.append(time.perf_counter() - t1)
             samples += row["samples"]
-        total = time.perf_counter() - t0
-        return {"total_s": total, "round_s": round_s, "samples": samples,
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"total_s": total, "cpu_s": cpu, "round_s": round_s, "samples": samples,
                 "all_reduce_calls": dist.COLLECTIVE_CALLS["round_stats"] - calls0,
                 "all_reduce_bytes": dist.COLLECTIVE_BYTES["round_stats"] - bytes0,
                 "bytes_reduced_reported": row["bytes_reduced"]}
 
-    def time_centralised(self, batch_sizes: list[int] | None = None) -> float:
-        sizes = [b for r in self.batches for b in r] if batch_sizes is None else batch_sizes
+    def time_centralised(self, rounds: int | None = None, step: str = "optim") -> dict:
+        """`plain_loop` (`step`) of a fresh model over the batches the clients of the first `rounds` rounds
+        (all by default) train on, in their order: the same steps on the same samples as `time_fl`."""
+        rounds = self.rounds if rounds is None else rounds
         model = fresh_model(self.cfg, self.trainer.data)
         data = self.trainer.data
-        return centralised_loop(model, data.train_x, data.train_y, sizes, self.cfg.train.lr, self.cfg.seed)
+        batches = [idx for r in self.client_batches[:rounds] for idx in r]
+        return plain_loop(model, data.train_x, data.train_y, batches, self.cfg.train.lr, step)
 
 
 def write_config(path: Path, overrides: list[str], base: str | None = None) -> Path:

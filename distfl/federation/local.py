@@ -282,7 +282,12 @@ class LocalSGD:
         frozen = None if trainable is None else ~trainable
         post_step = after_step_hook(hooks)
         velocity = None
-        loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
+        # The pass's loss sum in float64, batch by batch in order. On the host each batch's loss is read as
+        # a Python float and summed there (the same IEEE double products and sums as the tensor ops, without
+        # three tensor ops a step); on a GPU it stays on the device, never waited for.
+        on_host = w.device.type == "cpu"
+        host_sum = 0.0
+        loss_sum = None if on_host else torch.zeros((), dtype=torch.float64, device=w.device)
         # Plain SGD needs no flat gradient: each parameter takes its own gradient, the same arithmetic.
         overrides = getattr(hooks, "overrides", None)  # duck-typed hooks may lack it: the flat path
         plain = (not train_cfg.weight_decay and not train_cfg.momentum and frozen is None
@@ -296,7 +301,10 @@ class LocalSGD:
                 hooks.before_forward(w, run)
                 loss = hooks.local_loss(model, x, y, run)
                 loss.backward()
-                loss_sum += loss.detach().double() * len(y)
+                if on_host:
+                    host_sum += loss.item() * len(y)
+                else:
+                    loss_sum += loss.detach().double() * len(y)
                 grads = flat.take_grads()
                 if plain:
                     with torch.no_grad():
@@ -313,7 +321,7 @@ class LocalSGD:
                 velocity = sgd_step(w, g, velocity, lr, train_cfg, hooks, [run], frozen)
         finally:
             flat.restore_grad_views()
-        return loss_sum
+        return torch.tensor(host_sum, dtype=torch.float64) if on_host else loss_sum
 
 
 def sgd_step(w: torch.Tensor, g: torch.Tensor, velocity: torch.Tensor | None, lr: float, train_cfg, hooks,

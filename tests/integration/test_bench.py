@@ -421,3 +421,34 @@ def test_lora_suite_counts_the_tensors_of_a_packed_round():
             == 4 * res["trained_parameters"]
         assert res["tracked_tensor_bytes"] == t["model_parameters"] + t["round_sum_buffer"] + 2 * 3 * t["trained_per_client"]
     assert lora["tensors"]["model_parameters"] == full["tensors"]["model_parameters"] + 4 * lora["trained_parameters"]
+
+
+def test_the_plain_loops_train_on_the_batches_the_rounds_train_on(tmp_path, monkeypatch):
+    """The runtime suite's plain loops take the same steps on the same samples as the FL rounds (each
+    client's keyed batch stream), and the lean loop's step is torch.optim.SGD's arithmetic: same model."""
+    import distfl.federation.local as local
+    from distfl.bench.harness import HARNESS, InProcess, fresh_model, plain_loop
+
+    ip = InProcess(2, ["seed=3", "data.dataset=synthetic", "partition.num_clients=12", "model.name=mlp",
+                       "train.rounds=2", "train.clients_per_round=5", "train.batch_size=16", "train.lr=0.1",
+                       *HARNESS, f"output.dir={tmp_path / 'run'}"])
+    trained = []
+    drawn = local.batch_indices
+
+    def recording(*args, **kwargs):
+        for idx in drawn(*args, **kwargs):
+            trained.append(tuple(idx.tolist()))
+            yield idx
+    monkeypatch.setattr(local, "batch_indices", recording)
+    ip.time_fl()
+    planned = [tuple(idx.tolist()) for r in ip.client_batches for idx in r]
+    assert len(planned) == sum(len(r) for r in ip.batches) > 0
+    assert sorted(trained) == sorted(planned)
+
+    data, batches = ip.trainer.data, [idx for r in ip.client_batches for idx in r]
+    models = {step: fresh_model(ip.cfg, data) for step in ("optim", "lean")}
+    for step, model in models.items():
+        plain_loop(model, data.train_x, data.train_y, batches, ip.cfg.train.lr, step)
+    for a, b in zip(models["optim"].state_dict().values(), models["lean"].state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(next(models["lean"].parameters()), next(fresh_model(ip.cfg, data).parameters()))

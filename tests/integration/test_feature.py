@@ -128,7 +128,8 @@ def test_the_built_in_features_declare_their_keys_and_order():
     from distfl.algorithms import FEATURES
     from distfl.config.schema import KEYS
 
-    assert {name: cls.order for name, cls in FEATURES.items()} == {"gma": 10, "fedbn": 20, "compression": 30, "dp": 40}
+    assert {name: cls.order for name, cls in FEATURES.items()} == {"lora_stack": 5, "gma": 10, "fedbn": 20, "compression": 30,
+                                                                   "sketch": 30, "download": 35, "dp": 40}
     for cls in FEATURES.values():
         for key in cls.keys:
             assert key in KEYS or any(k.startswith(key.removesuffix("*")) for k in KEYS), (cls.feature_name, key)

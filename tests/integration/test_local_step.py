@@ -206,3 +206,33 @@ def test_after_step_runs_after_every_step_on_both_paths(tmp_path, monkeypatch):
         tr.run_round(1)
         counts[name] = len(calls)
     assert counts["plain"] == counts["momentum"] > 0
+
+
+@pytest.mark.parametrize("extra", [[], ["train.momentum=0.9"]])
+def test_a_clients_loss_sum_is_the_float64_sum_of_its_batches_in_order(tmp_path, small_config, extra):
+    """On the host the pass's loss sum is read batch by batch as Python floats: the same IEEE double
+    products and sums, in the same order, as float64 tensor ops on each batch's loss (the device path)."""
+    from distfl.federation.local import seed_local_rng
+    from distfl.federation.population import client_seed
+
+    tr = build_trainer(small_config, tmp_path / "run", *extra)
+    cohort = tr.population.cohort(tr.cfg.seed, 1, tr.cfg.train.clients_per_round)
+    losses = []
+    inner = tr.algorithm.local_loss
+
+    def recording(model, x, y, run):
+        loss = inner(model, x, y, run)
+        losses.append((loss.detach().clone(), len(y)))
+        return loss
+    tr.algorithm.local_loss = recording
+    for c in cohort:
+        losses.clear()
+        run = tr.client_run(c, 1, cohort)
+        tr.worker.load(tr.global_params, tr.global_buffers)
+        seed_local_rng(client_seed(tr.algorithm.seed, 1, c), tr.device)
+        run.train()
+        expected = torch.zeros((), dtype=torch.float64)
+        for loss, size in losses:
+            expected += loss.double() * size
+        assert len(losses) == run.steps and float(expected) > 0
+        assert run.loss_sum.dtype == torch.float64 and torch.equal(run.loss_sum, expected)
