@@ -38,6 +38,15 @@ MODEL_STATISTICS = (NONFINITE_PARAMS, "loss_sum", "delta", "buffers", "bn_params
 
 
 class RoundEngine:
+    @property
+    def global_params(self) -> torch.Tensor:
+        """The global model's flat parameters (run_state.GlobalModel), changed in place by each server step."""
+        return self.model.params
+
+    @property
+    def global_buffers(self) -> torch.Tensor:
+        return self.model.buffers
+
     def run_round(self, round_idx: int) -> dict:
         """One synchronous round, steps 1-9. (Evaluation and the checkpoint follow in `Trainer.run`.)"""
         cohort, packs = self.select(round_idx)

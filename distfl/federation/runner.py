@@ -192,14 +192,6 @@ class Trainer(RoundEngine):
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
         self.directory.prepare(cfg, self.store, self.resumed_from, self.skipped)
 
-    @property
-    def global_params(self) -> torch.Tensor:
-        return self.model.params
-
-    @property
-    def global_buffers(self) -> torch.Tensor:
-        return self.model.buffers
-
     def hosts(self, client_id: int) -> bool:
         """Under sticky placement, whether this rank hosts `client_id` in every round."""
         return client_id % self.ctx.world_size == self.ctx.rank
