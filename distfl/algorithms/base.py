@@ -1,66 +1,39 @@
-"""The algorithm interface: hooks into the runtime's round, never a round loop of its own.
-
-A round, as the runtime runs it (federation/runner.py):
-  begin_round(round_idx)                on every rank (the server lr of the schedule)
-  for each client this rank hosts:      load global model -> begin_client -> local SGD steps:
-                                          before_forward, local_loss, backward, correct_gradient, step,
-                                          after_step
-                                        -> client_statistics(run, worker, stats)
-  stats.reduce()                        one all_reduce of every segment, summed over the cohort
-  server_update(reduced)                identical on every rank
-
-`FedAvg`-style defaults live here: the weighted model delta and the BatchNorm buffers are summed, and
-the server optimizer (FedOpt) is applied to the averaged delta. A method overrides only what differs.
-
-This class is public API, exported as `distfl.Algorithm`: a method in the user's own package subclasses
-it and is named by `algorithm.name: package.module:ClassName` (docs/extending.md). The hooks' names and
-signatures below are kept stable.
-
-FedBN, GMA and DP are not part of a method: they wrap any method (algorithms/fedbn.py, gma.py, private.py;
-`build_algorithm` in algorithms/__init__.py), overriding the hooks they change and passing the rest through.
-
-Personalised methods (FedPer, FedRep, FedBABU, Ditto, APFL) use four more hooks, all additive:
-  - `local_training(run, worker)`: the client's local training as calls of `run.train(...)` (passes
-    with their own epochs, a mask of trainable coordinates, a name); default: one `run.train()`;
-  - `local_samples(num_samples, train_cfg)`: the samples those recorded passes cover (train_loss);
-  - `personalised = True`: each client is scored (eval.clients) with the model
-    `load_evaluated_model(run, worker)` builds from its state, which may fine-tune with `run.train`
-    (for `evaluated_finetune_epochs()` epochs);
-  - `head_coordinates(worker, model_name)`: the flat coordinates of the model's classifier head (the
-    rest is the body), the split FedPer, FedRep and FedBABU share.
+"""The algorithm interface: hooks into the runtime's round (federation/round.py), never a round loop of
+its own. Exported as `distfl.Algorithm`: a method in the user's own package subclasses it and is named by
+`algorithm.name: package.module:ClassName`. docs/extending.md lists every hook in one table (when it is
+called, what it may do, its default); their names and signatures are kept stable. The defaults are FedAvg's:
+the weighted model delta and BatchNorm buffers summed, the server optimizer stepping on the mean delta.
+FedBN, GMA, compression and DP wrap any method (`build_algorithm`, algorithms/__init__.py). What a method
+may ask of the model: model_parts.py (its head, each parameter's view), models/needs.py (its declared needs).
 """
 from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from ..federation.local import samples_trained
 from ..federation.schedule import round_lr
 from .fedopt import build_server_optimizer
+# Also importable from here (plugins, compressed.py and the run's checks name this module):
+from ..models.needs import check_built_model, check_model_needs  # noqa: F401
+from .model_parts import call_at, flat_views, head_coordinates  # noqa: F401
 
 
 class Algorithm:
     # ---- what a method declares, read at config validation before any data loads ----------------
+    # (each in one line of docs/extending.md's table "What a method declares")
     name = "base"
-    # The method's options: a dataclass of bool/int/float/str fields, each with a default and a trailing
-    # comment (its documentation); metadata "range" (">= 0", "(0, 1]", ...) or "choices" is checked like a
-    # config key's. `algorithm.options` is validated against it; the method reads `self.options`.
-    Options = None
-    # True if its clients release nothing but their model update (delta and buffers segments, weighted
-    # run.weight) and its server uses nothing but their sum: it may run under privacy.mechanism=gaussian
-    # (docs/privacy.md). Otherwise `why_not_private` says what else it releases (the refusal quotes it).
+    Options = None  # a dataclass of the method's options (algorithm.options), read as `self.options`
+    # True if its clients release nothing but their model update and its server uses nothing but their sum:
+    # it may run under privacy.mechanism=gaussian. Otherwise `why_not_private` says what else it releases.
     private_release = False
     why_not_private = ""
     stateful = False  # True: keeps per-client state between rounds (client state store)
     client_store = False  # True: needs the client state store even when not stateful (TCT's stage 2)
     personalised = False  # True: eval.clients scores each client with load_evaluated_model (its own model)
     head_split = False  # True: splits the model into a shared body and a per-client learnable head (model.head=linear)
-    # True if its clients send only a model update and its server step uses only the updates' weighted sum, so
-    # stale updates of an asynchronous run (system.async_mode, docs/system.md) are defined for it.
-    asynchronous = False
-    # What the method needs of the model, each checked at validation from model.* (and, for a plugin model
-    # whose BatchNorm layers only its build shows, again when the method is built):
+    asynchronous = False  # True: it sends only a model update, summed: stale updates (system.async_mode) are defined
+    # What the method needs of the model, checked at validation (and, for a plugin model, when it is built):
     learnable_head = False  # True: it reads or trains the classifier head's parameters (model.head=linear)
     cross_entropy = ""  # why it needs softmax cross-entropy (model.head=linear, model.loss=auto|ce), or "": any loss
     no_batchnorm = ""  # why it cannot keep BatchNorm statistics right (a model without them), or "": it can
@@ -224,57 +197,3 @@ class Algorithm:
     def load_server_state(self, state: dict) -> None:
         self.server_opt.load_state_dict(state["server_opt"])
 
-
-def head_coordinates(worker, model_name: str) -> torch.Tensor:
-    """Boolean mask over the flat parameters of the model's classifier head: the parameters of the
-    `head` module of a `distfl.Classifier` (models/base.py: `forward(x) == head(features(x))`). The
-    rest, `features`, is the body. A fixed head (model.head=sphere|fixed_random) has no parameters."""
-    mask = torch.zeros(worker.num_params, dtype=torch.bool, device=worker.params.device)
-    for name, where in worker.param_slices.items():
-        if name.startswith("head."):
-            mask[where] = True
-    if not bool(mask.any()):
-        raise ConfigError(f"model.name={model_name} has no learnable classifier head (model.head must be linear: "
-                          "a Classifier's `head` module with parameters)")
-    return mask
-
-
-def check_model_needs(cls, cfg) -> None:
-    """ConfigError if the run's model lacks what method `cls` declares it needs (`learnable_head`,
-    `cross_entropy`, `no_batchnorm`), read from model.*: one line naming the keys and what is valid."""
-    from ..models.base import has_batchnorm, loss_kind
-
-    name, model = cfg.algorithm.name, cfg.model
-    if cls.learnable_head and model.head != "linear":
-        raise ConfigError(f"algorithm.name={name} trains the model's classifier head; model.head={model.head} is fixed: "
-                          "use model.head=linear")
-    if cls.cross_entropy and loss_kind(model.loss, model.head) != "ce":
-        raise ConfigError(f"algorithm.name={name} {cls.cross_entropy}; this model is trained with MSE (model.head="
-                          f"{model.head}, model.loss={model.loss}): use model.head=linear and model.loss=auto")
-    if cls.no_batchnorm and has_batchnorm(model.name, model.norm):
-        refuse_batchnorm(name, model.name, cls.no_batchnorm)
-
-
-def check_built_model(cls, cfg, worker) -> None:
-    """What `check_model_needs` checks, on the built model: a plugin model's BatchNorm is known only here."""
-    if cls.no_batchnorm and (worker.buffers.numel() or worker.int_buffers):
-        refuse_batchnorm(cfg.algorithm.name, cfg.model.name, cls.no_batchnorm)
-
-
-def refuse_batchnorm(name: str, model_name: str, why: str) -> None:
-    """ConfigError for a model with BatchNorm statistics, for a method that cannot keep them right (`why`)."""
-    raise ConfigError(f"algorithm.name={name} {why}; model.name={model_name} has BatchNorm statistics: use a model "
-                      "without BatchNorm (e.g. model.norm=gn)")
-
-
-def flat_views(worker) -> list[tuple[str, slice, torch.Size]]:
-    """(name, slice of the flat vector, shape) of each parameter, in the flat layout's order."""
-    shapes = {name: p.shape for name, p in worker.module.named_parameters()}
-    return [(name, where, shapes[name]) for name, where in worker.param_slices.items()]
-
-
-def call_at(model, views, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The model's output at the flat parameters `flat` (differentiable in `flat`), its own left as they are."""
-    from torch.func import functional_call
-
-    return functional_call(model, {name: flat[where].view(shape) for name, where, shape in views}, (x,))

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .base import Algorithm, call_at, flat_views, head_coordinates
+from .base import Algorithm
+from .model_parts import call_at, flat_views, head_coordinates
 
 
 class FedALA(Algorithm):

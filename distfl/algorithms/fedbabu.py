@@ -11,7 +11,8 @@ round, train.momentum and weight_decay), then is scored. Nothing is kept per cli
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .base import Algorithm, head_coordinates
+from .base import Algorithm
+from .model_parts import head_coordinates
 
 
 class FedBABU(Algorithm):

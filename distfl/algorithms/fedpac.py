@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from ..federation.local import samples_trained
-from .base import Algorithm, head_coordinates
+from .base import Algorithm
+from .model_parts import head_coordinates
 
 
 @dataclass

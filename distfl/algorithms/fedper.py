@@ -10,7 +10,8 @@ client). distfl's split is the model's classifier head (`head_coordinates`: the 
 Server: body^{t+1} from the mean body update (the server optimizer, GMA's mask as for FedAvg); the
 global head receives a zero update, so it stays the initial head. eval.clients scores (body^t, head_k).
 """
-from .base import Algorithm, head_coordinates
+from .base import Algorithm
+from .model_parts import head_coordinates
 
 
 class FedPer(Algorithm):

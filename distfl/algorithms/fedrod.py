@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ..federation.schedule import round_lr
-from .base import Algorithm, head_coordinates
+from .base import Algorithm
+from .model_parts import head_coordinates
 
 
 class FedRoD(Algorithm):

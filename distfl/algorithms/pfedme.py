@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ConfigError
-from .base import Algorithm, call_at, flat_views
+from .base import Algorithm
+from .model_parts import call_at, flat_views
 
 
 class PFedMe(Algorithm):

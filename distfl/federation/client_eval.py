@@ -23,9 +23,12 @@ import dataclasses
 import numpy as np
 import torch
 
+from ..data.client_test import client_test_sets
+from ..data.natural import natural_test_sets
 from ..data.tokens import hits, token_counts
 from .aggregate import Segment, StatBuffer
-from .local import ClientRun, LocalSGD, local_steps, seed_local_rng
+from .local import seed_local_rng
+from .population import DeviceIndices
 
 _FINETUNE_STREAM = 5  # distinct from population.py's (1, 2) and client_test.py's (3, 4) streams
 
@@ -33,6 +36,20 @@ _FINETUNE_STREAM = 5  # distinct from population.py's (1, 2) and client_test.py'
 # clients' accuracies, and the sample-weighted mean (all clients' test samples pooled: FedRep's and
 # PFLlib's per-client mean)
 STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10", "client_acc_weighted_mean")
+
+
+def client_test_split(cfg, data, population, held, seed: int, device: torch.device):
+    """Each client's local test set, as (indices per client, the x and y they index): its `held` out
+    training samples (eval.client_split=holdout), its own test samples (partition.scheme=natural), or
+    drawn from the test split with its label distribution (data/client_test.py)."""
+    if held is not None:
+        sets, x, y = held, data.train_x, data.train_y
+    elif cfg.partition.scheme == "natural":  # each client's own test samples, as the source splits them
+        sets, x, y = natural_test_sets(data.test_offsets), data.test_x, data.test_y
+    else:
+        sets = client_test_sets(population.class_counts, data.test_y.cpu().numpy(), cfg.eval.client_test_size, seed)
+        x, y = data.test_x, data.test_y
+    return DeviceIndices(sets, device), x, y  # each client's indices made when it is first scored
 
 
 def client_segments(num_clients: int) -> list[Segment]:
@@ -130,14 +147,11 @@ def train_evaluated_model(context, client: int, state: dict, hooks, body, start:
     training data (train.batch_size, the optimizer of `finetune_train_config`, `hooks`' before_forward,
     local_loss and correct_gradient), the torch RNG seeded by (seed, client) only: the same model on
     whichever rank evaluates the client. FedBABU's fine-tuning and eval.finetune_epochs share it. `start`:
-    the flat parameters the client starts from (`run.global_params`)."""
+    the flat parameters the client starts from (`run.global_params`). The run is built by the round's own
+    client path (`RoundEngine.client_run`, round.py), with weight 0."""
     cfg = context.cfg
-    n = int(context.population.sizes[client])
-    run = ClientRun(client_id=client, round_idx=max(context.state.last_round, 1), num_samples=n, weight=0.0,
-                    steps=local_steps(n, cfg.train.batch_size, cfg.train.local_epochs, cfg.train.local_steps),
-                    global_params=start, state=dict(state),
-                    sgd=LocalSGD(context.worker, context.data, context.client_indices[client],
-                                 finetune_train_config(cfg), hooks))
+    run = context.client_run(client, max(context.state.last_round, 1), None, train_cfg=finetune_train_config(cfg),
+                             hooks=hooks, start=start, state=dict(state))
     seed_local_rng(finetune_seed(cfg.seed, client), context.worker.params.device)
     with torch.enable_grad():
         body(run, context.worker)

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..data.parts import Parts
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 
 # Distinct streams for distinct purposes, so adding a random draw in one never shifts another.
 _COHORT_STREAM = 1
@@ -130,3 +130,16 @@ def place_packs(cohort: list[int], sizes: np.ndarray, world_size: int, pack_size
         ranks[r].append(pack)
         load[r] += int(sum(sizes[c] for c in pack))
     return [sorted(r) for r in ranks]
+
+
+def sticky_placement(cfg, algorithm) -> bool:
+    """runtime.placement: whether every client is hosted by the same rank in every round (client c on rank
+    c % world_size); auto: where a stateful method keeps its clients' state in memory."""
+    placement, store = cfg.runtime.placement, cfg.runtime.client_state
+    if algorithm.stateful and store == "memory" and placement == "balanced":
+        raise ConfigError(
+            f"algorithm.name={cfg.algorithm.name} keeps per-client state in memory on the hosting "
+            "rank, so runtime.placement must be auto or sticky (or set runtime.client_state=disk)")
+    if placement == "auto":
+        return algorithm.stateful and store == "memory"
+    return placement == "sticky"

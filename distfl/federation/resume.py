@@ -10,6 +10,19 @@ from ..errors import CheckpointError
 from . import run_dir
 
 
+def resume_lines(trainer) -> list[str]:
+    """What a resumed run says first: checkpoints skipped, where it resumes, guarantees it loses."""
+    lines = [f"skipped checkpoint {name}: {why}" for name, why in trainer.skipped]
+    if trainer.skipped:
+        lines.append(f"resuming from {trainer.resumed_from}, the newest good checkpoint")
+    rounds, start = trainer.cfg.train.rounds, trainer.state.start_round
+    if start > rounds:
+        lines.append(f"resuming {trainer.run_dir} after training ({rounds} rounds), at its phases")
+    elif start > 1:
+        lines.append(f"resuming {trainer.run_dir} at round {start}")
+    return lines + [f"warning: {warning}" for warning in trainer.resume_warnings]
+
+
 def restore(trainer) -> None:
     """Load the newest good checkpoint of `trainer`'s run directory into it, after checking that it may
     continue: the same checkpoint on every rank, the same data, only resumable keys changed, its phases."""

@@ -270,6 +270,7 @@ class RunContext:
     state: RunProgress
     stop: StopFlags
     hosts: Callable[[int], bool]  # under sticky placement, whether this rank hosts a client in every round
+    client_run: Callable[..., object]  # a client's local.ClientRun, built as the rounds build it (round.py)
     evaluate_round: Callable[[bool], dict]  # test_acc, test_loss (and the per-client statistics) of the global model
     save_phase_checkpoint: Callable[[str, dict], None]  # a long phase's progress, found again in state.phase_state
 

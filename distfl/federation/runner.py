@@ -1,5 +1,6 @@
-"""The round loop: cohort -> placement -> local training -> one all_reduce -> server step -> eval ->
-checkpoint. The same code runs as one plain process or as every rank of a torchrun job.
+"""The run: its set-up, then the loop of rounds (each one `run_round`: federation/round.py's steps) ->
+eval -> checkpoint, then the phases and summary.json. The same code runs as one plain process or as every
+rank of a torchrun job.
 
 What is guaranteed (and tested): for a fixed config, the final model (`model_sha256`) is bit-identical
 on 1 or N processes, for any placement of clients on ranks, and when a run is stopped and resumed
@@ -24,44 +25,40 @@ import torch
 
 from .. import checkpoint, dist, faults
 from ..algorithms import algorithm_class, build_algorithm, build_phases
-from ..config import config_to_dict, data_seed, dump_config
-from ..data.client_test import client_test_sets, holdout_split
 from ..checkpoint import file_sha256
-from ..data.digest import DataSources
+from ..config import config_to_dict, data_seed, dump_config
+from ..data.client_test import holdout_split
 from ..data.datasets import load_dataset
-from ..data.natural import natural_test_sets
+from ..data.digest import DataSources
 from ..data.partition import partition
 from ..data.tokens import client_token_counts
-from ..errors import ConfigError, DistflError, DivergenceError, Interrupted, NothingReports, PluginError
+from ..errors import ConfigError, DistflError, DivergenceError, Interrupted, NothingReports
 from ..logging import RunLogger
 from ..models import build_model, uses_channels_last
-from ..privacy import release, rules as dp_rules
+from ..privacy import release
 from ..system import build as build_system
-from .aggregate import Aggregator
-from .aggregators import payload_bytes, round_aggregator
-from .client_eval import best_round_scores
-from .split_eval import evaluate
+from .client_eval import best_round_scores, client_test_split
 from .eval_sample import EvalSample
-from .local import ClientRun, FlatModel, LocalSGD, local_steps, train_client
 from .graphs import resolve_cuda_graphs
-from .pack import PackStep, check_packable, pack_statistics, resolve_pack_size
-from .population import DeviceIndices, Population, place, place_packs
+from .local import FlatModel
+from .pack import PackStep, check_packable, resolve_pack_size
+from .population import DeviceIndices, Population, sticky_placement
+from .probe import probe_model
+from .resume import restore, resume_lines
+from .round import RoundEngine
 from .run_state import (BestModel, Checkpoints, GlobalModel, MethodState, PrivacyState, RunContext, RunProgress, RunRecord,
                         StopFlags, SystemState)
-from .probe import probe_model
-from .schedule import round_lr
+from .split_eval import evaluate
 from .state import ClientStateStore
-from . import init_from, run_dir, stopping, summary
-from .resume import restore
+from . import init_from, run_dir, run_privacy, stopping, summary
 
 
-NONFINITE_PARAMS = "non-finite local model parameters"
-# What a client's model gives: out of range there means training diverged. A method's own statistic out
-# of range while these are fine means the method adds values its segment cannot hold.
-MODEL_STATISTICS = (NONFINITE_PARAMS, "loss_sum", "delta", "buffers", "bn_params")
 
 
-class Trainer:
+class Trainer(RoundEngine):
+    """A run: its set-up, the loop of rounds (each `RoundEngine.run_round`, round.py), evaluation,
+    checkpoints and the phases after training."""
+
     def __init__(self, cfg, ctx: dist.DistContext, resume: bool = False, overwrite: bool = False):
         self.directory = None
         try:
@@ -84,7 +81,7 @@ class Trainer:
         self.directory = run_dir.RunDirectory(self.run_dir, ctx, overwrite)
 
         # privacy.target_epsilon: the noise multiplier the accountant calibrates, before any work.
-        self.noise_multiplier = None if cfg.privacy.mechanism in ("none", *dp_rules.DISTRIBUTED) else _accountant().resolve_noise_multiplier(cfg)
+        self.noise_multiplier = run_privacy.noise_multiplier(cfg)
         seed = data_seed(cfg)  # the split's, which may stay fixed while cfg.seed varies
         self.data = load_dataset(cfg.data, seed).to(self.device)
         # A next-token dataset has no class a sample (data/tokens.py): no labels, no class counts.
@@ -108,19 +105,9 @@ class Trainer:
         self.client_indices = DeviceIndices(self.population.indices, self.device)  # made when a client first trains
         # eval.test_samples, eval.train_samples: the fixed rows every evaluation scores (from the data seed)
         self.eval_sample = EvalSample.of(cfg.eval, self.data, seed)
-        if cfg.eval.clients:
-            # client_test[k] indexes client_test_x / client_test_y: the train split (holdout) or the test split.
-            if holdout:
-                sets = held
-                self.client_test_x, self.client_test_y = self.data.train_x, self.data.train_y
-            elif cfg.partition.scheme == "natural":  # each client's own test samples, as the source splits them
-                sets = natural_test_sets(self.data.test_offsets)
-                self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
-            else:
-                sets = client_test_sets(self.population.class_counts, self.data.test_y.cpu().numpy(),
-                                        cfg.eval.client_test_size, seed)
-                self.client_test_x, self.client_test_y = self.data.test_x, self.data.test_y
-            self.client_test = DeviceIndices(sets, self.device)  # each made when that client is first scored
+        if cfg.eval.clients:  # client_test[k] indexes client_test_x / client_test_y (client_eval.py)
+            self.client_test, self.client_test_x, self.client_test_y = client_test_split(
+                cfg, self.data, self.population, held if holdout else None, seed, self.device)
 
         def model_factory():
             return build_model(cfg.model, self.data.input_shape, self.data.num_classes,
@@ -148,20 +135,13 @@ class Trainer:
         # the seed; prove every rank built the same ones before any training relies on them.
         for tensor in self.worker.frozen:
             dist.check_same_on_all_ranks(dist.fingerprint(tensor), ctx, "the fixed head and frozen parameters")
-        if cfg.privacy.mechanism != "none":
-            dp_rules.check_model_buffers(self.worker.buffers.numel(), cfg.model.name)
+        run_privacy.check_model(cfg, self.worker)
         # The method, wrapped in the run's features (GMA, FedBN, DP: algorithms/__init__.py).
         self.algorithm = build_algorithm(cfg, self.population, self.worker, self.device, model_factory,
                                          self.noise_multiplier, ctx)
-        self.privacy, self.ledger = None, None
-        if cfg.privacy.mechanism in dp_rules.DISTRIBUTED:  # the clients noise (secagg/aggregator.py)
-            from ..secagg.aggregator import DistributedLedger
-
-            self.ledger = DistributedLedger(cfg, self.algorithm.segments(), lambda: self.state.progress)
-        elif cfg.privacy.mechanism != "none":
-            self.privacy = self.algorithm.mechanism
-            self.ledger = _accountant().Ledger.of(cfg, self.noise_multiplier, len(self.population))
-        self.sticky = self._sticky_placement()
+        self.privacy, self.ledger = run_privacy.mechanism_and_ledger(cfg, self.algorithm, self.noise_multiplier,
+                                                                     len(self.population), lambda: self.state.progress)
+        self.sticky = sticky_placement(cfg, self.algorithm)
         self.pack_size = resolve_pack_size(cfg.runtime.pack_size, self.device, self.algorithm, self.sticky)
         check_packable(cfg, self.algorithm, self.pack_size, self.sticky)
         graphs = resolve_cuda_graphs(cfg.runtime.cuda_graphs, self.device, self.pack_size)
@@ -202,7 +182,7 @@ class Trainer:
             worker=self.worker, algorithm=self.algorithm, store=self.store, global_params=self.model.params,
             global_buffers=self.model.buffers, sticky=self.sticky,
             pack_size=self.pack_size, pack_step=self.pack_step, system=self.system, privacy=self.privacy, ledger=self.ledger, noise_multiplier=self.noise_multiplier,
-            state=self.state, stop=self.stop, hosts=self.hosts, evaluate_round=self.evaluate_round,
+            state=self.state, stop=self.stop, hosts=self.hosts, client_run=self.client_run, evaluate_round=self.evaluate_round,
             save_phase_checkpoint=self.save_phase_checkpoint)
         self.resume_warnings: list[str] = []
         self.round_note = None  # why the last round was skipped (an aggregator's failure), said after it
@@ -212,31 +192,13 @@ class Trainer:
         # Only now, with data, partition, model (and checkpoint) good, does the run directory get written.
         self.directory.prepare(cfg, self.store, self.resumed_from, self.skipped)
 
-    @property
-    def global_params(self) -> torch.Tensor:
-        return self.model.params
-
-    @property
-    def global_buffers(self) -> torch.Tensor:
-        return self.model.buffers
-
-    # ---- set-up --------------------------------------------------------------------------------
-    def _sticky_placement(self) -> bool:
-        placement, store = self.cfg.runtime.placement, self.cfg.runtime.client_state
-        if self.algorithm.stateful and store == "memory" and placement == "balanced":
-            raise ConfigError(
-                f"algorithm.name={self.cfg.algorithm.name} keeps per-client state in memory on the hosting "
-                "rank, so runtime.placement must be auto or sticky (or set runtime.client_state=disk)")
-        if placement == "auto":
-            return self.algorithm.stateful and store == "memory"
-        return placement == "sticky"
-
     def hosts(self, client_id: int) -> bool:
         """Under sticky placement, whether this rank hosts `client_id` in every round."""
         return client_id % self.ctx.world_size == self.ctx.rank
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def _save_checkpoint(self, label: str, step: int) -> None:
+    def save_checkpoint(self, label: str, step: int) -> None:
+        """Checkpoint the run at `step` (after a round, or a phase: `label`), pruning old ones (checkpoint.keep)."""
         self.where = f"writing checkpoint {checkpoint.checkpoint_name(label, step)}"
         self.checkpoints.save(label, step)
 
@@ -246,170 +208,6 @@ class Trainer:
         return {"device": self.device.type, "threads": self.cfg.runtime.threads,
                 "deterministic": self.cfg.runtime.deterministic, "torch": str(torch.__version__),
                 "pack_size": self.pack_size}
-
-    # ---- one round -----------------------------------------------------------------------------
-    def run_round(self, round_idx: int) -> dict:
-        """One round's seams, in order: cohort -> local training (each client's statistics into one buffer)
-        -> one all_reduce -> server step. (Evaluation and the checkpoint follow in `run`.)"""
-        cohort, packs = self._cohort(round_idx)
-        stats = self._train_cohort(round_idx, cohort, packs)
-        return self.finish_round(round_idx, cohort, stats, self.plan.metrics() if self.plan else {})
-
-    def new_aggregator(self, cohort: list[int], extra_terms: int = 0) -> Aggregator:
-        """The round's aggregator (aggregation.aggregator) over the method's segments and the bookkeeping,
-        for the cohort's terms and `extra_terms` more (the server's own: FedAsync's)."""
-        largest = max((self.samples_trained(k) for k in cohort), default=1)
-        return round_aggregator(self.cfg, self.algorithm.segments(), largest, self.device, len(cohort) + extra_terms,
-                                round_idx=self.state.last_round, sampled=self.plan.sampled if self.plan else cohort,
-                                senders=cohort)
-
-    def payload_bytes(self) -> tuple[int, int]:
-        """What each client of a round downloads and uploads, in bytes (federation/aggregators.py)."""
-        return payload_bytes(self.cfg, self.algorithm)
-
-    def finish_round(self, round_idx: int, cohort: list[int], stats: Aggregator, extra: dict) -> dict:
-        """The one all_reduce of the clients' `stats`, its checks and the server step; the round's row
-        (with `extra`: the virtual clock's). The asynchronous server step (distfl/system) ends here too."""
-        stats.add("stop", stopping.stop_code(self.stop))
-        self.where = f"round {round_idx}, aggregation and server step"
-        reduced = self._reduce(round_idx, stats)
-        failure = reduced.failure  # the aggregator could not sum the round (too few survivors): it is skipped
-        self.round_note = failure
-        if failure is None and self.ledger is not None:  # distributed DP counts the survivors' noise
-            self.ledger.record_round(reduced)
-        if failure is None and (cohort or self.privacy is not None):  # an empty Poisson cohort leaves a non-private model as it is
-            self.algorithm.server_update(self.global_params, self.global_buffers, reduced)
-        self.state.model_round = round_idx  # under DP: its noise is in the model from here on
-        if not bool(torch.isfinite(self.global_params).all()):
-            raise DivergenceError(f"round {round_idx}: the server update made the global model non-finite; "
-                                  "lower server.lr")
-        cfg, samples, clients = self.cfg, int(reduced["samples"][0]), int(reduced["clients"][0])
-        down, up = self.payload_bytes()
-        return {"train_loss": reduced.scalar("loss_sum") / max(samples, 1), "samples": samples,
-                "bytes_up": clients * up, "bytes_down": clients * down, "bytes_reduced": stats.nbytes, "lr": round_lr(cfg.train, round_idx, cfg.train.rounds),
-                "server_lr": self.algorithm.server_opt.lr, **self.algorithm.round_metrics,
-                **({"privacy_epsilon": self.ledger.epsilon_after(round_idx)}
-                   if self.ledger is not None and self.ctx.is_main else {}),
-                **reduced.metrics, **extra}
-
-    def _cohort(self, round_idx: int) -> tuple[list[int], list[list[int]]]:
-        """The round's cohort, and this rank's share of it as packs (of one client each at pack_size 1)."""
-        cfg, ctx = self.cfg, self.ctx
-        self.state.last_round = round_idx  # the round an evaluation after it belongs to (client fine-tuning's lr)
-        self.plan = self.system.plan_round(round_idx) if self.system is not None else None  # who reports, on the clock
-        if self.plan:
-            cohort = self.plan.kept
-        elif self.privacy is not None:  # DP: from the secret key
-            cohort = self.privacy.cohort(self.population, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
-        else:
-            cohort = self.population.cohort(cfg.seed, round_idx, cfg.train.clients_per_round, cfg.train.cohort)
-        self.algorithm.begin_round(round_idx)
-        if self.pack_size == 1:
-            return cohort, [[c] for c in place(cohort, self.population.sizes, ctx.world_size, self.sticky)[ctx.rank]]
-        return cohort, place_packs(cohort, self.population.sizes, ctx.world_size, self.pack_size)[ctx.rank]
-
-    def _train_cohort(self, round_idx: int, cohort: list[int], packs: list[list[int]]) -> Aggregator:
-        """Local training of this rank's packs; each client's statistics go into the round's aggregator."""
-        stats = self.new_aggregator(cohort)
-        self.train_clients(stats, round_idx, cohort, packs)
-        return stats
-
-    def train_clients(self, stats: Aggregator, round_idx: int, cohort: list[int], packs: list[list[int]],
-                      start=None, label: str | None = None) -> None:
-        """Local training of `packs` (this rank's clients of `cohort`, in packs), each client's statistics into
-        `stats`: the one client path of synchronous rounds and asynchronous server steps. `start(run)`: a
-        client that starts elsewhere than the global model (the asynchronous engine: the model version it
-        started from, its round and staleness-weighted weight) sets `run`'s and returns its buffers."""
-        whole_packs = pack_statistics(self.algorithm) and not (self.store is not None and self.algorithm.stateful)
-        for pack in packs:
-            who = "a sampled client" if self.privacy else f"client {', '.join(map(str, pack))}"  # DP: cohorts hidden
-            self.where = f"{label or f'round {round_idx}'}, local training of {who}"
-            runs = [self.client_run(c, round_idx, cohort) for c in pack]
-            buffers = self.global_buffers if start is None else start(*runs)  # start: packs of one client
-            if len(runs) > 1 and whole_packs:
-                rows = self.pack_step.train_rows(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
-                                                 self.cfg.train, self.algorithm, buffers)
-                self._contribute_pack(runs, *rows, stats)
-                continue
-            for run in train_client(self.worker, self.data, [self.client_indices[c] for c in pack], runs,
-                                    self.cfg.train, self.algorithm, buffers, self.pack_step):
-                self.contribute(run, stats)
-
-    def _reduce(self, round_idx: int, stats: Aggregator):
-        """The one all_reduce of the round; the stop flag agreed; non-finite or out-of-range sums stop the run."""
-        reduced = stats.reduce(self.ctx)
-        # Every rank sees the same sum, so all stop after the same round even if the signal reached
-        # them at different moments.
-        stopping.agree(self.stop, int(reduced["stop"][0]))
-        bad, problems = int(reduced["nonfinite"][0]), reduced.problems()
-        if bad or problems:
-            if self.privacy is None:
-                found = [f"{NONFINITE_PARAMS} in {bad} client(s)"] if bad else []
-                found += [f"statistic {name} out of range ({what})" for name, what in problems.items()]
-            else:  # no count of clients: it would tell the size of a hidden cohort
-                found = [f"{NONFINITE_PARAMS} in the cohort"] if bad else []
-                found += [f"statistic {name} out of range" for name in problems]
-            text = "; ".join(found)
-            if not bad and not any(name in MODEL_STATISTICS for name in problems):
-                raise PluginError(
-                    f"round {round_idx}: {text}, while the clients' models and losses were finite: algorithm.name="
-                    f"{self.cfg.algorithm.name} adds values its segment cannot hold (not a divergence); add counts "
-                    "with kind=\"int\", declare the segment's bound (distfl.Segment(name, numel, bound=...)) or scale "
-                    "the value (docs/extending.md)")
-            raise DivergenceError(f"round {round_idx}: the clients' updates are not summable ({text}); "
-                                  "lower train.lr or server.lr")
-        return reduced
-
-    def _train_cfg(self, client_id: int):  # train.* as the client trains this round (system.partial_work)
-        return self.cfg.train if self.system is None else self.system.train_cfg(client_id, self.cfg.train)
-
-    def samples_trained(self, client_id: int) -> int:
-        """The samples `client_id`'s local training covers this round (train_loss's denominator)."""
-        return self.algorithm.local_samples(int(self.population.sizes[client_id]), self._train_cfg(client_id))
-
-    def client_run(self, client_id: int, round_idx: int, cohort: list[int]) -> ClientRun:
-        """Client `client_id`'s run in round `round_idx` of `cohort`: its weight, steps, optimizer and state."""
-        n = int(self.population.sizes[client_id])
-        run = ClientRun(
-            client_id=client_id, round_idx=round_idx, num_samples=n,
-            weight=self.algorithm.client_weight(client_id, cohort),
-            steps=local_steps(n, self.cfg.train.batch_size, self._train_cfg(client_id).local_epochs,
-                              self._train_cfg(client_id).local_steps, self.worker.fold_single),
-            global_params=self.global_params,
-            sgd=LocalSGD(self.worker, self.data, self.client_indices[client_id], self._train_cfg(client_id),
-                         self.algorithm))
-        if self.store is not None and self.algorithm.stateful:
-            run.state = self.store.get(client_id, self.algorithm.init_client_state)
-        return run
-
-    def contribute(self, run: ClientRun, stats: Aggregator) -> None:
-        """Add a client's statistics. A NaN/inf (counted here on the device, without waiting for it) or
-        out-of-range value stops the round after the all_reduce, so every rank still joins it."""
-        stats.begin([run.client_id])
-        stats.add("loss_sum", run.loss_sum)
-        low, high = torch.aminmax(self.worker.params)
-        stats.add("nonfinite", ~(torch.isfinite(low) & torch.isfinite(high)))
-        self.algorithm.client_statistics(run, self.worker, stats)
-        stats.add("samples", self.samples_trained(run.client_id))
-        stats.add("clients", 1)
-        # Only a stateful method's rounds keep client state (TCT keeps a store for its stage 2, but its
-        # stage-1 rounds place clients on any rank: storing their empty state there would duplicate it).
-        if self.store is not None and self.algorithm.stateful:
-            self.store.put(run.client_id, run.state)
-
-    def _contribute_pack(self, runs: list[ClientRun], params: torch.Tensor, buffers: torch.Tensor,
-                         loss_sums: torch.Tensor, stats: Aggregator) -> None:
-        """`contribute` of every client of a pack at once (`pack.pack_statistics`): the same sums, bit for bit."""
-        stats.begin([run.client_id for run in runs])
-        stats.add_rows("loss_sum", loss_sums, [1.0] * len(runs))
-        low, high = torch.aminmax(params, dim=1)
-        stats.add("nonfinite", (~(torch.isfinite(low) & torch.isfinite(high))).sum())
-        weights = [run.weight for run in runs]
-        stats.add_rows("delta", params - self.global_params, weights)
-        stats.add_rows("buffers", buffers, weights)
-        for run in runs:
-            stats.add("samples", self.samples_trained(run.client_id))
-            stats.add("clients", 1)
 
     # ---- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
@@ -427,25 +225,15 @@ class Trainer:
         logger = RunLogger(self.run_dir, cfg.output, self.ctx.is_main, self.state.start_round, cfg.train.rounds,
                            resume_step=self.state.step, params=self.global_params,
                            timings=release.timings_released(cfg))
-        for name, why in self.skipped:
-            logger.info(f"skipped checkpoint {name}: {why}")
-        if self.skipped:
-            logger.info(f"resuming from {self.resumed_from}, the newest good checkpoint")
-        if self.state.start_round > cfg.train.rounds:
-            logger.info(f"resuming {self.run_dir} after training ({cfg.train.rounds} rounds), at its phases")
-        elif self.state.start_round > 1:
-            logger.info(f"resuming {self.run_dir} at round {self.state.start_round}")
-        for warning in self.resume_warnings:
-            logger.info(f"warning: {warning}")
+        for line in resume_lines(self):
+            logger.info(line)
         logger.info(f"distfl {cfg.algorithm.name} on {cfg.data.dataset}: {len(self.population)} clients, "
                     f"{cfg.train.clients_per_round}/round, {cfg.train.rounds} rounds, "
                     f"{self.ctx.world_size} process(es) on {self.device}"
                     f"{f', clients in packs of {self.pack_size}' if self.pack_size > 1 else ''}; writing {self.run_dir}"
                     f"{self.eval_sample.describe()}")
-        if self.privacy is not None:
-            logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
-            if not release.test_metrics_covered(cfg, self.data):
-                logger.info(release.TEST_SPLIT_WARNING)
+        for line in run_privacy.start_lines(cfg, self.data, self.noise_multiplier, self.privacy):
+            logger.info(line)
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
         status, error, stopped = "completed", None, None
@@ -469,8 +257,7 @@ class Trainer:
                 if row["samples"] == 0:  # no client reported (all late, dropped or offline): summary.json counts them
                     self.state.progress["rounds_without_reports"] = self.state.progress.get("rounds_without_reports", 0) + 1
                 metrics = {"round": t, **row, "round_s": round_s, "samples_per_s": row.pop("samples") / round_s}
-                for key in ("samples", *release.withheld(cfg)):  # DP: no un-noised client statistic, no timing
-                    metrics.pop(key, None)
+                run_privacy.withhold(cfg, metrics)  # DP: no un-noised client statistic, no timing
                 for key in ("bytes_up", "bytes_down"):  # the run's totals (summary.json)
                     if key in metrics and self.state.progress.get(key) is not None:
                         self.state.progress[key] += metrics[key]
@@ -496,7 +283,7 @@ class Trainer:
                                 f"train.virtual_time_s={budget:g}; training ends here")
                 if (cfg.checkpoint.every and t % cfg.checkpoint.every == 0) or t == cfg.train.rounds \
                         or self.stop.agreed or out_of_time:
-                    self._save_checkpoint("round", t)
+                    self.save_checkpoint("round", t)
                 if out_of_time:
                     break
                 if self.stop.agreed and t < cfg.train.rounds:
@@ -579,13 +366,13 @@ class Trainer:
             self.state.phases_done.append(phase.name)
             self.state.phase_state = {}
             self.state.step += 1
-            self._save_checkpoint(phase.name, self.state.step)
+            self.save_checkpoint(phase.name, self.state.step)
 
     def save_phase_checkpoint(self, phase_name: str, state: dict) -> None:
         """For a long phase: checkpoint its progress (`state`, restored as `context.state.phase_state`) at
         the current `step`, which the phase advances (e.g. one step per stage-2 round)."""
         self.state.phase_state = {"phase": phase_name, **state}
-        self._save_checkpoint(phase_name, self.state.step)
+        self.save_checkpoint(phase_name, self.state.step)
 
     def request_stop(self, reason: int = 0) -> None:
         """Checkpoint and stop after the current round (every rank stops after the same round,
@@ -625,10 +412,3 @@ def train(cfg, resume: bool = False, overwrite: bool = False) -> dict:
             trainer.close()
         dist.shutdown(ctx)
 
-
-def _accountant():
-    """dp-accounting (and the scipy it pulls in) loads only for a private run: about 0.8 s of every
-    other run's start."""
-    from ..privacy import accountant
-
-    return accountant

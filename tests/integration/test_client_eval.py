@@ -181,7 +181,7 @@ def test_holdout_is_never_trained_on_and_scores_the_logged_statistics(tmp_path, 
     split is the same for two constructions, and the statistics are the clients' accuracies on them."""
     from distfl.data.client_test import holdout_split
     from distfl.data.partition import partition
-    from distfl.federation import runner
+    from distfl.federation import round as round_engine
 
     trainer = build_trainer(small_config, tmp_path / "r", *HOLDOUT)
     cfg = trainer.cfg
@@ -198,8 +198,8 @@ def test_holdout_is_never_trained_on_and_scores_the_logged_statistics(tmp_path, 
     assert all(torch.equal(a, b) for a, b in zip(other.client_test, trainer.client_test))
 
     trained = []
-    inner = runner.train_client
-    monkeypatch.setattr(runner, "train_client", lambda w, d, idx, *a: (trained.extend(i.clone() for i in idx), inner(w, d, idx, *a))[1])
+    inner = round_engine.train_client
+    monkeypatch.setattr(round_engine, "train_client", lambda w, d, idx, *a: (trained.extend(i.clone() for i in idx), inner(w, d, idx, *a))[1])
     for r in (1, 2):
         trainer.run_round(r)
     assert len(trained) == 2 * cfg.train.clients_per_round

@@ -225,16 +225,16 @@ def test_a_real_full_disk_ends_in_one_line_and_resumes_exactly(tmpfs, small_conf
 
 # ---- 3: any other error in a run -------------------------------------------------------------------------
 def test_an_unexpected_error_is_one_line_with_its_traceback_saved(tmp_path, small_config, monkeypatch):
-    from distfl.federation import runner
+    from distfl.federation import round as engine
 
-    train_client = runner.train_client
+    train_client = engine.train_client
 
     def failing(worker, data, indices, runs, *rest):
         if runs[0].round_idx == 3:
             raise ValueError("a bug in a hook")
         return train_client(worker, data, indices, runs, *rest)
 
-    monkeypatch.setattr(runner, "train_client", failing)
+    monkeypatch.setattr(engine, "train_client", failing)
     run_dir = tmp_path / "run"
     proc = run_cli(["train", small_config, f"output.dir={run_dir}"])
     assert proc.returncode == 1
@@ -257,16 +257,16 @@ def test_an_unexpected_error_is_one_line_with_its_traceback_saved(tmp_path, smal
 SITE_BUG_ON_RANK_1 = """
 import os
 if os.environ.get("RANK") == "1":
-    from distfl.federation import runner
+    from distfl.federation import round as engine
 
-    _train_client = runner.train_client
+    _train_client = engine.train_client
 
     def train_client(worker, data, indices, runs, *rest):
         if runs[0].round_idx == 2:
             raise ValueError("a bug on rank 1")
         return _train_client(worker, data, indices, runs, *rest)
 
-    runner.train_client = train_client
+    engine.train_client = train_client
 """
 
 
@@ -441,16 +441,16 @@ def test_an_op_without_a_deterministic_kernel_mid_run_stays_a_config_error(tmp_p
     """dist.deterministic_ops names the op and runtime.deterministic; the fault handling keeps that."""
     from torch._prims_common import alert_not_deterministic
 
-    from distfl.federation import runner
+    from distfl.federation import round as engine
 
-    train_client = runner.train_client
+    train_client = engine.train_client
 
     def nondeterministic(worker, data, indices, runs, *rest):
         if runs[0].round_idx == 2:
             alert_not_deterministic("some_backward_cuda")
         return train_client(worker, data, indices, runs, *rest)
 
-    monkeypatch.setattr(runner, "train_client", nondeterministic)
+    monkeypatch.setattr(engine, "train_client", nondeterministic)
     proc = run_cli(["train", small_config, f"output.dir={tmp_path / 'run'}"])
     assert proc.returncode == 2
     assert "some_backward_cuda has no deterministic implementation" in one_error_line(proc.stderr)

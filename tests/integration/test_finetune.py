@@ -254,3 +254,28 @@ def test_finetune_from_best_refused_before_any_work(tmp_path, small_config, over
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not run.exists()
+
+
+@pytest.mark.parametrize("method", [["algorithm.name=fedavg", "eval.finetune_epochs=1"],
+                                    ["algorithm.name=fedbabu", "algorithm.finetune_epochs=1"]], ids=["fedavg", "fedbabu"])
+def test_fine_tuned_clients_are_built_by_the_rounds_client_path(tmp_path, monkeypatch, method):
+    """Per-client fine-tuning (eval.finetune_epochs, FedBABU's evaluated model) trains a client built by
+    the same `client_run` as a round's clients (federation/round.py): one per client, outside any cohort
+    (weight 0), stepping with the fine-tuning's train config."""
+    from distfl.federation.client_eval import finetune_train_config
+    from distfl.federation.round import RoundEngine
+
+    trainer = _trainer(tmp_path, "r", "eval.clients=true", *method)
+    trainer.run_round(1)
+    built, client_run = [], RoundEngine.client_run
+
+    def recorded(self, client_id, round_idx, cohort, **kwargs):
+        run = client_run(self, client_id, round_idx, cohort, **kwargs)
+        built.append((client_id, cohort, run.weight, run.sgd.train_cfg))
+        return run
+
+    monkeypatch.setattr(RoundEngine, "client_run", recorded)
+    _client_correct(trainer)
+    clients = len(trainer.population)
+    assert [b[0] for b in built] == list(range(clients))
+    assert all(b[1] is None and b[2] == 0.0 and b[3] == finetune_train_config(trainer.cfg) for b in built)

@@ -252,12 +252,12 @@ def test_summary_and_start_line_name_the_pack_size(tmp_path, small_config):
 def test_a_packs_statistics_added_at_once_equal_client_by_client(tmp_path, monkeypatch, name):
     """Methods with the default statistics add a pack's updates as rows (StatBuffer.add_rows): the
     round's sums, hence the model, are those of adding each client's in turn, bit for bit."""
-    from distfl.federation import runner
+    from distfl.federation import round as round_engine
     config = write_config(tmp_path / "c.yaml", train={"rounds": 3, "clients_per_round": 6, "lr": 0.1,
                                                        "batch_size": 16})
     at_once, _ = _trained(config, tmp_path, "rows", "runtime.pack_size=4", *PACKABLE[name], rounds=3)
     calls = []
-    monkeypatch.setattr(runner, "pack_statistics", lambda algorithm: calls.append(1) and False)
+    monkeypatch.setattr(round_engine, "pack_statistics", lambda algorithm: calls.append(1) and False)
     one_by_one, _ = _trained(config, tmp_path, "each", "runtime.pack_size=4", *PACKABLE[name], rounds=3)
     assert calls  # the client-by-client path ran
     assert torch.equal(at_once.global_params, one_by_one.global_params)

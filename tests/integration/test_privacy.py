@@ -559,8 +559,8 @@ def test_a_failure_in_local_training_names_no_client_of_a_hidden_cohort(tmp_path
     def failing(*args, **kwargs):
         raise RuntimeError("a local step that fails")
 
-    monkeypatch.setattr(runner, "train_client", failing)
-    monkeypatch.setattr(runner, "pack_statistics", lambda algorithm: False)
+    monkeypatch.setattr("distfl.federation.round.train_client", failing)
+    monkeypatch.setattr("distfl.federation.round.pack_statistics", lambda algorithm: False)
     run = tmp_path / "run"
     proc = run_cli(["train", str(small_config), f"output.dir={run}", *DP, "privacy.noise_multiplier=1",
                     "train.cohort=poisson"])
