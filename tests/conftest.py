@@ -25,6 +25,12 @@ ORIGINAL_CUDA_VISIBLE_DEVICES = (None if os.environ["DISTFL_TESTS_CUDA_VISIBLE_D
                                  else os.environ["DISTFL_TESTS_CUDA_VISIBLE_DEVICES"])
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# Checkpoints are written without fsync in this process and every run it starts (DISTFL_FSYNC=0,
+# docs/checkpoints.md): no test can crash the machine, which is all the flushes guard against, and each one
+# took about 20 ms here (28 a six-round run). test_checkpoint.py checks the flushes themselves;
+# DISTFL_FSYNC=1 runs the suite with them.
+os.environ.setdefault("DISTFL_FSYNC", "0")
+
 
 def cuda_env(**extra: str) -> dict:
     """The environment of a subprocess that may use the machine's GPUs (as this session found them)."""
