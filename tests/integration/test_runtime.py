@@ -23,17 +23,30 @@ ALGORITHMS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def scaffold_on_two_ranks(tmp_path_factory):
+    """(run directory, summary) of SCAFFOLD on the small config on 2 ranks: one run for the tests that each
+    need exactly it."""
+    tmp = tmp_path_factory.mktemp("scaffold")
+    run = tmp / "two"
+    return run, train_ok(write_config(tmp / "small.yaml"), f"output.dir={run}", "algorithm.name=scaffold", nproc=2)
+
+
 @pytest.mark.parametrize("name,extra", ALGORITHMS, ids=[f"{a}{'+' if e else ''}{e[0] if e else ''}" for a, e in ALGORITHMS])
-def test_one_rank_equals_two_ranks(tmp_path, small_config, name, extra):
+def test_one_rank_equals_two_ranks(tmp_path, small_config, name, extra, request):
     """Bit-identical final model on 1 process and on 2 gloo processes (balanced placement)."""
     args = [f"algorithm.name={name}", *extra]
     one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, nproc=2)
+    if args == ["algorithm.name=scaffold"]:
+        two_dir, two = request.getfixturevalue("scaffold_on_two_ranks")
+    else:
+        two_dir = tmp_path / "two"
+        two = train_ok(small_config, f"output.dir={two_dir}", *args, nproc=2)
     assert one["world_size"] == 1 and two["world_size"] == 2
     assert one["model_sha256"] == two["model_sha256"]
     assert one["final_test_acc"] == two["final_test_acc"]
     # The training loss is an exact sum too, so even the logged curves agree.
-    assert [r["train_loss"] for r in metrics(tmp_path / "one")] == [r["train_loss"] for r in metrics(tmp_path / "two")]
+    assert [r["train_loss"] for r in metrics(tmp_path / "one")] == [r["train_loss"] for r in metrics(two_dir)]
 
 
 def test_placement_and_state_location_do_not_change_the_model(tmp_path, small_config):
@@ -57,8 +70,8 @@ def test_batchnorm_model_one_rank_equals_two_ranks(tmp_path):
     assert one["model_sha256"] == two["model_sha256"]
 
 
-def test_exactly_one_all_reduce_per_round(tmp_path, small_config):
-    s = train_ok(small_config, f"output.dir={tmp_path / 'run'}", "algorithm.name=scaffold", nproc=2)
+def test_exactly_one_all_reduce_per_round(scaffold_on_two_ranks):
+    s = scaffold_on_two_ranks[1]
     calls, sent = s["collectives"]["calls"], s["collectives"]["bytes"]
     assert calls["round_stats"] == 6  # one per round
     assert calls["eval"] == 2  # rounds 3 and 6
