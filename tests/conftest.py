@@ -121,9 +121,10 @@ class Started:
         return subprocess.CompletedProcess(self.args, code, *outputs)
 
     def stop(self) -> None:
-        """Kill it (the test failed meanwhile): no run outlives its test."""
-        self.proc.kill()
-        self.proc.wait()
+        """Kill it if it still runs (the test failed meanwhile): no run outlives its test."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None = None, paths=(),
@@ -150,10 +151,9 @@ def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ..
         one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args, paths=paths)
         train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}", paths=paths)
         resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2, paths=paths)
-    except BaseException:
+        on_two = train_ok(config, *two_overrides, started=started)
+    finally:
         started.stop()
-        raise
-    on_two = train_ok(config, *two_overrides, started=started)
     assert one["model_sha256"] == on_two["model_sha256"] == resumed["model_sha256"]
     assert one["final_test_acc"] == on_two["final_test_acc"] == resumed["final_test_acc"]
     # (a private run withholds train_loss: its rows are compared on what they hold)
