@@ -138,6 +138,18 @@ def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None =
     return summary(Path(out_dir))
 
 
+def one_and_two(config: Path, tmp_path: Path, *args: str, paths=()) -> tuple[dict, dict]:
+    """The summaries of `config` with `args` trained on 1 rank (in this process, into tmp_path/one) and on 2
+    ranks (torchrun, into tmp_path/two); the 2-rank run trains beside the other."""
+    started = Started(["train", str(config), f"output.dir={tmp_path / 'two'}", *args], nproc=2, paths=paths)
+    try:
+        one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args, paths=paths)
+        two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, started=started)
+    finally:
+        started.stop()
+    return one, two
+
+
 def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ...] = (), stop_at: int = 4,
                     rounds: int = 6, paths=()) -> tuple[dict, dict, dict]:
     """Train `config` with `args` three ways: on 1 rank; on 2 ranks (with the extra overrides `two`); and

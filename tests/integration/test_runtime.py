@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, metrics, run_cli, summary, train_ok, write_config
+from conftest import REPO, Started, metrics, one_and_two, run_cli, summary, train_ok, write_config
 
 ALGORITHMS = [
     ("fedavg", []),
@@ -36,12 +36,12 @@ def scaffold_on_two_ranks(tmp_path_factory):
 def test_one_rank_equals_two_ranks(tmp_path, small_config, name, extra, request):
     """Bit-identical final model on 1 process and on 2 gloo processes (balanced placement)."""
     args = [f"algorithm.name={name}", *extra]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
     if args == ["algorithm.name=scaffold"]:
+        one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
         two_dir, two = request.getfixturevalue("scaffold_on_two_ranks")
     else:
         two_dir = tmp_path / "two"
-        two = train_ok(small_config, f"output.dir={two_dir}", *args, nproc=2)
+        one, two = one_and_two(small_config, tmp_path, *args)
     assert one["world_size"] == 1 and two["world_size"] == 2
     assert one["model_sha256"] == two["model_sha256"]
     assert one["final_test_acc"] == two["final_test_acc"]
@@ -51,13 +51,18 @@ def test_one_rank_equals_two_ranks(tmp_path, small_config, name, extra, request)
 
 def test_placement_and_state_location_do_not_change_the_model(tmp_path, small_config):
     """SCAFFOLD with state in memory (sticky), on disk with balanced placement, and all on one rank."""
-    runs = {
-        "one_rank": train_ok(small_config, f"output.dir={tmp_path / 'a'}", "algorithm.name=scaffold"),
-        "sticky_memory": train_ok(small_config, f"output.dir={tmp_path / 'b'}", "algorithm.name=scaffold",
-                                  "runtime.placement=sticky", nproc=2),
-        "balanced_disk": train_ok(small_config, f"output.dir={tmp_path / 'c'}", "algorithm.name=scaffold",
-                                  "runtime.placement=balanced", "runtime.client_state=disk", nproc=2),
-    }
+    two_ranks = {"sticky_memory": (f"output.dir={tmp_path / 'b'}", "algorithm.name=scaffold", "runtime.placement=sticky"),
+                 "balanced_disk": (f"output.dir={tmp_path / 'c'}", "algorithm.name=scaffold", "runtime.placement=balanced",
+                                   "runtime.client_state=disk")}
+    # The 2-rank runs train beside the 1-rank run in this process.
+    started = {name: Started(["train", small_config, *overrides], nproc=2) for name, overrides in two_ranks.items()}
+    try:
+        runs = {"one_rank": train_ok(small_config, f"output.dir={tmp_path / 'a'}", "algorithm.name=scaffold"),
+                **{name: train_ok(small_config, *overrides, started=started[name])
+                   for name, overrides in two_ranks.items()}}
+    finally:
+        for run in started.values():
+            run.stop()
     assert len({s["model_sha256"] for s in runs.values()}) == 1, runs
 
 
@@ -65,8 +70,7 @@ def test_batchnorm_model_one_rank_equals_two_ranks(tmp_path):
     """BatchNorm running statistics are aggregated exactly too (ResNet-20)."""
     cfg = write_config(tmp_path / "bn.yaml", model={"name": "resnet20"},
                        train={"rounds": 2, "clients_per_round": 4}, data={"synthetic_channels": 3})
-    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
+    one, two = one_and_two(cfg, tmp_path)
     assert one["model_sha256"] == two["model_sha256"]
 
 
