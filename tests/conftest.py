@@ -25,6 +25,12 @@ ORIGINAL_CUDA_VISIBLE_DEVICES = (None if os.environ["DISTFL_TESTS_CUDA_VISIBLE_D
                                  else os.environ["DISTFL_TESTS_CUDA_VISIBLE_DEVICES"])
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# Checkpoints are written without fsync in this process and every run it starts (DISTFL_FSYNC=0,
+# docs/checkpoints.md): no test can crash the machine, which is all the flushes guard against, and each one
+# took about 20 ms here (28 a six-round run). test_checkpoint.py checks the flushes themselves;
+# DISTFL_FSYNC=1 runs the suite with them.
+os.environ.setdefault("DISTFL_FSYNC", "0")
+
 
 def cuda_env(**extra: str) -> dict:
     """The environment of a subprocess that may use the machine's GPUs (as this session found them)."""
@@ -72,22 +78,76 @@ def run_cli(args: list[str], nproc: int = 1, timeout: int = 600, subprocess_: bo
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main([str(a) for a in args])
         return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "distfl", *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "distfl", *args]
-    if env is None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, paths)]), "OMP_NUM_THREADS": "1"}
+    cmd, env = _command(args, nproc, paths, env)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None = None, paths=()) -> dict:
+def _command(args, nproc: int, paths, env) -> tuple[list[str], dict]:
+    """(command, environment) of `distfl ARGS` in a fresh process (under torchrun for nproc > 1)."""
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "distfl", *map(str, args)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "distfl", *map(str, args)]
+    if env is None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, paths)]), "OMP_NUM_THREADS": "1"}
+    return cmd, env
+
+
+class Started:
+    """`distfl ARGS` started in a fresh process (`run_cli`'s subprocess), its output going to files, so that
+    the test can do other work meanwhile; `finish` waits for it (`timeout` s at most) and returns what
+    `run_cli` would have."""
+
+    def __init__(self, args, nproc: int, paths=()):
+        import tempfile
+
+        self.args = args
+        cmd, env = _command(args, nproc, paths, None)
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.out, stderr=self.err, text=True)
+
+    def finish(self, timeout: int = 600) -> subprocess.CompletedProcess:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        outputs = []
+        for f in (self.out, self.err):
+            f.seek(0)
+            outputs.append(f.read())
+            f.close()
+        return subprocess.CompletedProcess(self.args, code, *outputs)
+
+    def stop(self) -> None:
+        """Kill it if it still runs (the test failed meanwhile): no run outlives its test."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def train_ok(config: Path, *overrides: str, nproc: int = 1, resume: str | None = None, paths=(),
+             started: Started | None = None) -> dict:
+    """The summary of `distfl train CONFIG OVERRIDES` (or `--resume RESUME`), which must succeed; `started`:
+    that run, already started (`Started`), is waited for instead."""
     args = ["train", "--resume", resume, *overrides] if resume else ["train", str(config), *overrides]
-    proc = run_cli(args, nproc=nproc, paths=paths)
-    assert proc.returncode == 0, f"distfl {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    proc = started.finish() if started is not None else run_cli(args, nproc=nproc, paths=paths)
+    assert proc.returncode == 0, f"distfl {' '.join(map(str, args))} failed:\n{proc.stdout}\n{proc.stderr}"
     out_dir = resume or next(o.split("=", 1)[1] for o in overrides if o.startswith("output.dir="))
     return summary(Path(out_dir))
+
+
+def one_and_two(config: Path, tmp_path: Path, *args: str, paths=()) -> tuple[dict, dict]:
+    """The summaries of `config` with `args` trained on 1 rank (in this process, into tmp_path/one) and on 2
+    ranks (torchrun, into tmp_path/two); the 2-rank run trains beside the other."""
+    started = Started(["train", str(config), f"output.dir={tmp_path / 'two'}", *args], nproc=2, paths=paths)
+    try:
+        one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args, paths=paths)
+        two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, started=started)
+    finally:
+        started.stop()
+    return one, two
 
 
 def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ...] = (), stop_at: int = 4,
@@ -96,10 +156,16 @@ def one_two_resumed(config: Path, tmp_path: Path, *args: str, two: tuple[str, ..
     on 1 rank stopped after `stop_at` rounds, then resumed on 2 ranks to `rounds`. Asserts that the three
     give the same model, test accuracy and train loss every round; returns their summaries. `paths`: as
     run_cli's (a plugin's folder)."""
-    one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args, paths=paths)
-    on_two = train_ok(config, f"output.dir={tmp_path / 'two'}", *args, *two, nproc=2, paths=paths)
-    train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}", paths=paths)
-    resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2, paths=paths)
+    # The 2-rank run trains beside the others: the 1-rank runs in this process leave one core of two idle.
+    two_overrides = (f"output.dir={tmp_path / 'two'}", *args, *two)
+    started = Started(["train", str(config), *two_overrides], nproc=2, paths=paths)
+    try:
+        one = train_ok(config, f"output.dir={tmp_path / 'one'}", *args, paths=paths)
+        train_ok(config, f"output.dir={tmp_path / 'stopped'}", *args, f"train.rounds={stop_at}", paths=paths)
+        resumed = train_ok(None, f"train.rounds={rounds}", resume=str(tmp_path / "stopped"), nproc=2, paths=paths)
+        on_two = train_ok(config, *two_overrides, started=started)
+    finally:
+        started.stop()
     assert one["model_sha256"] == on_two["model_sha256"] == resumed["model_sha256"]
     assert one["final_test_acc"] == on_two["final_test_acc"] == resumed["final_test_acc"]
     # (a private run withholds train_loss: its rows are compared on what they hold)

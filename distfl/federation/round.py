@@ -75,7 +75,10 @@ class RoundEngine:
         """The round's aggregator (aggregation.aggregator) over the method's segments and the bookkeeping,
         for the cohort's terms and `extra_terms` more (the server's own: FedAsync's)."""
         largest = max((self.samples_trained(k) for k in cohort), default=1)
-        return round_aggregator(self.cfg, self.algorithm.segments(), largest, self.device, len(cohort) + extra_terms,
+        # Under DP a Poisson cohort's size is secret: the sums' units are sized for a round of the whole
+        # population, never for the cohort drawn (loss_sum's unit, from `largest`, is withheld with train_loss).
+        terms = len(self.population) if self.privacy is not None else len(cohort)
+        return round_aggregator(self.cfg, self.algorithm.segments(), largest, self.device, terms + extra_terms,
                                 round_idx=self.state.last_round, sampled=self.plan.sampled if self.plan else cohort,
                                 senders=cohort)
 

@@ -32,7 +32,6 @@ import math
 
 import numpy as np
 import torch
-from scipy import optimize
 
 from .secret import NoiseKey
 
@@ -62,6 +61,8 @@ def optimise(n: int, bands: int) -> np.ndarray:
     bands = min(bands, n)
     start = np.array([math.comb(2 * i, i) / 4.0 ** i for i in range(bands)])
     if bands > 1:
+        from scipy import optimize  # here, not at the top: every run imports this module, few optimise
+
         found = optimize.minimize(lambda c: prefix_error(c, n), start, method="L-BFGS-B",
                                   bounds=[(1e-6, None)] + [(None, None)] * (bands - 1))
         if found.fun < prefix_error(start, n):

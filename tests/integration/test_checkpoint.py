@@ -146,6 +146,22 @@ def test_commit_fsyncs_every_file_and_directory_before_the_rename(tmp_path, monk
     assert ("fsync", str(tmp_path / "checkpoints")) in events[rename:]  # the rename itself
 
 
+def test_fsync_flushes_unless_distfl_fsync_is_0(tmp_path, monkeypatch):
+    """The suite runs with DISTFL_FSYNC=0 (conftest.py); a user's run flushes every file it commits."""
+    flushed = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: (flushed.append(fd), real_fsync(fd)))
+    (tmp_path / "f").write_text("x")
+    monkeypatch.delenv("DISTFL_FSYNC", raising=False)
+    checkpoint.fsync(tmp_path / "f")
+    monkeypatch.setenv("DISTFL_FSYNC", "1")
+    checkpoint.fsync(tmp_path)
+    assert len(flushed) == 2
+    monkeypatch.setenv("DISTFL_FSYNC", "0")
+    checkpoint.fsync(tmp_path / "f")
+    assert len(flushed) == 2
+
+
 def test_commit_refuses_a_checkpoint_missing_client_files(tmp_path):
     """The ranks reported 3 client files, the staging directory holds 2: no checkpoint is written."""
     staging = checkpoint.begin(tmp_path, "round_000002")

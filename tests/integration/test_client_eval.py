@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import build_trainer, metrics, run_cli, summary, train_ok, write_config
+from conftest import build_trainer, metrics, one_and_two, run_cli, summary, train_ok, write_config
 from distfl.data.client_test import class_quota, client_test_sets
 
 STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10", "client_acc_weighted_mean")
@@ -220,8 +220,7 @@ def test_holdout_is_never_trained_on_and_scores_the_logged_statistics(tmp_path, 
 
 
 def test_holdout_one_rank_equals_two_ranks_and_resume(tmp_path, small_config):
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *HOLDOUT)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *HOLDOUT, nproc=2)
+    one, two = one_and_two(small_config, tmp_path, *HOLDOUT)
     keys = STATISTICS + ("test_acc",)
     rows = [{k: r[k] for k in keys} for r in metrics(tmp_path / "one") if "test_acc" in r]
     assert len(rows) == 2 and rows == [{k: r[k] for k in keys} for r in metrics(tmp_path / "two") if "test_acc" in r]

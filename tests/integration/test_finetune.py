@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import metrics, run_cli, train_ok
+from conftest import metrics, one_and_two, run_cli, train_ok
 
 STATISTICS = ("client_acc_mean", "client_acc_std", "client_acc_min", "client_acc_p10")
 # Momentum, weight decay and a cosine lr, so that the optimizer and "the lr of the last round" are checked.
@@ -156,8 +156,7 @@ def test_one_rank_equals_two_ranks_equals_resumed_and_only_client_scores_change(
     other client statistics."""
     # A constant lr: a cosine schedule's rounds may not change on resume.
     args = ["algorithm.name=scaffold", "eval.clients=true", "train.momentum=0.5", "train.weight_decay=0.001"]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args, "eval.finetune_epochs=2")
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, "eval.finetune_epochs=2", nproc=2)
+    one, two = one_and_two(small_config, tmp_path, *args, "eval.finetune_epochs=2")
     train_ok(small_config, f"output.dir={tmp_path / 'res'}", *args, "eval.finetune_epochs=2", "train.rounds=4")
     resumed = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "res"))
     off = train_ok(small_config, f"output.dir={tmp_path / 'off'}", *args)

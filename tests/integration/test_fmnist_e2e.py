@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, summary, train_ok, write_config
+from conftest import REPO, one_and_two, run_cli, summary, train_ok, write_config
 
 FMNIST_CONFIG = {
     "seed": 0,
@@ -30,8 +30,7 @@ def test_partition_command_prints_sizes_and_histograms():
 def test_fmnist_two_ranks_equal_one_and_learn(tmp_path):
     """A real CNN on real data: 1 process and 2 gloo ranks give the same model, and it learns."""
     cfg = write_config(tmp_path / "fmnist.yaml", base=FMNIST_CONFIG)
-    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
+    one, two = one_and_two(cfg, tmp_path)
     assert one["model_sha256"] == two["model_sha256"]
     assert two["final_test_acc"] > 0.60  # measured 69.98% after these 3 short rounds; chance is 10%
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import build_trainer, run_cli, summary, train_ok, write_config
+from conftest import build_trainer, one_and_two, run_cli, summary, train_ok, write_config
 from distfl.errors import ConfigError
 
 # Packed and one-at-a-time runs differ only by the summation order of vectorised kernels.
@@ -170,8 +170,7 @@ def test_pack_size_4_one_rank_equals_two_ranks(tmp_path):
     ranks get 2 and 1 packs); and pack_size=4 is a different computation from pack_size=1 on this CNN,
     so the agreement is not one-at-a-time training in disguise. (SCAFFOLD on 2 ranks: the resume test.)"""
     config = write_config(tmp_path / "c.yaml", **CNN)
-    one = train_ok(config, f"output.dir={tmp_path / 'one'}", "runtime.pack_size=4")
-    two = train_ok(config, f"output.dir={tmp_path / 'two'}", "runtime.pack_size=4", nproc=2)
+    one, two = one_and_two(config, tmp_path, "runtime.pack_size=4")
     single = train_ok(config, f"output.dir={tmp_path / 'single'}", "runtime.pack_size=1")
     assert two["world_size"] == 2
     assert one["model_sha256"] == two["model_sha256"]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, metrics, run_cli, summary, train_ok, write_config
+from conftest import REPO, Started, metrics, one_and_two, run_cli, summary, train_ok, write_config
 
 ALGORITHMS = [
     ("fedavg", []),
@@ -23,28 +23,46 @@ ALGORITHMS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def scaffold_on_two_ranks(tmp_path_factory):
+    """(run directory, summary) of SCAFFOLD on the small config on 2 ranks: one run for the tests that each
+    need exactly it."""
+    tmp = tmp_path_factory.mktemp("scaffold")
+    run = tmp / "two"
+    return run, train_ok(write_config(tmp / "small.yaml"), f"output.dir={run}", "algorithm.name=scaffold", nproc=2)
+
+
 @pytest.mark.parametrize("name,extra", ALGORITHMS, ids=[f"{a}{'+' if e else ''}{e[0] if e else ''}" for a, e in ALGORITHMS])
-def test_one_rank_equals_two_ranks(tmp_path, small_config, name, extra):
+def test_one_rank_equals_two_ranks(tmp_path, small_config, name, extra, request):
     """Bit-identical final model on 1 process and on 2 gloo processes (balanced placement)."""
     args = [f"algorithm.name={name}", *extra]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, nproc=2)
+    if args == ["algorithm.name=scaffold"]:
+        one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
+        two_dir, two = request.getfixturevalue("scaffold_on_two_ranks")
+    else:
+        two_dir = tmp_path / "two"
+        one, two = one_and_two(small_config, tmp_path, *args)
     assert one["world_size"] == 1 and two["world_size"] == 2
     assert one["model_sha256"] == two["model_sha256"]
     assert one["final_test_acc"] == two["final_test_acc"]
     # The training loss is an exact sum too, so even the logged curves agree.
-    assert [r["train_loss"] for r in metrics(tmp_path / "one")] == [r["train_loss"] for r in metrics(tmp_path / "two")]
+    assert [r["train_loss"] for r in metrics(tmp_path / "one")] == [r["train_loss"] for r in metrics(two_dir)]
 
 
 def test_placement_and_state_location_do_not_change_the_model(tmp_path, small_config):
     """SCAFFOLD with state in memory (sticky), on disk with balanced placement, and all on one rank."""
-    runs = {
-        "one_rank": train_ok(small_config, f"output.dir={tmp_path / 'a'}", "algorithm.name=scaffold"),
-        "sticky_memory": train_ok(small_config, f"output.dir={tmp_path / 'b'}", "algorithm.name=scaffold",
-                                  "runtime.placement=sticky", nproc=2),
-        "balanced_disk": train_ok(small_config, f"output.dir={tmp_path / 'c'}", "algorithm.name=scaffold",
-                                  "runtime.placement=balanced", "runtime.client_state=disk", nproc=2),
-    }
+    two_ranks = {"sticky_memory": (f"output.dir={tmp_path / 'b'}", "algorithm.name=scaffold", "runtime.placement=sticky"),
+                 "balanced_disk": (f"output.dir={tmp_path / 'c'}", "algorithm.name=scaffold", "runtime.placement=balanced",
+                                   "runtime.client_state=disk")}
+    # The 2-rank runs train beside the 1-rank run in this process.
+    started = {name: Started(["train", small_config, *overrides], nproc=2) for name, overrides in two_ranks.items()}
+    try:
+        runs = {"one_rank": train_ok(small_config, f"output.dir={tmp_path / 'a'}", "algorithm.name=scaffold"),
+                **{name: train_ok(small_config, *overrides, started=started[name])
+                   for name, overrides in two_ranks.items()}}
+    finally:
+        for run in started.values():
+            run.stop()
     assert len({s["model_sha256"] for s in runs.values()}) == 1, runs
 
 
@@ -52,13 +70,12 @@ def test_batchnorm_model_one_rank_equals_two_ranks(tmp_path):
     """BatchNorm running statistics are aggregated exactly too (ResNet-20)."""
     cfg = write_config(tmp_path / "bn.yaml", model={"name": "resnet20"},
                        train={"rounds": 2, "clients_per_round": 4}, data={"synthetic_channels": 3})
-    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
+    one, two = one_and_two(cfg, tmp_path)
     assert one["model_sha256"] == two["model_sha256"]
 
 
-def test_exactly_one_all_reduce_per_round(tmp_path, small_config):
-    s = train_ok(small_config, f"output.dir={tmp_path / 'run'}", "algorithm.name=scaffold", nproc=2)
+def test_exactly_one_all_reduce_per_round(scaffold_on_two_ranks):
+    s = scaffold_on_two_ranks[1]
     calls, sent = s["collectives"]["calls"], s["collectives"]["bytes"]
     assert calls["round_stats"] == 6  # one per round
     assert calls["eval"] == 2  # rounds 3 and 6

@@ -215,22 +215,34 @@ def test_interrupted_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, ho
     assert [r["round"] for r in metrics(run)] == list(range(1, rounds + 1))
 
 
+def _sbatch_and_wait(args: list[str], tmp_path: Path, env: dict) -> str:
+    """Submit a batch job, wait until it has left the queue, and return its Slurm output. It is watched each
+    second (`_wait`), not with `sbatch --wait`, which looks after 2, 10, 42 s, then every 32 s: a job that
+    ends in 12 s held the test 42 s. The job ended as `sbatch --wait` would have exited 0: COMPLETED, exit
+    code 0 (Slurm keeps a finished job's record MinJobAge = 300 s)."""
+    proc = subprocess.run(["sbatch", "--parsable", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    _wait([job], logs=(tmp_path, "slurm-*.out"))
+    logs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    show = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "JobState=COMPLETED" in show and "ExitCode=0:0" in show, show + logs
+    return logs
+
+
 def test_sbatch_template_runs_and_continues(slurm_cluster, tmp_path):
     """slurm/train.sbatch on one node, torchrun with 2 ranks behind srun and a c10d rendezvous; submitted
     again when finished, it does nothing."""
     cfg = write_config(tmp_path / "c.yaml")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHON": sys.executable, "NPROC_PER_NODE": "2"}
-    sbatch = ["sbatch", "--wait", "--nodes=1", "--cpus-per-task=2", "--time=10", f"--output={tmp_path}/slurm-%j.out",
+    sbatch = ["--nodes=1", "--cpus-per-task=2", "--time=10", f"--output={tmp_path}/slurm-%j.out",
               str(REPO / "slurm" / "train.sbatch"), str(cfg), f"output.dir={tmp_path / 'run'}"]
-    proc = subprocess.run(sbatch, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    logs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
-    assert proc.returncode == 0, proc.stderr + logs
+    _sbatch_and_wait(sbatch, tmp_path, env)
     s = summary(tmp_path / "run")
     assert s["status"] == "completed" and s["world_size"] == 2
     assert s["model_sha256"] == train_ok(cfg, f"output.dir={tmp_path / 'one'}")["model_sha256"]
-    proc = subprocess.run(sbatch, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "has finished (completed); nothing to do" in "".join(
-        p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert "has finished (completed); nothing to do" in _sbatch_and_wait(sbatch, tmp_path, env)
 
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import build_trainer, metrics, run_cli, train_ok, write_config
+from conftest import build_trainer, metrics, one_and_two, run_cli, train_ok, write_config
 from distfl.algorithms.fedfor import FedFOR
 from distfl.config.schema import AlgorithmConfig, Config, TrainConfig
 
@@ -165,8 +165,7 @@ def test_alpha_zero_is_fedavg(tmp_path, small_config):
 @pytest.mark.parametrize("boundary", ["ge", "gt"])
 def test_one_rank_equals_two_ranks_with_one_collective_per_round(tmp_path, small_config, boundary):
     args = [*STABLE, f"algorithm.fedfor_boundary={boundary}"]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, nproc=2)
+    one, two = one_and_two(small_config, tmp_path, *args)
     assert two["world_size"] == 2
     assert one["model_sha256"] == two["model_sha256"]
     rows_one, rows_two = metrics(tmp_path / "one"), metrics(tmp_path / "two")

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_refused, metrics, train_ok
+from conftest import assert_refused, metrics, one_and_two, train_ok
 from test_personalised import assert_clients_scored_with, _head_mask, _initial_model, _load_flat, _flat, _trainer
 
 
@@ -174,8 +174,7 @@ def _server_heads(run_dir):
 
 def test_one_rank_equals_two_ranks_equals_resumed(tmp_path, small_config):
     args = ["algorithm.name=fedpac", "eval.clients=true"]
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *args)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *args, nproc=2)
+    one, two = one_and_two(small_config, tmp_path, *args)
     train_ok(small_config, f"output.dir={tmp_path / 'res'}", *args, "train.rounds=4")
     res = train_ok(small_config, "train.rounds=6", resume=str(tmp_path / "res"))
     assert two["world_size"] == 2

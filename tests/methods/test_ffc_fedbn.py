@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import run_cli, summary, train_ok, write_config
+from conftest import Started, run_cli, summary, train_ok, write_config
 from distfl.algorithms.ffc import STATS_FILE
 from distfl.checkpoint import complete_checkpoints, load, load_tensors
 from distfl.data.client_test import client_test_sets
@@ -91,10 +91,17 @@ def _features(model, flat, params, buffers, x) -> torch.Tensor:
         return F.normalize(model.features(x).double(), dim=1)
 
 
-def test_ffc_under_fedbn_uses_each_clients_own_batchnorm(tmp_path):
-    config = _config(tmp_path)
-    out = train_ok(config, f"output.dir={tmp_path / 'r'}")
-    cfg, data, parts, model, flat, state, own = _own_models(tmp_path / "r")
+@pytest.fixture(scope="module")
+def ffc_one_rank(tmp_path_factory):
+    """(config, run directory, summary): the config's run on one rank, which both FFC tests check."""
+    tmp = tmp_path_factory.mktemp("ffc_fedbn")
+    config = _config(tmp)
+    return config, tmp / "one", train_ok(config, f"output.dir={tmp / 'one'}")
+
+
+def test_ffc_under_fedbn_uses_each_clients_own_batchnorm(ffc_one_rank):
+    _, run, out = ffc_one_rank
+    cfg, data, parts, model, flat, state, own = _own_models(run)
     sampled = [k for k, (_, _, has) in enumerate(own) if has]
     assert 0 < len(sampled) < len(parts)  # both kinds of client occur
 
@@ -113,14 +120,14 @@ def test_ffc_under_fedbn_uses_each_clients_own_batchnorm(tmp_path):
         a_global += z_global.t() @ z_global
     expected = torch.linalg.solve(a + RIDGE * torch.eye(d, dtype=torch.float64), b)
 
-    saved = torch.load(tmp_path / "r" / STATS_FILE)
+    saved = torch.load(run / STATS_FILE)
     assert out["phases"]["ffc"]["samples"] == sum(len(p) for p in parts) == 600
     # Only the 2^-f fixed-point rounding of the sums separates the run from the float64 recomputation.
     assert float((saved["ztz"] - a).abs().max()) < 1e-9
     assert float((saved["weight_t"] - expected).norm() / expected.norm()) < 1e-8
     # The global BatchNorm's features are another matrix: the check above can tell them apart.
     assert float((a_global - a).abs().max()) > 1e-2
-    final = load(complete_checkpoints(tmp_path / "r")[-1], "cpu")
+    final = load(complete_checkpoints(run)[-1], "cpu")
     head = final["params"][flat.param_slices["head.weight"]].view(c, d)
     assert torch.equal(head, saved["weight_t"].t().to(torch.float32))
 
@@ -144,21 +151,27 @@ def test_ffc_under_fedbn_uses_each_clients_own_batchnorm(tmp_path):
     assert out["phases"]["ffc"]["client_acc_mean"] == out["final_client_acc"]["mean"]
 
 
-def test_ffc_under_fedbn_one_rank_equals_two_and_calibrating_later(tmp_path):
+def test_ffc_under_fedbn_one_rank_equals_two_and_calibrating_later(tmp_path, ffc_one_rank):
     """Clients' BatchNorm lives on the rank that hosts them (memory store), or on disk for any rank;
     the sums are exact, so 1 rank, 2 ranks, and calibrating the finished run later (client states
     restored from its checkpoint, on another number of ranks) give the same bits."""
-    config = _config(tmp_path)
-    one = train_ok(config, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(config, f"output.dir={tmp_path / 'two'}", nproc=2)
-    disk = train_ok(config, f"output.dir={tmp_path / 'disk'}", "runtime.client_state=disk",
-                    "runtime.placement=balanced", nproc=2)
-    train_ok(config, f"output.dir={tmp_path / 'later'}", "calibration.method=none", "calibration.ridge=0")
+    config, one_dir, one = ffc_one_rank
+    # The 2-rank runs train beside the 1-rank run in this process.
+    runs = {"two": (f"output.dir={tmp_path / 'two'}",),
+            "disk": (f"output.dir={tmp_path / 'disk'}", "runtime.client_state=disk", "runtime.placement=balanced")}
+    started = {name: Started(["train", config, *overrides], nproc=2) for name, overrides in runs.items()}
+    try:
+        train_ok(config, f"output.dir={tmp_path / 'later'}", "calibration.method=none", "calibration.ridge=0")
+        two, disk = (train_ok(config, *runs[name], started=started[name]) for name in ("two", "disk"))
+    finally:
+        for run in started.values():
+            run.stop()
     proc = run_cli(["calibrate", tmp_path / "later", f"calibration.ridge={RIDGE}"], nproc=2)
     assert proc.returncode == 0, proc.stderr
     later = summary(tmp_path / "later")
     assert one["model_sha256"] == two["model_sha256"] == disk["model_sha256"] == later["model_sha256"]
-    weights = [torch.load(tmp_path / run / STATS_FILE)["weight_t"] for run in ("one", "two", "disk", "later")]
+    weights = [torch.load(folder / STATS_FILE)["weight_t"]
+               for folder in (one_dir, tmp_path / "two", tmp_path / "disk", tmp_path / "later")]
     assert all(torch.equal(w, weights[0]) for w in weights)
     assert one["final_client_acc"] == two["final_client_acc"] == disk["final_client_acc"] == later["final_client_acc"]
     assert two["collectives"]["calls"]["ffc"] == 1

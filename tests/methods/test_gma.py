@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import build_trainer, metrics, record_client_models, run_cli, train_ok, write_config
+from conftest import build_trainer, metrics, one_and_two, record_client_models, run_cli, train_ok, write_config
 from distfl.algorithms.gma import agreement_mask
 
 
@@ -102,8 +102,7 @@ def test_mask_placement_matters_only_for_stateful_server_optimizers(tmp_path, sm
 @pytest.mark.parametrize("extra", [["aggregation.mask=gma"], ["aggregation.mask=gma", "server.optimizer=adam",
                                                               "server.lr=0.01", "algorithm.name=scaffold"]])
 def test_gma_one_rank_equals_two_ranks_with_one_collective(tmp_path, small_config, extra):
-    one = train_ok(small_config, f"output.dir={tmp_path / 'one'}", *extra)
-    two = train_ok(small_config, f"output.dir={tmp_path / 'two'}", *extra, nproc=2)
+    one, two = one_and_two(small_config, tmp_path, *extra)
     assert one["model_sha256"] == two["model_sha256"]
     assert two["collectives"]["calls"]["round_stats"] == 6
 
@@ -151,8 +150,7 @@ def test_fedbn_clients_keep_their_own_batchnorm(tmp_path):
 
 def test_fedbn_one_rank_equals_two_ranks_and_resumes(tmp_path):
     cfg = _bn_config(tmp_path)
-    one = train_ok(cfg, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(cfg, f"output.dir={tmp_path / 'two'}", nproc=2)
+    one, two = one_and_two(cfg, tmp_path)
     assert one["model_sha256"] == two["model_sha256"]
     train_ok(cfg, f"output.dir={tmp_path / 'stopped'}", "train.rounds=2")
     resumed = train_ok(None, "train.rounds=3", resume=str(tmp_path / "stopped"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import build_trainer, metrics, run_cli, summary, train_ok, trained_model, write_config
+from conftest import build_trainer, metrics, one_and_two, run_cli, summary, train_ok, trained_model, write_config
 from distfl.algorithms.ffc import STATS_FILE, fixed_point_bits, solve
 from distfl.checkpoint import complete_checkpoints, load
 from distfl.errors import ConfigError
@@ -73,8 +73,7 @@ def test_head_bytes_unchanged_by_training_and_one_rank_equals_two(tmp_path):
     # FedProx + weight decay + momentum: every term that would move a trained parameter.
     config = sphere_config(tmp_path, algorithm={"name": "fedprox", "mu": 0.1},
                            train={"weight_decay": 0.01, "momentum": 0.9, "lr": 0.5})
-    one = train_ok(config, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(config, f"output.dir={tmp_path / 'two'}", nproc=2)
+    one, two = one_and_two(config, tmp_path)
     assert one["model_sha256"] == two["model_sha256"]
     built = orthonormal_rows(10, 32, seed=7).to(torch.float32)
     for run in ("one", "two"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import build_trainer, env_with_sitecustomize, metrics, run_cli, summary, train_ok, write_config
+from conftest import build_trainer, env_with_sitecustomize, metrics, one_and_two, run_cli, summary, train_ok, write_config
 from distfl.algorithms import tct as tct_module
 from distfl.tct import resources as tct_resources
 from distfl.algorithms.tct import MODEL_FILE, TCTPhase
@@ -29,8 +29,7 @@ def psi(run_dir: Path) -> torch.Tensor:
 
 def test_tct_learns_and_one_rank_equals_two_ranks(tmp_path):
     config = tct_config(tmp_path)
-    one = train_ok(config, f"output.dir={tmp_path / 'one'}")
-    two = train_ok(config, f"output.dir={tmp_path / 'two'}", nproc=2)
+    one, two = one_and_two(config, tmp_path)
     t1, t2 = one["phases"]["tct"], two["phases"]["tct"]
     assert t1["psi_sha256"] == t2["psi_sha256"] and one["final_test_acc"] == two["final_test_acc"]
     assert one["final_test_acc"] == t1["test_acc"] > t1["stage1_test_acc"] + 0.2  # 26.4% -> 77.2%
