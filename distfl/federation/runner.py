@@ -446,6 +446,8 @@ class Trainer:
             logger.info(_accountant().describe(cfg, self.noise_multiplier, self.privacy.update_multiplier))
             if not release.test_metrics_covered(cfg, self.data):
                 logger.info(release.TEST_SPLIT_WARNING)
+        elif self.ledger is not None:  # distributed DP (secagg/aggregator.py)
+            logger.info(self.ledger.describe())
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]
         status, error, stopped = "completed", None, None
