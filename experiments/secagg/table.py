@@ -97,19 +97,23 @@ def compare_table(all_runs: dict) -> str:
     out = ["## V1, V2: DDGauss at each bit width against central DP at the same epsilon", "",
            "Last-5 mean test accuracy over the seeds (mean ± std), its difference to central DP's on the same seed, "
            "and a client's upload in one round (bytes; share of central DP's).", "",
-           "| run | seeds | last-5 mean acc | − central, per seed | final acc | bytes up a client a round | share of central's |",
-           "|---|---|---|---|---|---|---|"]
+           "| run | seeds | last-5 mean acc | − central, per seed | − 20 bits, per seed | z / central's | final acc | "
+           "bytes up a client a round | share of central's |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for name in NAMES:
         seeds = [seed for seed in SEEDS if (name, seed) in all_runs]
         size = f"{bytes_up(name):,} | {bytes_up(name) / bytes_up('central'):.4f}"
         if not seeds:
-            out.append(f"| {label(name)} | not run | | | | {size} |")
+            out.append(f"| {label(name)} | not run | | | | | | {size} |")
             continue
-        diffs = [f"{last5(all_runs[name, seed]) - last5(all_runs['central', seed]):+.2f}"
-                 for seed in seeds if ("central", seed) in all_runs]
+        diffs = {base: [f"{last5(all_runs[name, seed]) - last5(all_runs[base, seed]):+.2f}"
+                        for seed in seeds if (base, seed) in all_runs and name not in (base, "central")]
+                 for base in ("central", "ddgauss20")}
+        ratios = sorted({f"{all_runs[name, seed]['summary']['privacy']['noise_multiplier'] / all_runs['central', seed]['summary']['privacy']['noise_multiplier']:.4f}"
+                         for seed in seeds if ("central", seed) in all_runs})
         out.append(f"| {label(name)} | {', '.join(map(str, seeds))} | "
                    f"{mean_std([last5(all_runs[name, seed]) for seed in seeds])} | "
-                   f"{', '.join(diffs) if name != 'central' else '—'} | "
+                   f"{', '.join(diffs['central']) or '—'} | {', '.join(diffs['ddgauss20']) or '—'} | {', '.join(ratios)} | "
                    f"{mean_std([accuracies(all_runs[name, seed])[-1] for seed in seeds])} | {size} |")
     return "\n".join(out) + "\n"
 
@@ -141,7 +145,9 @@ def report() -> str:
             "noise calibrated (`privacy.target_epsilon=4`) to **epsilon 4 at delta 1e-3** by its own accounting. "
             "DDGauss: SecAgg's complete graph, beta = e^-0.5, the grid's scale_bits per bit width from "
             "`scale.py` (the largest whose calibrated sum fits the modular range with 4 standard deviations; at 10 "
-            "bits none does and 0.9 of the most room is used). Noise keyed by the seed (a simulation).\n\n"
+            "bits none does and 0.9 of the most room is used). Noise keyed by the seed (a simulation). A DDGauss client's "
+            f"upload holds {cost.upload_bytes(0, 0, NEIGHBOURS):,} bytes of SecAgg's messages with its {NEIGHBOURS} "
+            "neighbours beside ceil(8,192 b / 8) bytes of masked integers.\n\n"
             + machine_load()
             + (f"Not run (no completed run by 10:20 UTC): {', '.join(missing)}; each would run with "
                "`experiments/secagg/run.sh SEED NAME`.\n\n" if missing else "")
