@@ -29,10 +29,11 @@ def mechanism_and_ledger(cfg, algorithm, noise_multiplier: float | None, num_cli
     return None, None
 
 
-def start_lines(cfg, data, noise_multiplier: float | None, privacy) -> list[str]:
-    """What a run under privacy.mechanism=gaussian says first: its guarantee, and whether the test metrics are covered."""
+def start_lines(cfg, data, noise_multiplier: float | None, privacy, ledger=None) -> list[str]:
+    """What a private run says first: central DP's guarantee and whether the test metrics are covered;
+    distributed DP's ledger (secagg/aggregator.py) its calibration."""
     if privacy is None:
-        return []
+        return [ledger.describe()] if ledger is not None else []
     lines = [accountant().describe(cfg, noise_multiplier, privacy.update_multiplier)]
     if not release.test_metrics_covered(cfg, data):
         lines.append(release.TEST_SPLIT_WARNING)

@@ -232,7 +232,7 @@ class Trainer(RoundEngine):
                     f"{self.ctx.world_size} process(es) on {self.device}"
                     f"{f', clients in packs of {self.pack_size}' if self.pack_size > 1 else ''}; writing {self.run_dir}"
                     f"{self.eval_sample.describe()}")
-        for line in run_privacy.start_lines(cfg, self.data, self.noise_multiplier, self.privacy):
+        for line in run_privacy.start_lines(cfg, self.data, self.noise_multiplier, self.privacy, self.ledger):
             logger.info(line)
         session_start = time.time()
         wall_before = self.state.progress["wall_s"]

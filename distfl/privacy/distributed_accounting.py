@@ -22,6 +22,9 @@ L1 <= L2^2). Below, D2 and D1 are in the model's units (divided by s) where the 
 
 Only clients that survive (report) add noise that the server's sum contains, so `num_clients` is the
 number of survivors, never the number selected.
+
+`calibrate` finds the smallest noise multiplier whose epsilon, by the same functions, stays within a target
+(privacy.target_epsilon): a bisection on the noise's logarithm.
 """
 from __future__ import annotations
 
@@ -97,3 +100,25 @@ def skellam_epsilon(*, scale: float, central_sigma: float, l2_clip: float, beta:
                                           3 * d1 / (2 * s * mu))
 
     return compute_epsilon(list(orders), _sampled_curve(rdp, q, steps, orders), delta)[0]
+
+
+def calibrate(epsilon_of, target_epsilon: float, *, tol: float = 1e-4, bracket=(1e-3, 1e4)) -> float:
+    """The smallest noise multiplier z in `bracket`, to `tol` relative, with epsilon_of(z) <= target_epsilon;
+    `epsilon_of` decreases in z. The z returned meets the target and z (1 - tol) does not (unless z is the
+    bracket's lower end, which already meets it). ValueError, naming the epsilon spent, if the bracket's
+    upper end does not meet it."""
+    lower, upper = bracket
+    spent = epsilon_of(upper)
+    if not spent <= target_epsilon:
+        raise ValueError(f"even noise_multiplier={upper:g} spends epsilon {spent:.4g}")
+    if epsilon_of(lower) <= target_epsilon:
+        return lower
+    # epsilon_of(lower) > target >= epsilon_of(upper); stop when upper <= lower (1 + tol), so that
+    # upper (1 - tol) < lower spends more than the target.
+    while upper > lower * (1 + tol):
+        middle = math.sqrt(lower * upper)
+        if epsilon_of(middle) <= target_epsilon:
+            upper = middle
+        else:
+            lower = middle
+    return upper

@@ -25,9 +25,10 @@ def check_distributed(v: dict, algorithm_class) -> None:
         raise ConfigError(f"{prefix} adds each client's noise under secure aggregation: set secagg.bits (e.g. 20)")
     if not 0 < v["privacy.delta"] < 1:
         raise ConfigError(f"{prefix} needs privacy.delta in (0, 1), the delta of the (epsilon, delta) guarantee")
-    if v["privacy.target_epsilon"] > 0 or v["privacy.noise_multiplier"] < 0:
-        raise ConfigError(f"{prefix} needs privacy.noise_multiplier (>= 0); calibration from privacy.target_epsilon is "
-                          "for the central mechanisms")
+    z, target = v["privacy.noise_multiplier"], v["privacy.target_epsilon"]
+    if (z >= 0) == (target > 0):
+        raise ConfigError(f"{prefix} needs exactly one of privacy.noise_multiplier (>= 0) and privacy.target_epsilon "
+                          f"(> 0; the multiplier is then calibrated), got noise_multiplier={z}, target_epsilon={target}")
     if v["privacy.adaptive_clip"]:
         raise ConfigError(f"{prefix}: privacy.adaptive_clip is built for privacy.mechanism=gaussian only")
     if v["algorithm.weighting"] != "uniform":

@@ -22,6 +22,7 @@ clients, nonfinite, stop, and any segment with wire_bytes 0) are metadata outsid
 summed exactly, as without secure aggregation."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
@@ -58,6 +59,12 @@ def check_config(v: dict) -> None:
         raise ConfigError(f"secagg.bits={bits} with privacy.mechanism={v['privacy.mechanism']}: central DP adds its noise "
                           "at the server, which secure aggregation hides the clients' updates from; use "
                           "privacy.mechanism=ddgauss or skellam (each client adds its own noise)")
+    if v["compression.up"] != "none" and v["privacy.mechanism"] in ("ddgauss", "skellam"):
+        raise ConfigError(f"privacy.mechanism={v['privacy.mechanism']} with compression.up={v['compression.up']}: the "
+                          "distributed-DP pipeline is its own compressor (rotation and secagg.bits-bit rounding, as "
+                          "Kairouz et al. 2021 compose them); another compressor before the secure sum changes the "
+                          "update's sensitivity, which the accountant does not bound; set compression.up=none and "
+                          "lower secagg.bits for fewer bytes")
     for name, off, why in (
             ("compression.up", "none", "a compressor's encoding is not summable modulo 2^bits"),
             ("system.async_mode", "none", "an asynchronous server step sums one update at a time"),
@@ -85,7 +92,7 @@ def upload_bytes(cfg, segments, clients: int) -> int:
     degree = neighbour_count(cfg, clients)
     bits = cfg.secagg.bits
     masked = sum((s.numel * bits + 7) // 8 for s in segments if secured(s))
-    if distributed_dp(cfg) is not None:  # one rotated vector, padded to a power of two
+    if cfg.privacy.mechanism in ("ddgauss", "skellam"):  # one rotated vector, padded to a power of two
         masked = (padded_size(sum(s.numel for s in segments if secured(s))) * bits + 7) // 8
     protocol = cost.upload_bytes(0, bits, degree)
     return protocol + masked + sum(s.nbytes for s in segments if not secured(s))
@@ -118,7 +125,7 @@ class SecureAggregator(Aggregator):
         degree = cfg.secagg.neighbours or None
         self.senders = set(senders)
         self.device = device
-        self.dp = distributed_dp(cfg)
+        self.dp = distributed_dp(cfg, padded_size(sum(s.numel for s in self.secure)))
         self.weight = None  # distributed DP: the clients' common weight, applied to the decoded sum
         if self.dp is None:  # each secured segment masked and summed on its own
             sizes = {s.name: s.numel for s in self.secure}
@@ -271,15 +278,76 @@ class SecureSums(Sums):
         return self.plain.problems()
 
 
-def distributed_dp(cfg) -> DistributedDP | None:
+def distributed_dp(cfg, dim: int) -> DistributedDP | None:
     """The clients' side of distributed DP (privacy.mechanism=ddgauss|skellam), or None: each client's noise
     has stddev noise_multiplier x clip_norm / sqrt(clients_per_round) in model units, so the expected
-    cohort's noise adds up to the central mechanism's noise_multiplier x clip_norm."""
+    cohort's noise adds up to the central mechanism's noise_multiplier x clip_norm. `dim`: the padded
+    dimension of the rotated update (the calibration's sensitivity depends on it)."""
     p = cfg.privacy
     if p.mechanism not in ("ddgauss", "skellam"):
         return None
-    local = p.noise_multiplier * p.clip_norm / math.sqrt(cfg.train.clients_per_round)
-    return DistributedDP(p.mechanism, p.clip_norm, cfg.secagg.bits, 2.0**cfg.secagg.scale_bits, local)
+    return _distributed_dp(cfg, noise_multiplier(cfg, dim))
+
+
+def _distributed_dp(cfg, z: float) -> DistributedDP:
+    p = cfg.privacy
+    return _client_noise(p.mechanism, p.clip_norm, cfg.secagg.bits, cfg.secagg.scale_bits, cfg.train.clients_per_round, z)
+
+
+def _client_noise(mechanism: str, clip: float, bits: int, scale_bits: int, clients: int, z: float) -> DistributedDP:
+    return DistributedDP(mechanism, clip, bits, 2.0**scale_bits, z * clip / math.sqrt(clients))
+
+
+def epsilon(dp: DistributedDP, survivors: int, dim: int, rounds: int, delta: float) -> float:
+    """Epsilon after `rounds` rounds whose sums each held the noise of at least `survivors` clients."""
+    from ..privacy import distributed_accounting as accounting
+
+    if not rounds:
+        return 0.0
+    if survivors == 0 or dp.local_sigma == 0:
+        return math.inf
+    common = dict(scale=dp.scale, l2_clip=dp.l2_clip, beta=dp.beta, dim=dim, q=1.0, steps=rounds, delta=delta)
+    if dp.mechanism == "ddgauss":
+        return accounting.ddgauss_epsilon(local_sigma=dp.local_sigma, num_clients=survivors, **common)
+    return accounting.skellam_epsilon(central_sigma=math.sqrt(survivors) * dp.local_sigma, **common)
+
+
+def calibration_survivors(cfg) -> int:
+    """The survivors a round is calibrated for: every client of the round (train.clients_per_round) when all
+    report (no system model, fixed-size cohorts), else secagg.threshold, the fewest a round that is summed
+    (and counted) can have."""
+    from .. import system
+
+    if system.enabled(cfg) or cfg.train.cohort == "poisson":
+        return cfg.secagg.threshold
+    return cfg.train.clients_per_round
+
+
+def noise_multiplier(cfg, dim: int) -> float:
+    """privacy.noise_multiplier, or the smallest one (to 1e-4 relative) whose train.rounds rounds spend at most
+    privacy.target_epsilon at delta with `calibration_survivors` clients' noise in each sum."""
+    p = cfg.privacy
+    if p.target_epsilon <= 0:
+        return float(p.noise_multiplier)
+    setting = (p.mechanism, p.clip_norm, cfg.secagg.bits, cfg.secagg.scale_bits, cfg.train.clients_per_round)
+    return _calibrated(setting, p.delta, dim, p.target_epsilon, cfg.train.rounds, calibration_survivors(cfg))
+
+
+@functools.lru_cache(maxsize=16)
+def _calibrated(setting: tuple, delta: float, dim: int, target: float, rounds: int, survivors: int) -> float:
+    from ..privacy.distributed_accounting import calibrate
+
+    def spent(z):
+        return epsilon(_client_noise(*setting, z), survivors, dim, rounds, delta)
+
+    try:
+        return calibrate(spent, target)
+    except ValueError as exc:
+        mechanism, _, bits, scale_bits, _ = setting
+        raise ConfigError(f"privacy.target_epsilon={target:g} is out of reach for privacy.mechanism={mechanism} at "
+                          f"secagg.bits={bits}, secagg.scale_bits={scale_bits} over {rounds} rounds with {survivors} "
+                          f"survivors a round: {exc} (the rounding's sensitivity grows as scale_bits falls; raise it "
+                          "or the target)") from None
 
 
 class DistributedLedger:
@@ -292,9 +360,10 @@ class DistributedLedger:
         from ..federation.aggregate import round_segments
 
         self.cfg, self.progress = cfg, progress
-        self.dp = distributed_dp(cfg)
         numel = sum(s.numel for s in round_segments(segments, 1) if secured(s))
         self.dim = padded_size(numel)
+        self.noise_multiplier = noise_multiplier(cfg, self.dim)  # calibrated here, before any round
+        self.dp = distributed_dp(cfg, self.dim)
 
     def record_round(self, reduced) -> None:
         """A round summed: its survivors' noise is what it holds."""
@@ -303,25 +372,33 @@ class DistributedLedger:
         self.progress()["secagg_fewest_survivors"] = survivors if fewest is None else min(fewest, survivors)
 
     def epsilon_after(self, rounds: int) -> float:
-        from ..privacy import distributed_accounting as accounting
-
         n = self.progress().get("secagg_fewest_survivors")
         if not rounds or n is None:
             return 0.0
-        if n == 0 or self.dp.local_sigma == 0:
-            return math.inf
-        common = dict(scale=self.dp.scale, l2_clip=self.dp.l2_clip, beta=self.dp.beta, dim=self.dim, q=1.0,
-                      steps=rounds, delta=self.cfg.privacy.delta)
-        if self.dp.mechanism == "ddgauss":
-            return accounting.ddgauss_epsilon(local_sigma=self.dp.local_sigma, num_clients=n, **common)
-        return accounting.skellam_epsilon(central_sigma=math.sqrt(n) * self.dp.local_sigma, **common)
+        return epsilon(self.dp, n, self.dim, rounds, self.cfg.privacy.delta)
+
+    def describe(self) -> str:
+        """The run's distributed-DP set-up, one line (printed at start)."""
+        p, rounds = self.cfg.privacy, self.cfg.train.rounds
+        survivors = calibration_survivors(self.cfg) if p.target_epsilon > 0 else self.cfg.train.clients_per_round
+        planned = epsilon(self.dp, survivors, self.dim, rounds, p.delta)
+        origin = (f"calibrated to target_epsilon={p.target_epsilon:g}" if p.target_epsilon > 0
+                  else "privacy.noise_multiplier")
+        return (f"privacy: user-level distributed DP ({p.mechanism}) under secure aggregation, clip {p.clip_norm:g}, "
+                f"noise multiplier {self.noise_multiplier:.4g} ({origin}; each client's stddev {self.dp.local_sigma:.4g}), "
+                f"{self.cfg.secagg.bits} bits, scale 2^{self.cfg.secagg.scale_bits}; {rounds} rounds with {survivors} "
+                f"survivors each give epsilon {planned:.4g} at delta {p.delta:g}; simulation: noise reproducible "
+                "from the config")
 
     def guarantee(self, rounds: int) -> dict:
         """summary.json's privacy entry, as central DP's."""
         eps = self.epsilon_after(rounds)
         p = self.cfg.privacy
         return {"mechanism": p.mechanism, "epsilon": eps if math.isfinite(eps) else None, "delta": p.delta,
-                "rounds": rounds, "noise_multiplier": p.noise_multiplier, "clip_norm": p.clip_norm,
+                "rounds": rounds, "noise_multiplier": self.noise_multiplier,
+                "calibrated": p.target_epsilon > 0, "target_epsilon": p.target_epsilon or None,
+                "calibration_survivors": calibration_survivors(self.cfg) if p.target_epsilon > 0 else None,
+                "clip_norm": p.clip_norm,
                 "local_sigma": self.dp.local_sigma, "bits": self.cfg.secagg.bits, "scale": self.dp.scale,
                 "beta": self.dp.beta, "dimension": self.dim, "sampling_rate": 1.0,
                 "fewest_survivors": self.progress().get("secagg_fewest_survivors"),

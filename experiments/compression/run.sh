@@ -9,12 +9,9 @@
 # (all of them, or the NAMEs given), JOBS at a time, each with one thread at nice 10. A run that ended is skipped.
 # Then: python experiments/compression/table.py > experiments/compression/results.md
 set -e
-. "$(dirname "$0")/../lib.sh"  # ended DIR
+. "$(dirname "$0")/../lib.sh"  # run_each
 seed=${1:?usage: run.sh SEED [NAME ...]}; shift
 names=${*:-fedavg topk1_ef topk1 topk10_ef topk10 qsgd2 qsgd4 qsgd8}
-out=experiments/compression/runs
-mkdir -p "$out"
-export OMP_NUM_THREADS=1
 overrides() {  # name -> the compression keys of that run
   case $1 in
     fedavg) echo "" ;;
@@ -27,17 +24,4 @@ overrides() {  # name -> the compression keys of that run
        return 1 ;;
   esac
 }
-for name in $names; do overrides "$name" > /dev/null; done  # every name checked before anything runs
-run() {  # name
-  local dir="$out/$1_s$seed" keys
-  keys=$(overrides "$1")
-  ended "$dir" && return
-  local cmd="python -m distfl train experiments/compression/fmnist.yaml seed=$seed train.rounds=${ROUNDS:-50} output.dir=$dir $keys"
-  echo "$cmd" > "$dir.cmd"
-  nice -n 10 $cmd --overwrite > "$dir.log" 2>&1
-}
-for name in $names; do
-  while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-2}" ]; do wait -n || true; done
-  run "$name" &
-done
-wait
+EXTRA="train.rounds=${ROUNDS:-50}" run_each experiments/compression/fmnist.yaml experiments/compression/runs "$seed" $names

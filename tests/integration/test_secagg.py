@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import (assert_refused, build_trainer, metrics, one_two_resumed, run_cli, trained_model,
+from conftest import (assert_refused, build_trainer, metrics, one_two_resumed, run_cli, summary, trained_model,
                       train_ok, write_config)
 from distfl import dist
 from distfl.config import load_config
@@ -153,8 +153,58 @@ def test_distributed_dp_refuses_what_it_cannot_serve(tmp_path):
     config = write_config(tmp_path / "c.yaml")
     base = ["privacy.mechanism=ddgauss", "privacy.delta=1e-5", "algorithm.weighting=uniform"]
     assert_refused(config, tmp_path / "a", [*base, "privacy.noise_multiplier=1"], "set secagg.bits")
-    assert_refused(config, tmp_path / "b", [*base, "secagg.bits=20", "privacy.target_epsilon=3"],
-                   "calibration from privacy.target_epsilon is for the central mechanisms")
+    assert_refused(config, tmp_path / "b", [*base, "secagg.bits=20", "privacy.target_epsilon=3",
+                                            "privacy.noise_multiplier=1"],
+                   "needs exactly one of privacy.noise_multiplier (>= 0) and privacy.target_epsilon")
     assert_refused(config, tmp_path / "c", ["secagg.bits=20", "privacy.mechanism=gaussian", "privacy.delta=1e-5",
                                             "privacy.noise_multiplier=1", "algorithm.weighting=uniform"],
                    "use privacy.mechanism=ddgauss or skellam")
+
+
+def test_distributed_dp_refuses_another_compressor_and_counts_its_own_bits(tmp_path):
+    config = write_config(tmp_path / "c.yaml")
+    for compressor in ("qsgd", "topk", "fp16"):
+        assert_refused(config, tmp_path / compressor, [*DDGAUSS, "privacy.noise_multiplier=1",
+                                                       f"compression.up={compressor}"],
+                       f"privacy.mechanism=ddgauss with compression.up={compressor}: the distributed-DP pipeline is "
+                       "its own compressor")
+    # What the papers compose: the rotated update (8,970 values padded to 16,384) at secagg.bits bits, under
+    # SecAgg's messages (4 neighbours of 5 clients), and the bookkeeping segments' own bytes.
+    cfg = load_config(str(config), [*DDGAUSS, "privacy.noise_multiplier=1", "secagg.bits=12"])
+    trainer = build_trainer(config, tmp_path / "bytes", *DDGAUSS, "privacy.noise_multiplier=1", "secagg.bits=12")
+    try:
+        segments = round_segments(trainer.algorithm.segments(), 1)
+    finally:
+        trainer.close()
+    from distfl.secagg.aggregator import upload_bytes
+
+    other = sum(s.nbytes for s in segments if not (s.kind == "fixed" and s.wire_bytes > 0 and s.numel > 0))
+    assert upload_bytes(cfg, segments, 5) == cost.upload_bytes(16384, 12, 4) + other
+
+
+def test_target_epsilon_calibrates_distributed_dp_and_the_summary_records_it(tmp_path):
+    from distfl.secagg.aggregator import _distributed_dp, epsilon
+
+    config = write_config(tmp_path / "c.yaml")
+    run = tmp_path / "calibrated"
+    proc = run_cli(["train", str(config), f"output.dir={run}", *DDGAUSS, "privacy.target_epsilon=20"])
+    assert proc.returncode == 0, proc.stderr
+    assert "privacy: user-level distributed DP (ddgauss) under secure aggregation" in proc.stdout + proc.stderr
+    p = summary(run)["privacy"]
+    assert p["calibrated"] and p["target_epsilon"] == 20 and p["calibration_survivors"] == 5
+    cfg = load_config(str(config), [*DDGAUSS, "privacy.target_epsilon=20"])
+    rounds = cfg.train.rounds
+    spent = [epsilon(_distributed_dp(cfg, z), 5, 16384, rounds, 1e-5) for z in (p["noise_multiplier"],
+                                                                               p["noise_multiplier"] * (1 - 1e-4))]
+    assert p["epsilon"] == spent[0] <= 20 < spent[1]  # every client survived: the run spent what was planned
+
+
+def test_an_unreachable_target_epsilon_is_one_line(tmp_path):
+    config = write_config(tmp_path / "c.yaml")
+    proc = run_cli(["train", str(config), f"output.dir={tmp_path / 'r'}", *DDGAUSS, "privacy.target_epsilon=1e-6"])
+    assert proc.returncode == 2 and not (tmp_path / "r").exists()
+    assert proc.stderr.strip().splitlines() == [
+        "distfl: error: privacy.target_epsilon=1e-06 is out of reach for privacy.mechanism=ddgauss at secagg.bits=20, "
+        "secagg.scale_bits=12 over 6 rounds with 5 survivors a round: even noise_multiplier=10000 spends epsilon "
+        f"{proc.stderr.split('spends epsilon ')[1].split(' ')[0]} (the rounding's sensitivity grows as scale_bits "
+        "falls; raise it or the target)"]

@@ -57,3 +57,30 @@ def test_epsilon_against_client_dropout_reproduces_the_reference_curve():
     # the curve's shape: losing 60% of the clients (and their noise) raises epsilon 8 -> 14.01
     last = [r for r in rows if r["initial_epsilon"] == "8" and r["dropout"] == "0.600"][0]
     assert float(last["epsilon"]) == pytest.approx(14.01, abs=0.01)
+
+
+@pytest.mark.parametrize("mechanism", ["ddgauss", "skellam"])
+def test_target_epsilon_calibrates_the_smallest_noise_that_reaches_it(mechanism):
+    from distfl.config import load_config
+    from distfl.secagg.aggregator import _distributed_dp, epsilon, noise_multiplier
+
+    target, dim, rounds = 3.0, 2**13, 20
+    cfg = load_config(None, [f"privacy.mechanism={mechanism}", f"privacy.target_epsilon={target}", "privacy.delta=1e-5",
+                             "algorithm.weighting=uniform", "secagg.bits=16", "secagg.scale_bits=8",
+                             f"train.rounds={rounds}", "train.clients_per_round=10"])
+    z = noise_multiplier(cfg, dim)
+
+    def spent(multiplier):  # what the run's accountant reports, with every client of a round surviving
+        return epsilon(_distributed_dp(cfg, multiplier), 10, dim, rounds, 1e-5)
+
+    assert spent(z) <= target < spent(z * (1 - 1e-4))
+    assert spent(z) == pytest.approx(target, rel=1e-3)
+
+
+def test_calibration_is_a_bounded_search_that_says_when_the_target_is_out_of_reach():
+    from distfl.privacy.distributed_accounting import calibrate
+
+    z = calibrate(lambda z: 10 / z, 2.0, tol=1e-6)
+    assert 10 / z <= 2.0 < 10 / (z * (1 - 1e-6))
+    with pytest.raises(ValueError, match="even noise_multiplier=10000 spends epsilon 0.001"):
+        calibrate(lambda z: 10 / z, 1e-4)

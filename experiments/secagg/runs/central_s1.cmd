@@ -1,0 +1,1 @@
+python -m distfl train experiments/secagg/fmnist.yaml seed=1 output.dir=experiments/secagg/runs/central_s1 privacy.mechanism=gaussian privacy.secure_noise=false train.cohort=poisson privacy.target_epsilon=4

@@ -1,0 +1,1 @@
+python -m distfl train experiments/secagg/fmnist.yaml seed=1 output.dir=experiments/secagg/runs/ddgauss16_s1 privacy.mechanism=ddgauss train.cohort=random privacy.target_epsilon=4 secagg.bits=16 secagg.scale_bits=12
