@@ -19,7 +19,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N] [--sequence-length L]
                            [--oov-buckets B] [--packages P,Q,...]
-       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|privacy|whole-run|compression] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
+       distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|privacy|whole-run|compression|lora] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
        distfl report SWEEP_DIR|RUN_DIR ... [--out DIR] [--by KEY,KEY] [--metric NAME] [--label 'AUTO:TEXT'] [--sort KEY]
@@ -311,13 +311,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians are reported)")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat: checks the bench runs, measures nothing")
     p.add_argument("--suite", choices=["runtime", "ffc", "tct", "cross-device", "startup", "system", "privacy", "whole-run",
-                                       "compression"],
+                                       "compression", "lora"],
                    default="runtime",
                    help="runtime: overhead, scaling, collectives (default); ffc / tct: a paper method's "
                         "extra phases against a training round; cross-device: seconds per round one client "
                         "at a time versus packs (runtime.pack_size); startup: what a short 2-rank run spends outside training; "
                         "privacy: seconds to draw a million parameters' DP noise, secret and keyed; "
-                        "whole-run: training seconds of pfl-research's CIFAR-10 benchmark run and of the quickstart "
+                        "whole-run: training seconds of pfl-research's CIFAR-10 benchmark run and of the quickstart; "
+                        "lora: memory and seconds per round of LoRA against full fine-tuning "
                         "(written to bench/results/<suite>.json)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="runtime and cross-device suites: the device the runs train on (default: runtime cpu, "

@@ -50,6 +50,10 @@ def build_algorithm(cfg, population, worker, device, model_factory=None, noise_m
     cls = method_class(cfg)
     check_built_model(cls, cfg, worker)
     method = cls(cfg, population, worker, device, model_factory)
+    if cfg.model.lora_rank and cfg.model.lora_aggregate == "stack":  # FLoRA: the sum of the products, merged
+        from .lora_stack import LoraStack
+
+        method = LoraStack(method, cfg, worker)
     if cfg.aggregation.mask == "gma":
         method = GMA(method, cfg.aggregation.tau, cfg.aggregation.mask_applies_to)
     if cfg.aggregation.fedbn:

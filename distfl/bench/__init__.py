@@ -10,6 +10,8 @@ shared harness (harness.py):
   privacy            seconds to draw a million parameters' noise, secret (AES-128-CTR) and keyed, and a
                      secret cohort (privacy.py)
   compression        each compressor's cost per client per million parameters (compression.py)
+  lora               memory and seconds per round of LoRA rounds (fedit, stack) against full fine-tuning of
+                     the same model, one client at a time and in packs (lora.py)
   whole-run          training seconds of whole runs: pfl-research's CIFAR-10 benchmark config and the
                      quickstart (whole_run.py)
 
@@ -30,7 +32,7 @@ from ..errors import ConfigError
 from .harness import _command_line, log
 
 
-SUITES = ("runtime", "ffc", "tct", "cross-device", "startup", "system", "privacy", "whole-run", "compression")
+SUITES = ("runtime", "ffc", "tct", "cross-device", "startup", "system", "privacy", "whole-run", "compression", "lora")
 
 
 def _raise_on_sigterm(signum, frame):
@@ -50,7 +52,7 @@ def main_suite(args) -> int:
     `--suite startup`: what a run spends outside training."""
     import torch
 
-    from . import compression, cross_device, ffc, privacy, startup, system, tct, whole_run
+    from . import compression, cross_device, ffc, lora, privacy, startup, system, tct, whole_run
 
     quick = getattr(args, "quick", False)
     rounds = _rounds(args)
@@ -62,7 +64,7 @@ def main_suite(args) -> int:
     repeats = 1 if quick else int(args.repeats)
     out = Path(args.out) if args.out != "bench/results/results.json" else Path(f"bench/results/{suite}.json")
     module = {"cross-device": cross_device, "ffc": ffc, "tct": tct, "startup": startup, "system": system,
-              "privacy": privacy, "whole-run": whole_run, "compression": compression}[suite]
+              "privacy": privacy, "whole-run": whole_run, "compression": compression, "lora": lora}[suite]
     if suite == "startup":
         res = startup.bench(repeats, log, 2 if quick else rounds)
     elif suite == "cross-device":
@@ -73,6 +75,8 @@ def main_suite(args) -> int:
                                               cross_device.counts(getattr(args, "ranks", ""), "--ranks"), extra)
     elif suite == "whole-run":
         res = whole_run.bench(2 if quick else getattr(args, "rounds", None), log, getattr(args, "device", None), extra)
+    elif suite == "lora":
+        res = lora.bench(2 if quick else rounds, repeats, log)
     elif suite in ("tct", "privacy"):
         res = module.bench(repeats, log, getattr(args, "device", None))
     else:

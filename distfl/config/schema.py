@@ -97,7 +97,7 @@ class ModelConfig:
     lora_alpha: float = key(8.0, range="> 0")  # LoRA (also model.lora.alpha): the update is (alpha / r) B A (PEFT's scaling)
     lora_dropout: float = key(0.0, range="[0, 1)")  # LoRA (also model.lora.dropout): dropout on the adapters' input; only 0 (a dropout draw would not be keyed by the client and round)
     lora_targets: list = key([])  # LoRA (also model.lora.targets): fnmatch patterns on module names (model.named_modules(): `features.*`, `head`) of the Linear and Conv2d layers that get adapters; [] = every Linear and Conv2d. A pattern that matches none of them is refused
-    lora_aggregate: str = key("fedit", choices=["fedit", "ffa"])  # LoRA (also model.lora.aggregate): fedit (A and B trained and averaged separately, FedIT, Zhang et al. 2024) | ffa (A drawn once from the seed and frozen, shared by every client and never sent; only B trained, so the average of the B_i is exactly the average of the products B_i A: FFA-LoRA, Sun et al., ICLR 2024)
+    lora_aggregate: str = key("fedit", choices=["fedit", "ffa", "stack"])  # LoRA (also model.lora.aggregate): fedit (A and B trained and averaged separately, FedIT, Zhang et al. 2024) | ffa (A drawn once from the seed and frozen, shared by every client and never sent; only B trained, so the average of the B_i is exactly the average of the products B_i A: FFA-LoRA, Sun et al., ICLR 2024 | stack (A and B trained from B = 0 each round; the exact weighted sum of the products B_i A_i, as stacking the factors gives it, merged into the base each round and the adapters drawn afresh: FLoRA, Wang et al., NeurIPS 2024)
 
 
 @dataclass

@@ -27,6 +27,31 @@ def check_adapter_keys(v: dict) -> None:
         except ImportError:
             raise ConfigError("model.lora_rank > 0 injects the adapters with PEFT, which is not installed: "
                               "pip install 'distfl[lora]'") from None
+    if v["model.lora_rank"] > 0 and v["model.lora_aggregate"] == "stack":
+        check_stack(v)
+
+
+# What model.lora_aggregate=stack merges is the plain sum of the products: the keys that change a round's sum or
+# server step otherwise, with the value it needs.
+STACK_NEEDS = {"privacy.mechanism": "none", "compression.up": "none", "secagg.bits": 0, "aggregation.mask": "none",
+               "aggregation.fedbn": False, "system.async_mode": "none", "server.optimizer": "sgd",
+               "server.momentum": 0.0, "eval.finetune_from": "last"}
+
+
+def check_stack(v: dict) -> None:
+    """One line for a run model.lora_aggregate=stack cannot make (the merge replaces the server step)."""
+    from distfl.algorithms import algorithm_class
+
+    if not getattr(algorithm_class(v["algorithm.name"]), "private_release", False):
+        raise ConfigError(f"model.lora_aggregate=stack merges the clients' summed products into the base in place of "
+                          f"the server step, which algorithm.name={v['algorithm.name']} has its own of: use a method "
+                          "whose server uses only the clients' summed updates (fedavg, fedprox, ...) or "
+                          "model.lora_aggregate=fedit|ffa")
+    for key, needed in STACK_NEEDS.items():
+        if v[key] != needed:
+            raise ConfigError(f"model.lora_aggregate=stack sums the clients' products exactly and merges them into the "
+                              f"base; {key}={v[key]!r} is not supported with it (set {key}={needed!r}, or "
+                              "model.lora_aggregate=fedit|ffa)")
 
 
 def freeze(model: nn.Module, patterns: list[str]) -> None:
@@ -57,7 +82,7 @@ def lora_targets(model: nn.Module, patterns: list[str]) -> list[str]:
 def add_lora(model: nn.Module, rank: int, alpha: float, targets: list[str], aggregate: str) -> nn.Module:
     """Freeze every parameter of `model` and inject rank-`rank` adapters into the targeted layers (in place):
     A drawn from torch's generator (the run seeds it), B = 0, so the model computes what it computed before.
-    aggregate=ffa freezes A too: only B trains."""
+    aggregate=ffa freezes A too: only B trains (fedit and stack train both)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     names = lora_targets(model, targets)
@@ -66,7 +91,7 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets: list[str], aggr
                             model)
     for name, p in model.named_parameters():
         is_a, is_b = ".lora_A." in name, ".lora_B." in name
-        p.requires_grad_(is_b or (is_a and aggregate == "fedit"))
+        p.requires_grad_(is_b or (is_a and aggregate != "ffa"))
     return model
 
 

@@ -397,3 +397,23 @@ def test_compression_suite_times_every_compressor(tmp_path):
     assert res["numel"] == 10**6 and "copy (floor)" in medians
     assert all(any(name.split()[0] == compressor for name in medians) for compressor in COMPRESSORS if compressor != "fp16")
     assert all(s > 0 for s in medians.values()) and out.with_suffix(".md").exists()
+
+
+def test_lora_suite_counts_the_tensors_of_a_packed_round():
+    """`--suite lora`'s measurement of one configuration (in this process, on a smaller MLP): LoRA trains
+    and counts only the adapters, per client of a pack, beside the one copy of the model."""
+    pytest.importorskip("peft")
+    from distfl.bench.lora import measure
+
+    small = ["model.mlp_hidden=32", "data.synthetic_train=400", "partition.num_clients=20", "train.clients_per_round=4"]
+    full = measure([*small, "runtime.pack_size=2"], 1)
+    lora = measure([*small, "runtime.pack_size=2", "model.lora_rank=4", "model.lora_aggregate=stack"], 1)
+    assert full["trained_parameters"] == 784 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10
+    assert lora["trained_parameters"] == 4 * (784 + 32) + 4 * (32 + 32) + 4 * (32 + 10)
+    for res in (full, lora):
+        t = res["tensors"]
+        assert res["pack_size"] == 2 and len(res["round_s"]) == 1
+        assert t["trained_per_client"] == t["gradients_per_client"] == t["momentum_per_client"] \
+            == 4 * res["trained_parameters"]
+        assert res["tracked_tensor_bytes"] == t["model_parameters"] + t["round_sum_buffer"] + 2 * 3 * t["trained_per_client"]
+    assert lora["tensors"]["model_parameters"] == full["tensors"]["model_parameters"] + 4 * lora["trained_parameters"]

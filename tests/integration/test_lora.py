@@ -36,10 +36,11 @@ def base_hash(trainer) -> str:
 CNN = ("model.name=simplecnn", "data.synthetic_image_size=28")
 
 
-@pytest.mark.parametrize("arch", [(), CNN], ids=["mlp", "simplecnn"])
-def test_round_zero_outputs_are_bit_identical_to_the_base_model(tmp_path, config, arch):
+@pytest.mark.parametrize("arch,mode", [((), "fedit"), (CNN, "fedit"), (CNN, "stack")],
+                         ids=["mlp", "simplecnn", "simplecnn-stack"])
+def test_round_zero_outputs_are_bit_identical_to_the_base_model(tmp_path, config, arch, mode):
     outputs = {}
-    for name, overrides in {"base": (), "lora": LORA}.items():
+    for name, overrides in {"base": (), "lora": (*LORA, f"model.lora.aggregate={mode}")}.items():
         trainer = build_trainer(config, tmp_path / name, *arch, *overrides)
         try:
             model = trainer.worker.module.eval()
@@ -157,9 +158,68 @@ def test_packs_equal_one_at_a_time(tmp_path, config, mode):
     assert_packs_train_as_one_at_a_time(config, tmp_path, 3, *LORA, f"model.lora.aggregate={mode}")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "stack"])
 def test_one_rank_equals_two_ranks_and_resumed(tmp_path, config, mode):
     one_two_resumed(config, tmp_path, *LORA, f"model.lora.aggregate={mode}")
+
+
+def adapted_weights(trainer) -> list[torch.Tensor]:
+    """A copy of each adapted layer's base weight (PEFT's NAME.base_layer.weight)."""
+    return [m.base_layer.weight.detach().clone() for m in trainer.worker.module.modules() if hasattr(m, "lora_A")]
+
+
+def test_stack_merges_exactly_the_weighted_sum_of_the_clients_products(tmp_path, config):
+    """FLoRA's stacking: after round 1 each adapted base W has moved by exactly (alpha / r) sum_i w_i B_i A_i,
+    recomputed here in float64 from the clients' trained factors; the adapters start again (B = 0, a new A);
+    a client uploads its factors, 2 r (d_in + d_out) numbers per W, and downloads the stacked factors of the
+    cohort or the dense update, whichever is fewer."""
+    trainer = build_trainer(config, tmp_path / "run", *LORA, "model.lora.aggregate=stack")
+    try:
+        layers = [(n, m) for n, m in trainer.worker.module.named_modules() if hasattr(m, "lora_A")]
+        assert [n for n in trainer.worker.param_slices] == [f"{n}.lora_{f}.default.weight" for n, _ in layers
+                                                             for f in "AB"]
+        dims = [(m.in_features, m.out_features) for _, m in layers]
+        cohort = trainer.cfg.train.clients_per_round
+        up = sum(RANK * (d_in + d_out) for d_in, d_out in dims)
+        down = sum(min(cohort * RANK * (d_in + d_out), d_in * d_out) for d_in, d_out in dims)
+        assert trainer.payload_bytes() == (4 * down, 4 * up)
+        before, start = adapted_weights(trainer), trainer.global_params.clone()
+        seen = record_client_models(trainer)
+        row = trainer.run_round(1)
+        assert (row["bytes_up"], row["bytes_down"]) == (cohort * 4 * up, cohort * 4 * down)
+        scale = trainer.cfg.model.lora_alpha / RANK
+        exact = [sum(w * prod for prod, w in ((products(trainer, params, {})[n], w) for params, w in seen))
+                 for n, _ in layers]
+        after = adapted_weights(trainer)
+        gap = max(((a.double() - b.double() - scale * e).abs().max() / (scale * e).abs().max()).item()
+                  for a, b, e in zip(after, before, exact))
+        print(f"stack: largest relative gap of the merged update to the clients' sum of products {gap:.3g}")
+        assert gap < 1e-5
+        params = trainer.global_params
+        for name, where in trainer.worker.param_slices.items():
+            if ".lora_B." in name:
+                assert not params[where].any()
+            else:
+                assert not torch.equal(params[where], start[where])  # round 2's A, a new draw
+    finally:
+        trainer.close()
+
+
+def test_stack_packs_merge_as_one_at_a_time(tmp_path, config):
+    merged = {}
+    for size in (1, 3):
+        trainer = build_trainer(config, tmp_path / f"pack{size}", *CNN, *LORA, "model.lora.aggregate=stack",
+                                f"runtime.pack_size={size}")
+        try:
+            assert trainer.pack_size == size
+            before = adapted_weights(trainer)
+            trainer.run_round(1)
+            merged[size] = adapted_weights(trainer)
+            assert all(not torch.equal(a, b) for a, b in zip(merged[size], before))
+        finally:
+            trainer.close()
+    for one, packed in zip(merged[1], merged[3]):
+        torch.testing.assert_close(packed, one, rtol=1e-4, atol=1e-6)
 
 
 def test_freeze_by_name_trains_only_the_rest(tmp_path, config):
@@ -177,12 +237,13 @@ def test_freeze_by_name_trains_only_the_rest(tmp_path, config):
     ("model.freeze=[feature.*]", "model.freeze: 'feature.*' matches no parameter"),
     ("model.lora.targets=[nothing]", "model.lora_targets: 'nothing' matches none of the model's Linear"),
     ("model.lora.dropout=0.1", "model.lora_dropout=0.1: only 0 is supported"),
+    ("model.lora.aggregate=stack aggregation.mask=gma", "model.lora_aggregate=stack sums the clients' products"),
 ])
 def test_bad_adapter_keys_are_refused_in_one_line(tmp_path, config, override, words):
     from distfl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^" + words.replace(".", r"\.").replace("*", r"\*")) as e:
-        build_trainer(config, tmp_path / "run", *LORA, override).close()
+        build_trainer(config, tmp_path / "run", *LORA, *override.split()).close()
     assert "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
 
