@@ -4,8 +4,8 @@
 #   [JOBS=2] experiments/foundation/run.sh [SEED ...]        (default seeds: 0 1)
 # 1. writes the two Fashion-MNIST tasks (make_tasks.py) and the two standard-library federations (distfl data
 #    prepare python) under data/foundation, if absent;
-# 2. pretrains SimpleCNN on classes 0-4 (pretrain.yaml) and token_transformer on eight packages
-#    (text_pretrain.yaml), seed 0, side by side;
+# 2. pretrains SimpleCNN on classes 0-4 (pretrain.yaml), then token_transformer on eight packages
+#    (text_pretrain.yaml) beside the image runs that follow, seed 0;
 # 3. adapts each, for every SEED, on adapt.yaml (classes 5-9, 50 clients, Dirichlet(0.5)):
 #      fedit_r8, ffa_r8          LoRA rank 8 (alpha 16), FedIT / FFA-LoRA aggregation
 #      stack_r8                  the same with FLoRA's stacking (model.lora.aggregate=stack)
@@ -60,9 +60,10 @@ queue() {  # "name seed" ...
   done
   wait
 }
-queue "pretrain 0" "text_pretrain 0"
-items=()
+queue "pretrain 0"
+items=("text_pretrain 0")
 for seed in $seeds; do
   for name in fedit_r8 ffa_r8 stack_r8 fedit_r8_dp ffa_r8_dp fedit_r4 fedit_r16 full; do items+=("$name $seed"); done
 done
-queue "${items[@]}" "text_lora 0" "text_full 0"
+queue "${items[@]}"
+queue "text_lora 0" "text_full 0"

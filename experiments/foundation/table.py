@@ -36,6 +36,17 @@ def load(name: str, seed: int) -> dict | None:
     return {"summary": summary, "metrics": rows}
 
 
+def transfer(run: dict, key: str) -> float | None:
+    """Bytes summed over the rounds (`bytes_up` or `bytes_down`), in MB; None where withheld (differential
+    privacy: the counts would reveal the cohorts)."""
+    values = [row.get(key) for row in run["metrics"]]
+    return None if any(v is None for v in values) else sum(values) / 1e6
+
+
+def mb(value: float | None) -> str:
+    return "withheld (DP)" if value is None else f"{value:.3f}"
+
+
 def accs(run: dict) -> list[float]:
     return [100 * row["test_acc"] for row in run["metrics"] if "test_acc" in row]
 
@@ -51,14 +62,15 @@ def mean_std(values: list[float]) -> str:
 
 
 def run_table(runs: dict, labels: dict) -> list[str]:
-    out = ["| run | seed | rounds | final | best | last-3 mean | upload MB | upload bytes, round 1 | wall s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| run | seed | rounds | final | best | last-3 mean | upload MB | download MB | trained parameters | wall s |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for (name, seed), run in runs.items():
         if name not in labels:
             continue
         s, a = run["summary"], accs(run)
+        wall = "withheld (DP)" if s.get("wall_s") is None else f"{s['wall_s']:.0f}"
         out.append(f"| {labels[name]} | {seed} | {s['rounds']} | {a[-1]:.2f} | {max(a):.2f} | {last(run):.2f} | "
-                   f"{s['bytes_up'] / 1e6:.3f} | {run['metrics'][0]['bytes_up']:,} | {s['wall_s']:.0f} |")
+                   f"{mb(transfer(run, 'bytes_up'))} | {mb(transfer(run, 'bytes_down'))} | {s['num_params']:,} | {wall} |")
     return out
 
 
@@ -77,11 +89,11 @@ def summary_table(runs: dict) -> list[str]:
         if not seeds:
             out.append(f"| {label} | not run | | | | |")
             continue
-        up = [runs[name, seed]["summary"]["bytes_up"] for seed in seeds]
-        shares = sorted({f"{runs[name, seed]['summary']['bytes_up'] / runs['full', seed]['summary']['bytes_up']:.4f}"
-                         for seed in seeds if ("full", seed) in runs})
+        up = [transfer(runs[name, seed], "bytes_up") for seed in seeds]
+        shares = sorted({f"{transfer(runs[name, seed], 'bytes_up') / transfer(runs['full', seed], 'bytes_up'):.4f}"
+                         for seed in seeds if ("full", seed) in runs and transfer(runs[name, seed], "bytes_up")})
         out.append(f"| {label} | {', '.join(map(str, seeds))} | {mean_std([last(runs[name, s]) for s in seeds])} | "
-                   f"{mean_std([accs(runs[name, s])[-1] for s in seeds])} | {', '.join(f'{u / 1e6:.3f}' for u in up)} | "
+                   f"{mean_std([accs(runs[name, s])[-1] for s in seeds])} | {', '.join(mb(u) for u in up)} | "
                    f"{', '.join(shares) or '—'} |")
     return out
 
