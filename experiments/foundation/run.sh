@@ -12,7 +12,9 @@
 #      fedit_r8_dp, ffa_r8_dp    the same under central DP (privacy.mechanism=gaussian, z = 0.2, C = 1, uniform weights)
 #      fedit_r4, fedit_r16       FedIT at rank 4 and 16 (alpha = 2 r: the same scaling 2)
 #      full                      full fine-tuning (every parameter trained and sent)
-#    and, seed 0 only, text_adapt.yaml (fifteen other packages): text_lora (FedIT, rank 8) and text_full.
+#    and, seed 0 only, text_adapt.yaml (fifteen other packages): text_lora (FedIT, rank 8), text_full, and
+#    text_base: the pretrained model scored on them before any adaptation (one round at server lr 1e-30, which
+#    leaves the frozen base bit for bit as loaded and adds a B A of order 1e-30 that vanishes in float32).
 # JOBS runs at a time (default 2), each with one thread at nice 10; a run that ended is skipped.
 # Then: python experiments/foundation/table.py > experiments/foundation/results.md
 set -e
@@ -44,6 +46,7 @@ keys() {  # name -> config and overrides of that run
     full) echo "$here/adapt.yaml model.lora.rank=0" ;;
     text_lora) echo "$here/text_adapt.yaml" ;;
     text_full) echo "$here/text_adapt.yaml model.lora.rank=0" ;;
+    text_base) echo "$here/text_adapt.yaml train.rounds=1 eval.every=1 server.optimizer=sgd server.lr=1e-30" ;;
   esac
 }
 run() {  # name seed
@@ -66,4 +69,4 @@ for seed in $seeds; do
   for name in fedit_r8 ffa_r8 stack_r8 fedit_r8_dp ffa_r8_dp fedit_r4 fedit_r16 full; do items+=("$name $seed"); done
 done
 queue "${items[@]}"
-queue "text_lora 0" "text_full 0"
+queue "text_base 0" "text_lora 0" "text_full 0"

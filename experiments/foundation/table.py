@@ -20,7 +20,8 @@ LAST = 3
 IMAGE = {"fedit_r8": "LoRA r=8, FedIT", "ffa_r8": "LoRA r=8, FFA-LoRA", "stack_r8": "LoRA r=8, FLoRA stacking",
          "fedit_r8_dp": "LoRA r=8, FedIT, central DP", "ffa_r8_dp": "LoRA r=8, FFA-LoRA, central DP",
          "fedit_r4": "LoRA r=4, FedIT", "fedit_r16": "LoRA r=16, FedIT", "full": "full fine-tuning"}
-TEXT = {"text_pretrain": "pretraining (8 packages)", "text_lora": "LoRA r=8, FedIT (15 other packages)",
+TEXT = {"text_pretrain": "pretraining (8 packages)",
+        "text_base": "the pretrained model on the 15 other packages, before adaptation", "text_lora": "LoRA r=8, FedIT (15 other packages)",
         "text_full": "full fine-tuning (15 other packages)"}
 
 
