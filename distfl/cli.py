@@ -18,7 +18,7 @@ USAGE = """distfl train CONFIG [key=value ...] [--print-config] [--overwrite] [-
        distfl calibrate RUN_DIR [--method ffc|ccvr] [calibration.KEY=VALUE ...]
        distfl partition CONFIG [key=value ...] [--out FILE.npz]
        distfl data prepare NAME --from DIR --out FOLDER [--split sample|user] [--seed N] [--sequence-length L]
-                           [--oov-buckets B]
+                           [--oov-buckets B] [--packages P,Q,...]
        distfl bench [--suite runtime|ffc|tct|cross-device|startup|system|privacy|whole-run|compression|lora] [--device cpu|cuda] [--out FILE] [--rounds N] [--repeats N] [--quick] [KEY=VALUE ...]
        distfl sweep CONFIG [key=value ...] [--grid KEY=V1,V2 ...] [--points FILE | --zip KEY=V1,V2 ...] [--seeds 0,1,2] [--executor local|slurm]
                     [--nproc N] [--partition P] [--time MIN] [--nodes N] [--tasks-per-node N] [--wait] [--dry-run]
@@ -162,7 +162,7 @@ def cmd_data(args) -> int:
     from .data.prepared import describe, load_prepared
 
     prepare(args.name, args.source, args.out, args.split, args.seed, args.embeddings, args.vocabulary,
-            args.sequence_length, args.oov_buckets)
+            args.sequence_length, args.oov_buckets, tuple(filter(None, args.packages.split(","))))
     fed = load_prepared(args.out)
     print(f"prepared {args.name} from {args.source}: {describe(fed)}")
     print(f"wrote {args.out}; train on it with data.dataset=prepared data.path={args.out} "
@@ -283,8 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("data", help="prepare a downloaded federated dataset once into a memory-mapped folder")
     p.add_argument("action", choices=["prepare"])
-    p.add_argument("name", help="the source format: leaf (a LEAF dataset's data/ folder) or tff (the folder of "
-                                "TFF's PREFIX_train.h5 and PREFIX_test.h5)")
+    p.add_argument("name", help="the source format: leaf (a LEAF dataset's data/ folder), tff (the folder of "
+                                "TFF's PREFIX_train.h5 and PREFIX_test.h5) or python (a folder of Python packages, "
+                                "e.g. the standard library's, as a code-completion federation: docs/datasets.md)")
     p.add_argument("--from", dest="source", required=True, metavar="DIR", help="the downloaded dataset")
     p.add_argument("--out", required=True, metavar="FOLDER", help="the folder to write (data.path of "
                                                                   "data.dataset=prepared)")
@@ -296,9 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocabulary", default="", metavar="VOCAB",
                    help="leaf, Reddit: LEAF's reddit_vocab.pck or its JSON conversion (data.vocabulary)")
     p.add_argument("--sequence-length", type=int, default=0, metavar="L",
-                   help="tff, Shakespeare and StackOverflow: input tokens a sample (default 0: TFF's 80 and 20)")
+                   help="tff, Shakespeare and StackOverflow: input tokens a sample (default 0: TFF's 80 and 20); "
+                        "python: bytes a sample (default 0: 64)")
     p.add_argument("--oov-buckets", type=int, default=0, metavar="B",
                    help="tff, StackOverflow: out-of-vocabulary buckets (default 0: one, TFF's default)")
+    p.add_argument("--packages", default="", metavar="P,Q,...",
+                   help="python: the packages under --from that are the clients (default: all of them)")
     p.set_defaults(func=cmd_data)
     p = sub.add_parser("bench", help="measure simulation overhead, rank scaling and collectives")
     p.add_argument("--out", default="bench/results/results.json", help="where to write the JSON results")

@@ -93,7 +93,8 @@ def prepare_text(fed: TextFederation, out: str, source: str, origin: str) -> Non
 
 
 def prepare(name: str, folder: str, out: str, split: str = "sample", seed: int = 0, embeddings: str = "",
-            vocabulary: str = "", sequence_length: int = 0, oov_buckets: int = 0) -> None:
+            vocabulary: str = "", sequence_length: int = 0, oov_buckets: int = 0,
+            packages: tuple[str, ...] = ()) -> None:
     """`distfl data prepare NAME --from folder --out out`: TFF's text federations client by client, the
     others (LEAF, TFF's images) read whole and written (prepared.write_prepared)."""
     check_out(out)  # before reading the source, which can take minutes
@@ -101,5 +102,5 @@ def prepare(name: str, folder: str, out: str, split: str = "sample", seed: int =
         prefix = find_federation(folder)
         prepare_text(text_federation(folder, prefix, sequence_length, oov_buckets), out, name, folder)
     else:
-        write_prepared(read_source(name, folder, split, seed, embeddings, vocabulary, sequence_length, oov_buckets),
-                       out, name, folder)
+        write_prepared(read_source(name, folder, split, seed, embeddings, vocabulary, sequence_length, oov_buckets,
+                                   packages), out, name, folder)

@@ -41,12 +41,14 @@ from distfl.errors import DataError
 
 FORMAT = "distfl-prepared-1"
 ARRAYS = ("train_x", "train_y", "train_offsets", "test_x", "test_y", "test_offsets", "client_ids")
-SOURCES = ("leaf", "tff")
+SOURCES = ("leaf", "tff", "python")
 TEXT_SETTINGS = ("sequence_length", "oov_buckets")  # meta.json's record of how TFF's text was tokenised
 
 
 def read_source(name: str, folder: str, split: str, seed: int, embeddings: str = "", vocabulary: str = "",
-                sequence_length: int = 0, oov_buckets: int = 0) -> Federated:
+                sequence_length: int = 0, oov_buckets: int = 0, packages: tuple[str, ...] = ()) -> Federated:
+    if packages and name != "python":
+        raise DataError("--packages picks the packages of a source-code folder (distfl data prepare python)")
     if name == "leaf" and (sequence_length or oov_buckets):
         raise DataError("--sequence-length and --oov-buckets tokenise TFF's text federations (distfl data prepare tff); "
                         "LEAF's data is read as it is")
@@ -58,6 +60,10 @@ def read_source(name: str, folder: str, split: str, seed: int, embeddings: str =
         from distfl.data.tff_text import load_tff_folder
 
         return load_tff_folder(folder, sequence_length, oov_buckets)
+    if name == "python":
+        from distfl.data.python_source import load_python_source
+
+        return load_python_source(folder, packages, sequence_length)
     raise DataError(f"distfl data prepare: unknown dataset {name!r}; valid: {', '.join(SOURCES)}")
 
 

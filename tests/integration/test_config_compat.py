@@ -3,6 +3,7 @@ the old flat method keys (`algorithm.moon_mu=...`) mean what they meant, and a r
 earlier release resumes to the model it would have trained."""
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def test_a_run_checkpointed_by_the_earlier_release_resumes_to_its_model(tmp_path
 # own output tree): they load but for that one check.
 MISSING_FILE = {"experiments/gma/results_session3/gma10c_split0_m09_lr0.01_slr1.0/aggregation.mask=gma_seed=1/config.yaml",
                 "experiments/gma/results_session3/gma10c_split0_m09_lr0.01_slr1.0/aggregation.mask=none_seed=1/config.yaml"}
+# Configs (and their runs' saved configs) whose data files their experiment script writes first, under data/
+# (experiments/foundation/run.sh): they load, but for that check where the script has not run.
+WRITTEN_DATA = "experiments/foundation/"
 
 
 def committed_configs() -> list[str]:
@@ -55,6 +59,11 @@ def test_every_committed_config_loads():
             if path in MISSING_FILE:
                 with pytest.raises(ConfigError, match="partition.path: .* does not exist"):
                     load_config(str(REPO / path))
+            elif path.startswith(WRITTEN_DATA):
+                try:
+                    load_config(str(REPO / path))
+                except ConfigError as e:
+                    assert re.search("data.path: .* does not exist", str(e)), (path, str(e))
             else:
                 load_config(str(REPO / path))
 

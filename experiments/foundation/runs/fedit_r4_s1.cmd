@@ -1,0 +1,1 @@
+python -m distfl train experiments/foundation/adapt.yaml model.lora.rank=4 model.lora.alpha=8 seed=1 output.dir=experiments/foundation/runs/fedit_r4_s1

@@ -1,0 +1,1 @@
+python -m distfl train experiments/foundation/adapt.yaml model.lora.rank=0 seed=0 output.dir=experiments/foundation/runs/full_s0

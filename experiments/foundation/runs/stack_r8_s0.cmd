@@ -1,0 +1,1 @@
+python -m distfl train experiments/foundation/adapt.yaml model.lora.aggregate=stack seed=0 output.dir=experiments/foundation/runs/stack_r8_s0
