@@ -75,9 +75,9 @@ def main_suite(args) -> int:
                                               cross_device.counts(getattr(args, "ranks", ""), "--ranks"), extra)
     elif suite == "whole-run":
         res = whole_run.bench(2 if quick else getattr(args, "rounds", None), log, getattr(args, "device", None), extra)
-    elif suite in ("tct", "privacy", "compression"):
+    elif suite == "lora":
         res = lora.bench(2 if quick else rounds, repeats, log)
-    elif suite in ("tct", "privacy"):
+    elif suite in ("tct", "privacy", "compression"):
         res = module.bench(repeats, log, getattr(args, "device", None))
     else:
         res = module.bench(repeats, log)
