@@ -25,11 +25,33 @@ import math
 import torch
 
 from ..compression.base import keyed_generator
+from ..errors import ConfigError
 from ..federation.aggregate import Segment
 from .feature import Feature
 
 ADAPTER = "default"  # PEFT's adapter name
 _A_STREAM = 0x5A7C  # the keyed stream of the re-drawn A (distinct from every other keyed draw of a run)
+
+
+# What model.lora_aggregate=stack merges is the sum of the products (clipped and noised under central DP): the
+# keys that change a round's sum or server step otherwise, with the values it takes.
+STACK_NEEDS = {"privacy.mechanism": ("none", "gaussian"), "compression.up": ("none",), "secagg.bits": (0,),
+               "aggregation.mask": ("none",), "aggregation.fedbn": (False,), "system.async_mode": ("none",),
+               "server.optimizer": ("sgd",), "server.momentum": (0.0,), "eval.finetune_from": ("last",)}
+
+
+def check_stack(v: dict, method: type) -> None:
+    """One line for a run model.lora_aggregate=stack cannot make (the merge replaces the server step)."""
+    if not getattr(method, "private_release", False):
+        raise ConfigError(f"model.lora_aggregate=stack merges the clients' summed products into the base in place of "
+                          f"the server step, which algorithm.name={v['algorithm.name']} has its own of: use a method "
+                          "whose server uses only the clients' summed updates (fedavg, fedprox, ...) or "
+                          "model.lora_aggregate=fedit|ffa")
+    for key, allowed in STACK_NEEDS.items():
+        if v[key] not in allowed:
+            raise ConfigError(f"model.lora_aggregate=stack sums the clients' products exactly and merges them into the "
+                              f"base; {key}={v[key]!r} is not supported with it (set {key} to "
+                              f"{' or '.join(map(repr, allowed))}, or model.lora_aggregate=fedit|ffa)")
 
 
 class AdaptedLayer:
@@ -56,6 +78,10 @@ class LoraStack(Feature):
     @classmethod
     def enabled(cls, cfg) -> bool:
         return bool(cfg.model.lora_rank) and cfg.model.lora_aggregate == "stack"
+
+    @classmethod
+    def refuse(cls, v: dict, method: type) -> None:
+        check_stack(v, method)
 
     def __init__(self, inner, cfg, setting):
         super().__init__(inner, cfg, setting)

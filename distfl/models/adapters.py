@@ -27,31 +27,6 @@ def check_adapter_keys(v: dict) -> None:
         except ImportError:
             raise ConfigError("model.lora_rank > 0 injects the adapters with PEFT, which is not installed: "
                               "pip install 'distfl[lora]'") from None
-    if v["model.lora_rank"] > 0 and v["model.lora_aggregate"] == "stack":
-        check_stack(v)
-
-
-# What model.lora_aggregate=stack merges is the sum of the products (clipped and noised under central DP): the
-# keys that change a round's sum or server step otherwise, with the values it takes.
-STACK_NEEDS = {"privacy.mechanism": ("none", "gaussian"), "compression.up": ("none",), "secagg.bits": (0,),
-               "aggregation.mask": ("none",), "aggregation.fedbn": (False,), "system.async_mode": ("none",),
-               "server.optimizer": ("sgd",), "server.momentum": (0.0,), "eval.finetune_from": ("last",)}
-
-
-def check_stack(v: dict) -> None:
-    """One line for a run model.lora_aggregate=stack cannot make (the merge replaces the server step)."""
-    from distfl.algorithms import algorithm_class
-
-    if not getattr(algorithm_class(v["algorithm.name"]), "private_release", False):
-        raise ConfigError(f"model.lora_aggregate=stack merges the clients' summed products into the base in place of "
-                          f"the server step, which algorithm.name={v['algorithm.name']} has its own of: use a method "
-                          "whose server uses only the clients' summed updates (fedavg, fedprox, ...) or "
-                          "model.lora_aggregate=fedit|ffa")
-    for key, allowed in STACK_NEEDS.items():
-        if v[key] not in allowed:
-            raise ConfigError(f"model.lora_aggregate=stack sums the clients' products exactly and merges them into the "
-                              f"base; {key}={v[key]!r} is not supported with it (set {key} to "
-                              f"{' or '.join(map(repr, allowed))}, or model.lora_aggregate=fedit|ffa)")
 
 
 def freeze(model: nn.Module, patterns: list[str]) -> None:
