@@ -11,11 +11,12 @@ among them.
 """
 from __future__ import annotations
 
-import json
-import re
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/rows.py
+from rows import check_rows, load_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "runs"
@@ -27,16 +28,6 @@ TARGETS = (0.60, 0.70)  # test accuracy targets for rounds, bytes and simulated 
 LAST = 5  # evaluations averaged for "last-5 mean" (evaluated every 2 rounds: the last 10 rounds)
 
 
-def load(name: str, seed: int) -> dict | None:
-    """A finished run's summary and metrics rows; None if it has not completed."""
-    run = RUNS / f"{name}_s{seed}"
-    if not (run / "summary.json").exists():
-        return None
-    summary = json.loads((run / "summary.json").read_text())
-    if summary["status"] != "completed":
-        return None
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"summary": summary, "metrics": metrics}
 
 
 def curve(run: dict) -> list[dict]:
@@ -55,7 +46,7 @@ def first(points: list[dict], target: float) -> dict | None:
 
 
 def runs() -> dict:
-    return {(name, seed): run for name in NAMES for seed in SEEDS if (run := load(name, seed)) is not None}
+    return {(name, seed): run for name in NAMES for seed in SEEDS if (run := load_run(RUNS, name, seed)) is not None}
 
 
 def mean_std(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -191,7 +182,7 @@ def plot(all_runs: dict) -> None:
         fig.savefig(HERE / f"acc_vs_bytes.{ext}", bbox_inches="tight", dpi=130)
 
 
-def machine_load(all_runs: dict) -> str:
+def machine_load_run(RUNS, all_runs: dict) -> str:
     """The range of the 1-minute load average sampled once a minute while the runs ran (load.txt)."""
     path = HERE / "load.txt"
     if not path.exists():
@@ -217,7 +208,7 @@ def report() -> str:
             "batch 32, lr 0.1, server SGD lr 1 (configs/quickstart.yaml's), **50 rounds**, test accuracy every 2 rounds; "
             "virtual clock: speed exp(N(0, 1)) ms a sample, download exp(N(8.5, 1)) kbit/s (median 4,915), upload "
             "exp(N(6, 1)) kbit/s (median 403), every client waited for. FedAvg's upload is 177,704 bytes a client "
-            "(44,426 float32 values).\n\n" + machine_load(all_runs)
+            "(44,426 float32 values).\n\n" + machine_load_run(RUNS, all_runs)
             + (f"Not run (no completed run by 07:30 UTC): {', '.join(missing)}; each would run with "
                "`experiments/compression/run.sh SEED NAME`.\n\n" if missing else ""))
     return (head + per_run_table(all_runs) + "\n"
@@ -232,27 +223,12 @@ def report() -> str:
             + "\n" + time_table(all_runs))
 
 
-NUMBER = re.compile(r"[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?x?")
 
 
-def numbers(text: str) -> set[str]:
-    return {n.replace("−", "-") for n in NUMBER.findall(text)}
 
 
 def check(evidence: Path) -> int:
-    """Every number in the measured column ("ours") and the verdict of rows U1-U3 must be one the recomputed
-    tables print (a signed difference with its sign)."""
-    printed = numbers(report())
-    printed |= {n.lstrip("+-") for n in printed}
-    missing = []
-    for line in evidence.read_text().splitlines():
-        if not re.match(r"\| U[123] \|", line):
-            continue
-        cells = line.split("|")
-        row, ours = cells[1].strip(), cells[4] + cells[-2]
-        missing += [f"{row}: {n}" for n in sorted(numbers(ours)) if n not in printed]
-    print("\n".join(missing) if missing else "every number in the measured column and the verdict of rows U1-U3 is in the recomputed tables")
-    return 1 if missing else 0
+    return check_rows(evidence, report(), "U[123]", "U1-U3")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,12 @@ sampled client's upload, float32).
 from __future__ import annotations
 
 import json
+import sys
 import statistics
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/rows.py
+from rows import load_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "runs"
@@ -25,16 +29,6 @@ TEXT = {"text_pretrain": "pretraining (8 packages)",
         "text_full": "full fine-tuning (15 other packages)"}
 
 
-def load(name: str, seed: int) -> dict | None:
-    """A finished run's summary and metrics rows; None if it has not completed."""
-    run = RUNS / f"{name}_s{seed}"
-    if not (run / "summary.json").exists():
-        return None
-    summary = json.loads((run / "summary.json").read_text())
-    if summary["status"] != "completed":
-        return None
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"summary": summary, "metrics": rows}
 
 
 def transfer(run: dict, key: str) -> float | None:
@@ -107,8 +101,8 @@ def epsilon(run: dict) -> str:
 
 def main() -> None:
     runs = {(name, seed): run for name in list(IMAGE) + list(TEXT) for seed in SEEDS
-            if (run := load(name, seed)) is not None}
-    pre = load("pretrain", 0)
+            if (run := load_run(RUNS, name, seed)) is not None}
+    pre = load_run(RUNS, "pretrain", 0)
     out = ["# LoRA on a pretrained model: results of experiments/foundation/run.sh", "",
            "Written by `python experiments/foundation/table.py > experiments/foundation/results.md` from the runs' "
            "committed summary.json and metrics.jsonl. Test accuracy in %; last-3 mean: the mean of the last three "

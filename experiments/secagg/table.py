@@ -15,11 +15,12 @@ neighbours (the complete graph of the 100 clients).
 """
 from __future__ import annotations
 
-import json
-import re
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/rows.py
+from rows import check_rows, load_run  # noqa: E402
 
 from distfl.secagg import cost
 
@@ -41,20 +42,10 @@ def bytes_up(name: str) -> int:
     return 4 * VALUES if name == "central" else cost.upload_bytes(PADDED, int(name[7:]), NEIGHBOURS)
 
 
-def load(name: str, seed: int) -> dict | None:
-    """A completed run's summary and metrics rows; None if it has not completed."""
-    run = RUNS / f"{name}_s{seed}"
-    if not (run / "summary.json").exists():
-        return None
-    summary = json.loads((run / "summary.json").read_text())
-    if summary["status"] != "completed":
-        return None
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"summary": summary, "metrics": rows, "cmd": (RUNS / f"{name}_s{seed}.cmd").read_text().strip()}
 
 
 def runs() -> dict:
-    return {(name, seed): run for name in NAMES for seed in SEEDS if (run := load(name, seed)) is not None}
+    return {(name, seed): run for name in NAMES for seed in SEEDS if (run := load_run(RUNS, name, seed)) is not None}
 
 
 def accuracies(run: dict) -> list[float]:
@@ -118,7 +109,7 @@ def compare_table(all_runs: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def machine_load() -> str:
+def machine_load_run(RUNS, ) -> str:
     """The 1-minute load average sampled once a minute while the runs ran (load.txt)."""
     path = HERE / "load.txt"
     if not path.exists():
@@ -148,33 +139,19 @@ def report() -> str:
             "bits none does and 0.9 of the most room is used). Noise keyed by the seed (a simulation). A DDGauss client's "
             f"upload holds {cost.upload_bytes(0, 0, NEIGHBOURS):,} bytes of SecAgg's messages with its {NEIGHBOURS} "
             "neighbours beside ceil(8,192 b / 8) bytes of masked integers.\n\n"
-            + machine_load()
+            + machine_load_run(RUNS, )
             + (f"Not run (no completed run by 10:20 UTC): {', '.join(missing)}; each would run with "
                "`experiments/secagg/run.sh SEED NAME`.\n\n" if missing else "")
             + "Commands run:\n\n" + commands + "\n\n")
     return head + compare_table(all_runs) + "\n" + per_run_table(all_runs)
 
 
-NUMBER = re.compile(r"[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?x?")
 
 
-def numbers(text: str) -> set[str]:
-    return {n.replace("−", "-") for n in NUMBER.findall(text)}
 
 
 def check(evidence: Path) -> int:
-    """Every number in the measured column ("ours") and the verdict of rows V1-V2 must be one the tables print."""
-    printed = numbers(report())
-    printed |= {n.lstrip("+-") for n in printed}
-    missing = []
-    for line in evidence.read_text().splitlines():
-        if not re.match(r"\| V[12] \|", line):
-            continue
-        cells = line.split("|")
-        row, ours = cells[1].strip(), cells[4] + cells[-2]
-        missing += [f"{row}: {n}" for n in sorted(numbers(ours)) if n not in printed]
-    print("\n".join(missing) if missing else "every number in the measured column and the verdict of rows V1-V2 is in the recomputed tables")
-    return 1 if missing else 0
+    return check_rows(evidence, report(), "V[12]", "V1-V2")
 
 
 if __name__ == "__main__":
