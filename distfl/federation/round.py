@@ -3,8 +3,9 @@
   1. select       the cohort: from (seed, round), DP's secret key or the virtual clock; placed on ranks
   2. download     each client's run starts from the global model (`client_run`: weight, steps, state)
   3. train        local training of this rank's clients, alone or in packs (local.py, pack.py)
-  4. client-side  the method's `client_statistics`, through the features that wrap it (GMA, FedBN,
-     features    compression, DP's clipping: algorithms/__init__.py)
+  4. client-side  the method's `client_statistics`, through the features that wrap it, each a Feature
+     features    in its own file applied in its declared order (algorithms/feature.py): GMA, FedBN,
+                 compression, DP's clipping, yours
   5. add          each client's contribution and the round's bookkeeping into the aggregator
   6. reduce       the round's one collective, and the checks its sums can make
   7. server-side  the method's `server_update`, through the same features (DP's noise)
