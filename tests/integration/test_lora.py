@@ -410,7 +410,7 @@ def test_top_k_compresses_only_the_adapters(tmp_path, config, mode):
                                              "compression.density=0.1", "compression.error_feedback=true")
     assert base_kept and torch.isfinite(sparse).all() and not torch.equal(sparse, plain)
     per_client = (TopK(density=0.1).bits(count) + 7) // 8
-    assert [row["bytes_up"] for row in rows] == [5 * per_client] * 2
+    assert [(row["bytes_up"], row["bytes_down"]) for row in rows] == [(5 * per_client, 5 * 4 * count)] * 2
     assert 0 < rows[-1]["compression_vnmse"] < 1
     identity, _, base_kept, _ = lora_rounds(tmp_path, config, "identity", *lora, "compression.up=topk",
                                             "compression.density=1.0", "compression.error_feedback=true")
@@ -429,7 +429,9 @@ def test_wide_secure_aggregation_of_the_adapters_is_the_plain_run_within_the_rou
     plain, _, _, count = lora_rounds(tmp_path, config, "plain", *lora, rounds=1)
     secure, (row,), base_kept, _ = lora_rounds(tmp_path, config, "secure", *lora, *WIDE, rounds=1)
     assert base_kept
-    assert row["bytes_up"] == 5 * cost.upload_bytes(count, 56, 4)  # SecAgg's complete graph: 4 neighbours each
+    # SecAgg's complete graph: 4 neighbours each; down, the adapters and the neighbours' keys and shares
+    assert (row["bytes_up"], row["bytes_down"]) == (5 * cost.upload_bytes(count, 56, 4),
+                                                    5 * (4 * count + cost.download_bytes(4)))
     # 5 clients' terms: within 5 x 1.5 units of 2^-40 of the exact sum, then two float32 roundings.
     larger = torch.maximum(plain.abs(), secure.abs())
     ulp = (torch.nextafter(larger, torch.tensor(float("inf"))) - larger).double()
