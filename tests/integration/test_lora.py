@@ -238,6 +238,8 @@ def test_freeze_by_name_trains_only_the_rest(tmp_path, config):
     ("model.lora.targets=[nothing]", "model.lora_targets: 'nothing' matches none of the model's Linear"),
     ("model.lora.dropout=0.1", "model.lora_dropout=0.1: only 0 is supported"),
     ("model.lora.aggregate=stack aggregation.mask=gma", "model.lora_aggregate=stack sums the clients' products"),
+    ("model.lora.aggregate=stack compression.up=topk", "model.lora_aggregate=stack sums the clients' products"),
+    ("model.lora.aggregate=stack secagg.bits=32", "model.lora_aggregate=stack sums the clients' products"),
 ])
 def test_bad_adapter_keys_are_refused_in_one_line(tmp_path, config, override, words):
     from distfl.errors import ConfigError
@@ -373,3 +375,84 @@ def test_init_from_a_base_models_run_starts_the_adapted_model_as_that_model(tmp_
     train_ok(config, f"output.dir={tmp_path / 'adapted'}", *LORA, "train.rounds=2")
     again = build_trainer(config, tmp_path / "again", f"model.init_from={tmp_path / 'adapted'}", *LORA)
     again.close()
+
+
+def adapter_count(trainer, mode: str) -> int:
+    """The trained adapter numbers of the MLP, from its layers' sizes: r (d_in + d_out) per Linear for fedit
+    (A and B), r d_out for ffa (B only)."""
+    layers = [m.base_layer for m in trainer.worker.module.modules() if hasattr(m, "lora_A")]
+    return sum(RANK * (m.in_features + m.out_features) if mode == "fedit" else RANK * m.out_features for m in layers)
+
+
+def lora_rounds(tmp_path, config, name: str, *overrides: str, rounds: int = 2):
+    """(global adapters after `rounds` rounds, each round's row, whether the base stayed bit-identical, the
+    adapters' count) of an in-process LoRA run with `overrides`."""
+    trainer = build_trainer(config, tmp_path / name, *LORA, *overrides)
+    try:
+        before = base_hash(trainer)
+        rows = [trainer.run_round(r) for r in range(1, rounds + 1)]
+        mode = trainer.cfg.model.lora_aggregate
+        return trainer.global_params.clone(), rows, base_hash(trainer) == before, adapter_count(trainer, mode)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_top_k_compresses_only_the_adapters(tmp_path, config, mode):
+    """compression.up=topk with error feedback on a LoRA run: each client sends top-k of its adapters' update
+    (bytes: the compressor's closed form for the adapters' count), the base stays bit-identical; at density 1
+    the run is the uncompressed LoRA run, bit for bit."""
+    from distfl.compression import TopK
+
+    lora = (f"model.lora.aggregate={mode}",)
+    plain, _, _, count = lora_rounds(tmp_path, config, "plain", *lora)
+    sparse, rows, base_kept, _ = lora_rounds(tmp_path, config, "sparse", *lora, "compression.up=topk",
+                                             "compression.density=0.1", "compression.error_feedback=true")
+    assert base_kept and torch.isfinite(sparse).all() and not torch.equal(sparse, plain)
+    per_client = (TopK(density=0.1).bits(count) + 7) // 8
+    assert [(row["bytes_up"], row["bytes_down"]) for row in rows] == [(5 * per_client, 5 * 4 * count)] * 2
+    assert 0 < rows[-1]["compression_vnmse"] < 1
+    identity, _, base_kept, _ = lora_rounds(tmp_path, config, "identity", *lora, "compression.up=topk",
+                                            "compression.density=1.0", "compression.error_feedback=true")
+    assert base_kept and torch.equal(identity, plain)
+
+
+def test_wide_secure_aggregation_of_the_adapters_is_the_plain_run_within_the_rounding_bound(tmp_path, config):
+    """secagg.bits=56 (verified) on a LoRA fedit run: each client masks its adapters only (bytes: the
+    protocol's cost for the adapters' count), the model is the plain LoRA run's within the rounding bound of
+    tests/integration/test_secagg.py, the base stays bit-identical."""
+    from distfl.secagg import cost
+
+    from test_secagg import WIDE
+
+    lora = ("model.lora.aggregate=fedit",)
+    plain, _, _, count = lora_rounds(tmp_path, config, "plain", *lora, rounds=1)
+    secure, (row,), base_kept, _ = lora_rounds(tmp_path, config, "secure", *lora, *WIDE, rounds=1)
+    assert base_kept
+    # SecAgg's complete graph: 4 neighbours each; down, the adapters and the neighbours' keys and shares
+    assert (row["bytes_up"], row["bytes_down"]) == (5 * cost.upload_bytes(count, 56, 4),
+                                                    5 * (4 * count + cost.download_bytes(4)))
+    # 5 clients' terms: within 5 x 1.5 units of 2^-40 of the exact sum, then two float32 roundings.
+    larger = torch.maximum(plain.abs(), secure.abs())
+    ulp = (torch.nextafter(larger, torch.tensor(float("inf"))) - larger).double()
+    assert bool(((secure.double() - plain.double()).abs() <= 5 * 1.5 * 2.0**-40 + 2 * ulp).all())
+    assert row["secagg_wraps"] == 0
+
+
+def test_distributed_dp_noises_the_adapters_and_records_epsilon(tmp_path, config):
+    """privacy.mechanism=ddgauss on a LoRA ffa run: each client clips, rounds and noises its adapters under
+    secure aggregation, the base stays bit-identical, and the round's epsilon is the accountant's for the
+    adapters' count padded to a power of two (552 B numbers of the MLP: 1,024, not the full model's 16,384)."""
+    import math
+
+    from distfl.privacy.distributed_accounting import ddgauss_epsilon
+
+    from test_secagg import DDGAUSS
+
+    adapters, (row,), base_kept, count = lora_rounds(tmp_path, config, "run", "model.lora.aggregate=ffa", *DDGAUSS,
+                                                     "privacy.noise_multiplier=0.5", rounds=1)
+    assert base_kept and torch.isfinite(adapters).all() and adapters.any()
+    assert count == 552
+    assert row["privacy_epsilon"] == ddgauss_epsilon(scale=2.0**12, local_sigma=0.5 / math.sqrt(5), num_clients=5,
+                                                     l2_clip=1.0, beta=math.exp(-0.5), dim=1024, q=1.0, steps=1,
+                                                     delta=1e-5)
