@@ -4,6 +4,8 @@ A feature is one class in its own file (a built-in one in this package, found by
 own by import path in `algorithm.features`, docs/extending.md). It declares:
   - `feature_name` (not `name`: what a feature does not define is the method's, its `name` included),
     and `keys`: the config keys it reads (they stay in the run's config; users' spellings);
+  - `Options`: a dataclass of its own options, set as algorithm.feature_options.<feature_name>.KEY and
+    read as `self.options` (checked, defaults filled in, at validation: `check_features`);
   - `enabled(cfg)`: whether the run has it on (a feature listed in algorithm.features always is);
   - `refuse(v, method)`: what it refuses to combine with, one ConfigError line each, at validation;
   - `order`: its place around the method: a feature with a larger order wraps the ones with smaller
@@ -43,6 +45,7 @@ class FeatureSetting:
 class Feature(Wrapper):
     feature_name = "feature"
     keys: tuple[str, ...] = ()  # the config keys it reads (docs/config.md documents them)
+    Options = None  # a dataclass of its options (algorithm.feature_options.<feature_name>), read as `self.options`
     order = 50  # larger: further out (built-in: GMA 10, FedBN 20, compression 30, DP 40)
     private = False  # True: the round releases only noised sums (features inside it report no per-client figures)
     kept_params: torch.Tensor | None = None  # bool mask of the parameters the clients keep (FedBN's BatchNorm)
@@ -57,8 +60,14 @@ class Feature(Wrapper):
         """Raise ConfigError (one line: the keys, why, what is valid) for a run this feature cannot serve.
         `v`: dotted key -> checked value; `method`: the class of the trained method (its declarations)."""
 
+    @classmethod
+    def read_options(cls, cfg):
+        """Its options in `cfg` (algorithm.feature_options.<feature_name>) as an instance of `Options`, or None."""
+        return cls.Options(**cfg.algorithm.feature_options.get(cls.feature_name, {})) if cls.Options else None
+
     def __init__(self, inner, cfg, setting: FeatureSetting):
         super().__init__(inner)
+        self._own(options=self.read_options(cfg))
 
     def overrides(self, hook: str) -> bool:
         """Whether `hook` does something: this feature's class (or a base of it) defines it, or a declared
@@ -188,14 +197,40 @@ def plugin_feature(name: str) -> type:
 
 
 def check_features(cfg, v: dict, method: type) -> None:
-    """Each enabled feature's refusals (config validation, before any data loads)."""
+    """Each enabled feature's options (`cfg.algorithm.feature_options`, complete) and its refusals (config
+    validation, before any data loads)."""
     classes = run_features(cfg)
     names = [cls.feature_name for cls in classes]
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"algorithm.features: two features are named {name!r}; list each feature once")
+    cfg.algorithm.feature_options = _feature_options(classes, cfg.algorithm.feature_options)
     for cls in classes:
         cls.refuse(v, method)
+
+
+def _feature_options(classes: list[type], given: dict) -> dict:
+    """algorithm.feature_options checked against the enabled features' `Options`: feature name -> its options,
+    complete, for each enabled feature that declares Options."""
+    from ..config.options import FEATURE_OPTIONS_KEY, declared_options
+    from ..config.values import shown
+    from ..plugins import options_fields
+
+    by_name = {cls.feature_name: cls for cls in classes}
+    for name, options in given.items():
+        if name not in by_name:
+            declaring = [n for n, cls in by_name.items() if cls.Options is not None]
+            valid = f"the run's features with options: {', '.join(declaring)}" if declaring else \
+                "none of the run's features declares options"
+            raise ConfigError(f"{FEATURE_OPTIONS_KEY}.{name}: no enabled feature is named {name!r} ({valid}; "
+                              "a feature's options apply only while it is on: list it in algorithm.features)")
+        if not isinstance(options, dict):
+            raise ConfigError(f"{FEATURE_OPTIONS_KEY}.{name} must be a mapping of {name}'s options (KEY: VALUE), "
+                              f"got {shown(options)} ({type(options).__name__})")
+    resolved = {name: declared_options(cls, options_fields(cls), f"{FEATURE_OPTIONS_KEY}.{name}", name,
+                                       f"the feature {name}", "feature", given.get(name, {}))
+                for name, cls in by_name.items()}
+    return {name: options for name, options in resolved.items() if by_name[name].Options is not None}
 
 
 def wrap_in_features(method, cfg, setting: FeatureSetting):

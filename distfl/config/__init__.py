@@ -14,12 +14,14 @@ dependency for every install.
 """
 from distfl.config.load import (SWEEP_BLOCK, apply_overrides, config_from_dict, config_keys, config_to_dict, data_seed,
                                 dump_config, load_config, load_sweep_block)
+from distfl.config.options import FEATURE_OPTIONS_KEY
 from distfl.config.validate import OPTIONS_KEY, ConfigWarning, check_feature_dim, key_applies, validate
 from distfl.config.schema import Config
 from distfl.config.values import flatten_dict
 
 __all__ = [
     "Config",
+    "FEATURE_OPTIONS_KEY",
     "OPTIONS_KEY",
     "SWEEP_BLOCK",
     "ConfigWarning",

@@ -11,6 +11,7 @@ import warnings
 
 import yaml
 
+from distfl.config.options import FEATURE_OPTIONS_KEY
 from distfl.config.renamed import RENAMED, SPELLINGS, options_from_renamed, pop_renamed, renamed_hint, respelled
 from distfl.config.schema import KEYS, SECTIONS, Config
 from distfl.config.validate import OPTIONS_KEY, ConfigWarning, _method, _warn_inapplicable, validate
@@ -80,13 +81,17 @@ def apply_overrides(d: dict, overrides) -> dict:
             raise ConfigError(f"{where}: {key!r} is a section, not a key; set one of its keys, "
                               f"e.g. {key}.{first}=...")
         option = key[len(OPTIONS_KEY) + 1:] if key.startswith(OPTIONS_KEY + ".") else None
-        if key not in _TYPES and key not in RENAMED and not option:
+        feature = key[len(FEATURE_OPTIONS_KEY) + 1:] if key.startswith(FEATURE_OPTIONS_KEY + ".") else None
+        if key not in _TYPES and key not in RENAMED and not option and not feature:
             raise _unknown_key_error(key, where)
         value = _parse_override_value(key, text)
         if option:  # one option of a plugin method, checked against its Options dataclass in `validate`
-            section = out.get("algorithm")
-            options = section.get("options") if isinstance(section, dict) else None
-            key, value = OPTIONS_KEY, {**(options if isinstance(options, dict) else {}), option: value}
+            key, value = OPTIONS_KEY, {**_algorithm_mapping(out, "options"), option: value}
+        elif feature:  # FEATURE.KEY (or FEATURE: all its options), checked against the feature's Options
+            name, _, option = feature.partition(".")
+            given = _algorithm_mapping(out, "feature_options")
+            own = given.get(name) if isinstance(given.get(name), dict) else {}
+            key, value = FEATURE_OPTIONS_KEY, {**given, name: {**own, option: value} if option else value}
         section, _, leaf = key.rpartition(".")
         if not section:
             out[leaf] = value
@@ -99,6 +104,13 @@ def apply_overrides(d: dict, overrides) -> dict:
                               f"{sub!r} ({type(sub).__name__}), not a mapping")
         sub[leaf] = value
     return out
+
+
+def _algorithm_mapping(d: dict, name: str) -> dict:
+    """d["algorithm"][name] where it is a mapping (options given so far), else {}."""
+    section = d.get("algorithm")
+    value = section.get(name) if isinstance(section, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 def _check_shape(d: dict, where: str) -> None:

@@ -106,6 +106,7 @@ class AlgorithmConfig:
     options: dict = field(default_factory=dict)  # the method's own options, declared by its Options dataclass (algorithm.options.KEY=VALUE overrides, sweepable; the table below lists the built-in methods')
     weighting: str = key("samples", choices=["samples", "uniform", "tokens"])  # how client updates are averaged: samples (n_k / n) | uniform (1 / |cohort|) | tokens (t_k / t, a client's non-padding target tokens: next-token data only, TFF's StackOverflow baseline)
     features: list = key([])  # more features around the method, besides the built-in ones their own keys turn on (aggregation.fedbn, aggregation.mask, compression.up, privacy.mechanism): your own, as import paths package.module:ClassName (a distfl.Feature subclass) or names registered in the entry-point group distfl.features; each wraps the method in its declared order (docs/extending.md, Write a feature)
+    feature_options: dict = field(default_factory=dict)  # the options of your own features (algorithm.features), each declared by its feature's Options dataclass, under its feature_name: algorithm.feature_options.NAME.KEY=VALUE overrides (docs/extending.md, Write a feature); a feature that is not on takes none
 
 
 @dataclass

@@ -4,12 +4,10 @@ problem is one `ConfigError` line, raised before any data loads.
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import math
-import typing
 import warnings
 
+from distfl.config.options import declared_options
 from distfl.config.schema import FEATURE_DIM_MODELS, KEYS, NUM_CLASSES, Config
 from distfl.config.values import (INT_MAX, SYNTHETIC_MAX_ELEMENTS, caller_stacklevel, choice_error, convert, float32,
                                   float_error, in_range, range_error)
@@ -109,48 +107,8 @@ def _algorithm_options(cls: type, name: str, options: dict) -> dict:
     (`metadata={"choices": [...]}`) checked like the other keys'."""
     from distfl import plugins
 
-    fields = plugins.options_fields(cls)
-    names = [f.name for f in fields]
-    for option in options:
-        if option not in names:
-            key = f"{OPTIONS_KEY}.{option}"
-            if not names:
-                raise ConfigError(f"{key}: algorithm.name={name} declares no options (a method "
-                                  "declares them as a dataclass `Options` on its class)")
-            close = difflib.get_close_matches(str(option), names, n=1)
-            hint = f"; did you mean '{OPTIONS_KEY}.{close[0]}'?" if close else ";"
-            raise ConfigError(f"unknown key {key!r}{hint} valid keys in {OPTIONS_KEY!r} for {name}: {', '.join(names)}")
-    types = typing.get_type_hints(cls.Options) if fields else {}
-    out = {}
-    for f in fields:
-        key = f"{OPTIONS_KEY}.{f.name}"
-        if types[f.name] not in (bool, int, float, str):
-            raise ConfigError(f"{name}: Options.{f.name} is declared as {types[f.name]!r}; method options "
-                              "must be bool, int, float or str")
-        if f.name in options:
-            value = convert(key, options[f.name], types[f.name])
-            if types[f.name] is float and float_error(key, value):
-                raise float_error(key, value)
-        elif f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            raise ConfigError(f"{key} must be set: {name} gives it no default")
-        if "choices" in f.metadata and value not in f.metadata["choices"]:
-            raise choice_error(key, value, list(f.metadata["choices"]))
-        if "range" in f.metadata and not _plugin_in_range(name, f.name, value, f.metadata["range"]):
-            raise range_error(key, value, f.metadata["range"])
-        out[f.name] = value
-    return out
-
-
-def _plugin_in_range(name: str, option: str, value, spec) -> bool:
-    try:
-        return in_range(value, spec)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{name}: Options.{option} has metadata range {spec!r}; valid forms: \">= x\", "
-                          "\"> x\", \"[0, 1)\", \"[0, 1]\", \"(0, 1]\", \"(0, 1)\"") from None
+    return declared_options(cls, plugins.options_fields(cls), OPTIONS_KEY, name, f"algorithm.name={name}", "method",
+                            options)
 
 
 def validate(cfg: Config) -> None:

@@ -11,8 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..config import (OPTIONS_KEY, SWEEP_BLOCK, apply_overrides, config_keys, config_to_dict, flatten_dict, load_config,
-                      load_sweep_block)
+from ..config import (FEATURE_OPTIONS_KEY, OPTIONS_KEY, SWEEP_BLOCK, apply_overrides, config_keys, config_to_dict,
+                      flatten_dict, load_config, load_sweep_block)
 from ..config.renamed import RENAMED, SPELLINGS, reads
 from ..errors import ConfigError, DistflError
 from .slurm import SLURM_OPTIONS, check_slurm_available, check_slurm_options, slurm_active_jobs
@@ -27,8 +27,8 @@ SAFE = re.compile(r"[^A-Za-z0-9._+\-]")
 
 def _check_grid_key(key: str, where: str) -> None:
     keys = config_keys()
-    if key.startswith(OPTIONS_KEY + ".") and key != OPTIONS_KEY + ".":
-        return  # a method's option: each point's config checks it against the method's Options
+    if key.startswith((OPTIONS_KEY + ".", FEATURE_OPTIONS_KEY + ".")) and not key.endswith("."):
+        return  # a method's or feature's option: each point's config checks it against its Options
     if key in RENAMED or key in SPELLINGS:
         return  # an old name of a method's option, or another spelling of a key (distfl/config/renamed.py)
     if key in keys:
