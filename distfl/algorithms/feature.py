@@ -67,7 +67,8 @@ class Feature(Wrapper):
 
     def __init__(self, inner, cfg, setting: FeatureSetting):
         super().__init__(inner)
-        self._own(options=self.read_options(cfg))
+        if self.Options is not None:  # else `options` stays the method's (algorithm.options), read through
+            self._own(options=self.read_options(cfg))
 
     def overrides(self, hook: str) -> bool:
         """Whether `hook` does something: this feature's class (or a base of it) defines it, or a declared
