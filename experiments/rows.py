@@ -9,13 +9,14 @@ from pathlib import Path
 NUMBER = re.compile(r"[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?x?")
 
 
-def load_run(runs: Path, name: str, seed: int) -> dict | None:
-    """Run `runs/NAME_sSEED`'s summary, metrics rows and (where saved) command; None unless it completed."""
+def load_run(runs: Path, name: str, seed: int, ended: bool = False) -> dict | None:
+    """Run `runs/NAME_sSEED`'s summary, metrics rows and (where saved) command; None unless it completed
+    (`ended`: or ended otherwise, e.g. diverged: its summary says how)."""
     run = runs / f"{name}_s{seed}"
     if not (run / "summary.json").exists():
         return None
     summary = json.loads((run / "summary.json").read_text())
-    if summary["status"] != "completed":
+    if summary["status"] != "completed" and not ended:
         return None
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     cmd = runs / f"{name}_s{seed}.cmd"

@@ -285,7 +285,7 @@ class LocalSGD:
         # The pass's loss sum in float64, batch by batch in order. On the host each batch's loss is read as
         # a Python float and summed there (the same IEEE double products and sums as the tensor ops, without
         # three tensor ops a step); on a GPU it stays on the device, never waited for.
-        on_host = w.device.type == "cpu"
+        on_host = loss_sum_on_host(w.device)
         host_sum = 0.0
         loss_sum = None if on_host else torch.zeros((), dtype=torch.float64, device=w.device)
         # Plain SGD needs no flat gradient: each parameter takes its own gradient, the same arithmetic.
@@ -322,6 +322,12 @@ class LocalSGD:
         finally:
             flat.restore_grad_views()
         return torch.tensor(host_sum, dtype=torch.float64) if on_host else loss_sum
+
+
+def loss_sum_on_host(device: torch.device) -> bool:
+    """Whether local training sums a pass's loss as Python floats (on the host: fewer tensor ops a step) rather
+    than on the device (a GPU: never waited for)."""
+    return device.type == "cpu"
 
 
 def sgd_step(w: torch.Tensor, g: torch.Tensor, velocity: torch.Tensor | None, lr: float, train_cfg, hooks,

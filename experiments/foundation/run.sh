@@ -12,6 +12,8 @@
 #      fedit_r8_dp, ffa_r8_dp    the same under central DP (privacy.mechanism=gaussian, z = 0.2, C = 1, uniform weights)
 #      fedit_r4, fedit_r16       FedIT at rank 4 and 16 (alpha = 2 r: the same scaling 2)
 #      full                      full fine-tuning (every parameter trained and sent)
+#      ffa_r8_aA, fedit_r8_aA    the scaling alpha = A (32, 64) instead of 16, for FFA-LoRA (with and without
+#      (and _dp)                 DP) and FedIT (32 with and without DP, 64): rows R1, R2 over alpha
 #    and, seed 0 only, text_adapt.yaml (fifteen other packages): text_lora (FedIT, rank 8), text_full, and
 #    text_base: the pretrained model scored on them before any adaptation (one round at server lr 1e-30, which
 #    leaves the frozen base bit for bit as loaded and adds a B A of order 1e-30 that vanishes in float32).
@@ -44,6 +46,10 @@ keys() {  # name -> config and overrides of that run
     fedit_r4) echo "$here/adapt.yaml model.lora.rank=4 model.lora.alpha=8" ;;
     fedit_r16) echo "$here/adapt.yaml model.lora.rank=16 model.lora.alpha=32" ;;
     full) echo "$here/adapt.yaml model.lora.rank=0" ;;
+    ffa_r8_a32|ffa_r8_a64) echo "$here/adapt.yaml model.lora.aggregate=ffa model.lora.alpha=${1#ffa_r8_a}" ;;
+    ffa_r8_a32_dp|ffa_r8_a64_dp) a=${1#ffa_r8_a}; echo "$here/adapt.yaml model.lora.aggregate=ffa model.lora.alpha=${a%_dp} $DP" ;;
+    fedit_r8_a32|fedit_r8_a64) echo "$here/adapt.yaml model.lora.alpha=${1#fedit_r8_a}" ;;
+    fedit_r8_a32_dp) echo "$here/adapt.yaml model.lora.alpha=32 $DP" ;;
     text_lora) echo "$here/text_adapt.yaml" ;;
     text_full) echo "$here/text_adapt.yaml model.lora.rank=0" ;;
     text_base) echo "$here/text_adapt.yaml train.rounds=1 eval.every=1 server.optimizer=sgd server.lr=1e-30" ;;
@@ -66,7 +72,10 @@ queue() {  # "name seed" ...
 queue "pretrain 0"
 items=("text_pretrain 0")
 for seed in $seeds; do
-  for name in fedit_r8 ffa_r8 stack_r8 fedit_r8_dp ffa_r8_dp fedit_r4 fedit_r16 full; do items+=("$name $seed"); done
+  for name in fedit_r8 ffa_r8 stack_r8 fedit_r8_dp ffa_r8_dp fedit_r4 fedit_r16 full \
+              ffa_r8_a32 ffa_r8_a64 ffa_r8_a32_dp ffa_r8_a64_dp fedit_r8_a32 fedit_r8_a64 fedit_r8_a32_dp; do
+    items+=("$name $seed")
+  done
 done
 queue "${items[@]}"
 queue "text_base 0" "text_lora 0" "text_full 0"

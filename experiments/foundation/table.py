@@ -24,6 +24,11 @@ LAST = 3
 IMAGE = {"fedit_r8": "LoRA r=8, FedIT", "ffa_r8": "LoRA r=8, FFA-LoRA", "stack_r8": "LoRA r=8, FLoRA stacking",
          "fedit_r8_dp": "LoRA r=8, FedIT, central DP", "ffa_r8_dp": "LoRA r=8, FFA-LoRA, central DP",
          "fedit_r4": "LoRA r=4, FedIT", "fedit_r16": "LoRA r=16, FedIT", "full": "full fine-tuning"}
+# LoRA's scaling alpha (the update is (alpha / r) B A), rank 8: 16 is the runs above; the rest rows R1, R2 over alpha.
+ALPHAS = {"FFA-LoRA": {16: "ffa_r8", 32: "ffa_r8_a32", 64: "ffa_r8_a64"},
+          "FFA-LoRA, central DP": {16: "ffa_r8_dp", 32: "ffa_r8_a32_dp", 64: "ffa_r8_a64_dp"},
+          "FedIT": {16: "fedit_r8", 32: "fedit_r8_a32", 64: "fedit_r8_a64"},
+          "FedIT, central DP": {16: "fedit_r8_dp", 32: "fedit_r8_a32_dp"}}
 TEXT = {"text_pretrain": "pretraining (8 packages)",
         "text_base": "the pretrained model on the 15 other packages, before adaptation", "text_lora": "LoRA r=8, FedIT (15 other packages)",
         "text_full": "full fine-tuning (15 other packages)"}
@@ -93,6 +98,45 @@ def summary_table(runs: dict) -> list[str]:
     return out
 
 
+def outcome(name: str, seed: int) -> tuple[str, float | None]:
+    """A run's last-3 mean as text and number, or how it ended ("diverged in round N; best B") and None."""
+    run = load_run(RUNS, name, seed, ended=True)
+    if run is None:
+        return "not run", None
+    if run["summary"]["status"] == "completed":
+        return f"{last(run):.2f}", last(run)
+    a = accs(run)
+    best = f"; best {max(a):.2f}" if a else ""
+    return f"{run['summary']['status']} in round {len(run['metrics']) + 1}{best}", None
+
+
+def alpha_table() -> list[str]:
+    """Last-3 mean per seed of each aggregation at each alpha, and each one's best alpha per seed."""
+    alphas = sorted({a for by in ALPHAS.values() for a in by})
+    out = ["| aggregation | " + " | ".join(f"alpha {a}: seed {seed}" for a in alphas for seed in SEEDS) + " | best alpha's last-3 mean, seed 0 / 1 |",
+           "|---|" + "---|" * (len(alphas) * len(SEEDS) + 1)]
+    for label, by in ALPHAS.items():
+        cells, best = [], []
+        for a in alphas:
+            cells += [outcome(by[a], seed)[0] if a in by else "not run" for seed in SEEDS]
+        for seed in SEEDS:
+            scores = [v for a in by if (v := outcome(by[a], seed)[1]) is not None]
+            best.append(f"{max(scores):.2f}" if scores else "—")
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {' / '.join(best)} |")
+    return out
+
+
+def tuned_pairs(first: str, second: str) -> str:
+    """Per seed: the best last-3 mean over alpha of `first` minus that of `second` (ALPHAS' labels)."""
+    diffs = []
+    for seed in SEEDS:
+        a = [v for name in ALPHAS[first].values() if (v := outcome(name, seed)[1]) is not None]
+        b = [v for name in ALPHAS[second].values() if (v := outcome(name, seed)[1]) is not None]
+        if a and b:
+            diffs.append(f"{max(a) - max(b):+.2f}")
+    return ", ".join(diffs) or "not run"
+
+
 def epsilon(run: dict) -> str:
     privacy = run["summary"].get("privacy") or {}
     value = privacy.get("epsilon")
@@ -122,6 +166,12 @@ def main() -> None:
           if (name, seed) in runs]
     if dp:
         out.append(f"- epsilon at delta 0.01 after 20 rounds (summary.json `privacy`): {'; '.join(dp)}")
+    out += ["", "### LoRA's scaling alpha (rank 8)", "",
+            "The adapted layer adds (alpha / r) B A; FFA-LoRA trains B alone over a fixed A, so its step in the "
+            "model is set by alpha and the learning rate together (train.lr 0.05 throughout). Last-3 mean per "
+            "seed, or how the run ended:", ""] + alpha_table() + [""]
+    out += [f"- R1 tuned over alpha, FFA-LoRA − FedIT (best of each, per seed): {tuned_pairs('FFA-LoRA', 'FedIT')}",
+            f"- R2 tuned over alpha, under central DP: {tuned_pairs('FFA-LoRA, central DP', 'FedIT, central DP')}"]
     out += ["", "### Every run", ""] + run_table(runs, IMAGE) + [""]
     out += ["## Text: token_transformer on Python's standard library, a client a package", "",
             "Next-byte accuracy (%) on the packages' own held-out windows (every tenth 64-byte window). Pretraining "

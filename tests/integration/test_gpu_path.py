@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import REPO, build_trainer, run_cli, summary, train_ok, write_config
 from distfl import dist
 from distfl.errors import ConfigError
+from distfl.federation import local
 from distfl.federation.state import ClientStateStore
 
 
@@ -183,7 +185,8 @@ def _reads_in_one_round(tmp_path, clients: int, **sections) -> int:
     config = write_config(tmp_path / f"c{clients}.yaml", **sections)
     trainer = build_trainer(config, tmp_path / f"r{clients}", f"train.clients_per_round={clients}")
     trainer.run_round(1)  # the first round builds what later rounds reuse
-    with DeviceReads() as reads:
+    # The device's path on the host: the loss summed as a tensor, as on a GPU (the host reads each loss).
+    with DeviceReads() as reads, mock.patch.object(local, "loss_sum_on_host", lambda device: False):
         trainer.run_round(2)
     return reads.count
 
