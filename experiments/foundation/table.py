@@ -107,7 +107,7 @@ def outcome(name: str, seed: int) -> tuple[str, float | None]:
         return f"{last(run):.2f}", last(run)
     a = accs(run)
     best = f"; best {max(a):.2f}" if a else ""
-    return f"{run['summary']['status']} in round {len(run['metrics']) + 1}{best}", None
+    return f"{run['summary']['status']} in round {(run['summary']['rounds'] or 0) + 1}{best}", None
 
 
 def alpha_table() -> list[str]:

@@ -1,0 +1,1 @@
+python -m distfl train experiments/foundation/adapt.yaml model.lora.alpha=32 algorithm.weighting=uniform privacy.mechanism=gaussian privacy.noise_multiplier=0.2 privacy.clip_norm=1.0 privacy.delta=0.01 privacy.secure_noise=false seed=1 output.dir=experiments/foundation/runs/fedit_r8_a32_dp_s1

@@ -1,0 +1,1 @@
+python -m distfl train experiments/foundation/adapt.yaml model.lora.alpha=32 seed=0 output.dir=experiments/foundation/runs/fedit_r8_a32_s0

@@ -1,0 +1,1 @@
+python -m distfl train experiments/foundation/adapt.yaml model.lora.aggregate=ffa model.lora.alpha=64 seed=0 output.dir=experiments/foundation/runs/ffa_r8_a64_s0
